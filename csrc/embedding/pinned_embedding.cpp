@@ -1,0 +1,91 @@
+// PinnedEmbedding (see pinned_embedding.h).
+#include "embedding/pinned_embedding.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Generator.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+
+#include "memory/pinned_host_buffer.h"
+#include "row_ops.h"
+#include "transfer/host_access_tracker.h"
+
+namespace speedtorch {
+namespace {
+
+constexpr int64_t kInitChunkRows = 1 << 14;
+
+void check_dtype(c10::ScalarType dtype) {
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "PinnedEmbedding: dtype must be float32, float16 or bfloat16, got ", dtype);
+}
+
+uint64_t default_generator_seed() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get<at::CPUGeneratorImpl>()->random64();
+}
+
+}  // namespace
+
+PinnedEmbedding::PinnedEmbedding(int64_t num_rows, int64_t dim, c10::ScalarType dtype) {
+  TORCH_CHECK(num_rows >= 0, "PinnedEmbedding: num_rows must be >= 0, got ", num_rows);
+  TORCH_CHECK(dim > 0, "PinnedEmbedding: dim must be > 0, got ", dim);
+  check_dtype(dtype);
+  table_ = pinned_empty({num_rows, dim}, dtype);
+}
+
+at::Tensor PinnedEmbedding::gather(const at::Tensor& indices, std::optional<at::Device> device) const {
+  return ops::gather(table_, indices, device);
+}
+
+at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor& src) {
+  return ops::scatter_(table_, indices, src);
+}
+
+int64_t PinnedEmbedding::nbytes() const { return static_cast<int64_t>(table_.nbytes()); }
+
+template <typename Fill>
+void PinnedEmbedding::fill_by_chunks(std::optional<int64_t> seed, Fill&& fill) {
+  wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
+  const uint64_t base = seed.has_value() ? static_cast<uint64_t>(*seed) : default_generator_seed();
+  const int64_t rows = num_rows();
+  const int64_t chunks = (rows + kInitChunkRows - 1) / kInitChunkRows;
+  // One generator per chunk, seeded from (seed, chunk): the result does not depend on how chunks meet threads.
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(base + 0x9E3779B97F4A7C15ull * (c + 1));
+      const int64_t first = c * kInitChunkRows;
+      at::Tensor part = table_.narrow(0, first, std::min(kInitChunkRows, rows - first));
+      fill(part, gen);
+    }
+  });
+}
+
+void PinnedEmbedding::zero_() {
+  wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
+  table_.zero_();
+}
+
+void PinnedEmbedding::uniform_(double low, double high, std::optional<int64_t> seed) {
+  TORCH_CHECK(low <= high, "PinnedEmbedding.uniform_: low (", low, ") must be <= high (", high, ")");
+  fill_by_chunks(seed, [&](at::Tensor& part, at::Generator& gen) { part.uniform_(low, high, gen); });
+}
+
+void PinnedEmbedding::normal_(double mean, double std, std::optional<int64_t> seed) {
+  TORCH_CHECK(std >= 0, "PinnedEmbedding.normal_: std must be >= 0, got ", std);
+  fill_by_chunks(seed, [&](at::Tensor& part, at::Generator& gen) { part.normal_(mean, std, gen); });
+}
+
+void PinnedEmbedding::copy_(const at::Tensor& src) {
+  TORCH_CHECK(src.sizes() == table_.sizes(), "PinnedEmbedding.copy_: src must have shape ", table_.sizes(), ", got ",
+              src.sizes());
+  TORCH_CHECK(at::isFloatingType(src.scalar_type()), "PinnedEmbedding.copy_: src must be floating point, got ",
+              src.scalar_type());
+  wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
+  table_.copy_(src);  // a GPU source is copied by DMA straight into the pinned rows
+}
+
+}  // namespace speedtorch

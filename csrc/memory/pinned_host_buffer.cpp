@@ -1,0 +1,86 @@
+// Exact-size page-locked host memory: anonymous mmap + cudaHostRegister (see pinned_host_buffer.h).
+#include "memory/pinned_host_buffer.h"
+
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Exception.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#ifdef SPEEDTORCH_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace speedtorch {
+
+bool cuda_device_available() {
+#ifdef SPEEDTORCH_WITH_CUDA
+  static const bool available = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();  // a machine without a driver: clear the sticky error, run CPU-only
+      return false;
+    }
+    return count > 0;
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes) : size_(bytes) {
+  TORCH_CHECK(bytes > 0, "speedtorch: cannot allocate an empty host buffer");
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  TORCH_CHECK(bytes <= SIZE_MAX - page, "speedtorch: host buffer size ", bytes, " bytes overflows");
+  mapped_size_ = (bytes + page - 1) / page * page;
+  void* p = mmap(nullptr, mapped_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TORCH_CHECK(p != MAP_FAILED, "speedtorch: could not reserve ", bytes, " bytes of host memory (mmap: ",
+              std::strerror(errno), "); the table and its optimizer state must fit in host RAM");
+  data_ = p;
+#ifdef SPEEDTORCH_WITH_CUDA
+  if (cuda_device_available()) {
+    const cudaError_t err = cudaHostRegister(data_, mapped_size_, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      munmap(data_, mapped_size_);
+      data_ = nullptr;
+      TORCH_CHECK(false, "speedtorch: could not page-lock ", bytes, " bytes of host memory (cudaHostRegister: ",
+                  cudaGetErrorString(err), "); free host RAM or raise the locked-memory limit (ulimit -l)");
+    }
+    pinned_ = true;
+  }
+#endif
+}
+
+PinnedHostBuffer::~PinnedHostBuffer() {
+  if (data_ == nullptr) return;
+#ifdef SPEEDTORCH_WITH_CUDA
+  if (pinned_) {
+    // Never throw from a destructor; an unregister failure (e.g. at driver shutdown) only leaks the lock.
+    if (cudaHostUnregister(data_) != cudaSuccess) (void)cudaGetLastError();
+  }
+#endif
+  munmap(data_, mapped_size_);
+}
+
+at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype) {
+  std::size_t count = 1;
+  for (const auto s : sizes) {
+    TORCH_CHECK(s >= 0, "speedtorch: negative dimension ", s, " in size ", sizes);
+    TORCH_CHECK(s == 0 || count <= SIZE_MAX / static_cast<std::size_t>(s), "speedtorch: size ", sizes, " overflows");
+    count *= static_cast<std::size_t>(s);
+  }
+  const std::size_t bytes = count * c10::elementSize(dtype);
+  // A zero-size table still gets one page so every table has a valid, pinned base pointer.
+  auto buffer = std::make_shared<PinnedHostBuffer>(bytes == 0 ? 1 : bytes);
+  void* data = buffer->data();
+  return at::from_blob(
+      data, sizes, [buffer](void*) mutable { buffer.reset(); }, at::TensorOptions().dtype(dtype).device(at::kCPU));
+}
+
+}  // namespace speedtorch

@@ -1,0 +1,51 @@
+// Owns exact-size page-locked host memory for tables and optimizer state.
+//
+// PyTorch's pinned allocator rounds every request up to a power of two (a 5.12 GB table takes 8.69 GB); here a
+// table costs its bytes rounded up to one page. Memory comes from an anonymous mmap (zero-filled by the kernel, so
+// zero-initialised tables are free) and, when a CUDA device is present, is registered with
+// cudaHostRegister(Mapped | Portable): every GPU of the host can read and write it directly over UVA.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace speedtorch {
+
+class PinnedHostBuffer {
+ public:
+  // Allocates `bytes` (> 0) of zeroed host memory and page-locks it when a CUDA device is present.
+  // Throws c10::Error with an actionable message when the memory cannot be had.
+  explicit PinnedHostBuffer(std::size_t bytes);
+  ~PinnedHostBuffer();
+
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+
+  void* data() const { return data_; }
+  // Bytes asked for.
+  std::size_t size() const { return size_; }
+  // Bytes actually mapped (size rounded up to the page size).
+  std::size_t mapped_size() const { return mapped_size_; }
+  // True when registered with CUDA (readable by GPU kernels through UVA).
+  bool is_pinned() const { return pinned_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t mapped_size_ = 0;
+  bool pinned_ = false;
+};
+
+// A tensor of `sizes` and `dtype` whose storage is a fresh PinnedHostBuffer (zero-filled). The buffer lives as
+// long as any tensor sharing the storage.
+at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype);
+
+// Whether CUDA is usable in this process (library built with CUDA and a device present).
+bool cuda_device_available();
+
+}  // namespace speedtorch

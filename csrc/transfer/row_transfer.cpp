@@ -1,0 +1,83 @@
+// Routes row transfers to their path (see row_transfer.h); holds the CPU-only routes.
+#include "transfer/row_transfer.h"
+
+#include <c10/util/Exception.h>
+
+#include "cpu/index_range_check.h"
+#include "cpu/row_copy_cpu.h"
+#include "transfer/host_access_tracker.h"
+#ifdef SPEEDTORCH_WITH_CUDA
+#include "transfer/row_transfer_cuda.h"
+#endif
+
+namespace speedtorch {
+namespace {
+
+HostRows host_rows(const at::Tensor& table) {
+  return HostRows{static_cast<char*>(table.data_ptr()), table.size(0), table.stride(0) * table.element_size(),
+                  table.size(1) * table.element_size()};
+}
+
+template <typename Fn>
+void with_index_type(const at::Tensor& indices, Fn&& fn) {
+  if (indices.scalar_type() == at::kLong) {
+    fn(indices.const_data_ptr<int64_t>());
+  } else {
+    fn(indices.const_data_ptr<int32_t>());
+  }
+}
+
+void gather_cpu(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
+  const at::Tensor idx = indices.cpu();
+  const HostRows rows = host_rows(table);
+  with_index_type(idx, [&](const auto* p) {
+    check_indices_in_range(p, idx.numel(), rows.num_rows, op, "indices");
+    wait_for_uva_conflicts(table.storage().data(), UvaAccess::kRead);
+    gather_rows_cpu(rows, p, idx.numel(), static_cast<char*>(out.data_ptr()));
+  });
+}
+
+void scatter_cpu(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
+  const at::Tensor idx = indices.cpu();
+  const HostRows rows = host_rows(table);
+  with_index_type(idx, [&](const auto* p) {
+    check_indices_in_range(p, idx.numel(), rows.num_rows, op, "indices");
+    wait_for_uva_conflicts(table.storage().data(), UvaAccess::kWrite);
+    scatter_rows_cpu(rows, p, idx.numel(), static_cast<const char*>(src.const_data_ptr()));
+  });
+}
+
+#ifndef SPEEDTORCH_WITH_CUDA
+[[noreturn]] void no_cuda(const char* op) {
+  TORCH_CHECK(false, op, ": this speedtorch library was built without CUDA; rebuild it where nvcc and a CUDA "
+              "build of PyTorch are installed");
+}
+#endif
+
+}  // namespace
+
+void gather_rows(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
+  if (indices.numel() == 0) return;
+  if (table.is_cpu() && out.is_cpu()) return gather_cpu(table, indices, out, op);
+#ifdef SPEEDTORCH_WITH_CUDA
+  if (table.is_cpu() && out.is_cuda()) return gather_pinned_to_cuda(table, indices, out, op);
+  if (table.is_cuda() && out.is_cuda()) return gather_cuda_table(table, indices, out, op);
+  TORCH_CHECK(false, op, ": cannot move rows from a table on ", table.device(), " to ", out.device());
+#else
+  no_cuda(op);
+#endif
+}
+
+void scatter_rows(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
+  if (indices.numel() == 0) return;
+  if (table.is_cpu() && src.is_cpu()) return scatter_cpu(table, indices, src, op);
+#ifdef SPEEDTORCH_WITH_CUDA
+  if (table.is_cpu() && src.is_cuda()) return scatter_cuda_to_pinned(table, indices, src, op);
+  if (table.is_cuda() && src.is_cuda()) return scatter_cuda_table(table, indices, src, op);
+  TORCH_CHECK(false, op, ": cannot move rows from ", src.device(), " to a table on ", table.device());
+#else
+  no_cuda(op);
+#endif
+}
+
+}  // namespace speedtorch

@@ -1,0 +1,267 @@
+// The host<->GPU transfer engine and device-resident row operations (see row_transfer_cuda.h).
+//
+// Ordering: every kernel runs on the caller's current stream. Staged copies run on a pooled copy stream that first
+// waits for the caller's stream (so it never touches memory the caller's earlier work still uses) and, for a
+// gather, is waited for by the caller's stream before the call returns: later work on the caller's stream sees all
+// rows. The staged share itself is done by the calling thread before the call returns.
+#include "transfer/row_transfer_cuda.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/Parallel.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "cpu/index_range_check.h"
+#include "cpu/row_copy_cpu.h"
+#include "cuda/device_index_error.h"
+#include "cuda/row_kernels.h"
+#include "transfer/host_access_tracker.h"
+#include "transfer/staging_ring.h"
+#include "transfer/transfer_policy.h"
+
+namespace speedtorch {
+namespace {
+
+int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
+
+HostRows host_rows(const at::Tensor& table) {
+  return HostRows{static_cast<char*>(table.data_ptr()), table.size(0), table.stride(0) * table.element_size(),
+                  table.size(1) * table.element_size()};
+}
+
+// The address a GPU kernel uses for row 0 of a pinned host table.
+char* mapped_base(const at::Tensor& table, const char* op) {
+  char* host = static_cast<char*>(table.data_ptr());
+  void* allocation = const_cast<void*>(table.storage().data());
+  void* device = nullptr;
+  const cudaError_t err = cudaHostGetDevicePointer(&device, allocation, 0);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    TORCH_CHECK(false, op, ": table is not mapped into the GPU's address space (", cudaGetErrorString(err),
+                "); allocate it with speedtorch.pinned_empty / speedtorch.PinnedEmbedding or Tensor.pin_memory()");
+  }
+  return static_cast<char*>(device) + (host - static_cast<char*>(allocation));
+}
+
+GpuRows gpu_rows(const at::Tensor& table, char* base) {
+  return GpuRows{base, table.size(0), table.stride(0) * table.element_size(), table.size(1) * table.element_size()};
+}
+
+GpuIndices gpu_indices(const at::Tensor& indices, int64_t count) {
+  return GpuIndices{indices.const_data_ptr(), indices.scalar_type() == at::kLong, count};
+}
+
+// Indices on `device`, copied asynchronously (through pinned memory) when they are on the host.
+at::Tensor indices_on(const at::Tensor& indices, const at::Device& device) {
+  if (indices.device() == device) return indices;
+  const at::Tensor pinned = indices.is_pinned() ? indices : indices.pin_memory();
+  return pinned.to(device, /*non_blocking=*/true);
+}
+
+template <typename Fn>
+void with_index_type(const at::Tensor& indices, Fn&& fn) {
+  if (indices.scalar_type() == at::kLong) {
+    fn(indices.const_data_ptr<int64_t>());
+  } else {
+    fn(indices.const_data_ptr<int32_t>());
+  }
+}
+
+void check_host_indices(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
+  with_index_type(host_indices,
+                  [&](const auto* p) { check_indices_in_range(p, host_indices.numel(), num_rows, op, "indices"); });
+}
+
+// Copy stream ordered after everything enqueued so far on `stream`.
+c10::cuda::CUDAStream copy_stream_after(const c10::cuda::CUDAStream& stream, cudaEvent_t event, int device) {
+  c10::cuda::CUDAStream copy = c10::cuda::getStreamFromPool(/*isHighPriority=*/false,
+                                                            static_cast<c10::DeviceIndex>(device));
+  C10_CUDA_CHECK(cudaEventRecord(event, stream.stream()));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(copy.stream(), event, 0));
+  return copy;
+}
+
+// Staged gather of positions [first, count): CPU threads fill a chunk, the copy engine moves it while the next fills.
+template <typename Index>
+void staged_gather(const HostRows& rows, const Index* host_idx, int64_t first, int64_t count, char* out_device,
+                   StagingRing& ring, cudaStream_t copy) {
+  const int64_t rows_per_chunk = std::max<int64_t>(1, ring.chunk_bytes() / rows.row_bytes);
+  int slot = 0;
+  for (int64_t begin = first; begin < count; begin += rows_per_chunk, slot = (slot + 1) % StagingRing::kChunks) {
+    const int64_t n = std::min(rows_per_chunk, count - begin);
+    C10_CUDA_CHECK(cudaEventSynchronize(ring.chunk_event(slot)));  // its previous copy has left the chunk
+    gather_rows_cpu(rows, host_idx + begin, n, ring.chunk(slot));
+    C10_CUDA_CHECK(cudaMemcpyAsync(out_device + begin * rows.row_bytes, ring.chunk(slot), n * rows.row_bytes,
+                                   cudaMemcpyHostToDevice, copy));
+    C10_CUDA_CHECK(cudaEventRecord(ring.chunk_event(slot), copy));
+  }
+}
+
+// Staged scatter of positions [first, count): the copy engine brings chunks down ahead, CPU threads write the rows.
+template <typename Index>
+void staged_scatter(const HostRows& rows, const Index* host_idx, int64_t first, int64_t count, const char* src_device,
+                    const uint8_t* host_keep, StagingRing& ring, cudaStream_t copy) {
+  const int64_t rows_per_chunk = std::max<int64_t>(1, ring.chunk_bytes() / rows.row_bytes);
+  const int64_t chunks = (count - first + rows_per_chunk - 1) / rows_per_chunk;
+  auto issue = [&](int64_t chunk) {
+    const int slot = static_cast<int>(chunk % StagingRing::kChunks);
+    const int64_t begin = first + chunk * rows_per_chunk;
+    const int64_t n = std::min(rows_per_chunk, count - begin);
+    C10_CUDA_CHECK(cudaEventSynchronize(ring.chunk_event(slot)));  // an earlier transfer may still use the chunk
+    C10_CUDA_CHECK(cudaMemcpyAsync(ring.chunk(slot), src_device + begin * rows.row_bytes, n * rows.row_bytes,
+                                   cudaMemcpyDeviceToHost, copy));
+    C10_CUDA_CHECK(cudaEventRecord(ring.chunk_event(slot), copy));
+  };
+  for (int64_t c = 0; c < std::min<int64_t>(chunks, StagingRing::kChunks); ++c) issue(c);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int slot = static_cast<int>(c % StagingRing::kChunks);
+    const int64_t begin = first + c * rows_per_chunk;
+    const int64_t n = std::min(rows_per_chunk, count - begin);
+    C10_CUDA_CHECK(cudaEventSynchronize(ring.chunk_event(slot)));
+    // Chunks are written in order, so across chunks the last occurrence of a row still lands last.
+    scatter_rows_cpu(rows, host_idx + begin, n, ring.chunk(slot), host_keep ? host_keep + (begin - first) : nullptr);
+    if (c + StagingRing::kChunks < chunks) issue(c + StagingRing::kChunks);
+  }
+}
+
+}  // namespace
+
+void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
+  const int device = out.get_device();
+  c10::cuda::CUDAGuard guard(out.device());
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  const int64_t count = indices.numel();
+  const HostRows rows = host_rows(table);
+  const TransferPlan plan = plan_transfer(transfer_config(), TransferDirection::kHostToDevice,
+                                          rows.num_rows * rows.row_stride_bytes, rows.row_bytes, count,
+                                          at::get_num_threads());
+  const void* key = table.storage().data();
+
+  // Host indices are validated before anything is launched. CUDA indices are brought to the host only when the
+  // staged path needs them; otherwise the kernel validates them.
+  at::Tensor host_idx;
+  if (indices.is_cpu() || plan.staged_rows > 0) {
+    host_idx = indices.cpu();
+    check_host_indices(host_idx, rows.num_rows, op);
+  }
+  char* out_ptr = static_cast<char*>(out.data_ptr());
+  // The copy stream is ordered after the caller's earlier work but not after the UVA kernel: they run together.
+  std::optional<BorrowedStagingRing> ring;
+  std::optional<c10::cuda::CUDAStream> copy;
+  if (plan.staged_rows > 0) {
+    ring.emplace(device, transfer_config().staging_chunk_bytes);
+    copy = copy_stream_after(stream, (*ring)->start_event(), device);
+  }
+  if (plan.uva_rows > 0) {
+    const at::Tensor dev_idx =
+        indices_on(indices.is_cpu() ? indices.narrow(0, 0, plan.uva_rows) : indices, out.device());
+    launch_row_gather(gpu_rows(table, mapped_base(table, op)), gpu_indices(dev_idx, plan.uva_rows), out_ptr,
+                      device_index_error_record(device), sm_count(device), stream.stream());
+    note_uva_access(key, UvaAccess::kRead, device, stream.stream());
+  }
+  if (plan.staged_rows > 0) {
+    wait_for_uva_conflicts(key, UvaAccess::kRead);
+    with_index_type(host_idx, [&](const auto* p) {
+      staged_gather(rows, p, plan.uva_rows, count, out_ptr, **ring, copy->stream());
+    });
+    C10_CUDA_CHECK(cudaEventRecord((*ring)->done_event(), copy->stream()));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), (*ring)->done_event(), 0));
+  }
+  if (!host_idx.defined()) raise_if_device_index_error(device, stream.stream(), op, "indices");
+}
+
+void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
+                            const char* op) {
+  const int device = src.get_device();
+  c10::cuda::CUDAGuard guard(src.device());
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  const int64_t count = indices.numel();
+  const HostRows rows = host_rows(table);
+  const TransferPlan plan = plan_transfer(transfer_config(), TransferDirection::kDeviceToHost,
+                                          rows.num_rows * rows.row_stride_bytes, rows.row_bytes, count,
+                                          at::get_num_threads());
+  const void* key = table.storage().data();
+
+  at::Tensor host_idx;
+  if (indices.is_cpu() || plan.staged_rows > 0) {
+    host_idx = indices.cpu();
+    check_host_indices(host_idx, rows.num_rows, op);
+  }
+  // The CPU writes below must not overtake UVA kernels still reading or writing these rows.
+  if (plan.staged_rows > 0) wait_for_uva_conflicts(key, UvaAccess::kWrite);
+
+  // One writer per row: needed as soon as a GPU kernel writes any share.
+  at::Tensor dev_idx;
+  at::Tensor keep;
+  if (plan.uva_rows > 0) {
+    dev_idx = indices_on(indices, src.device());
+    keep = at::empty({count}, src.options().dtype(at::kByte));
+    const at::Tensor scratch = at::empty({last_occurrence_scratch_bytes(count)}, src.options().dtype(at::kByte));
+    launch_mark_last_occurrence(gpu_indices(dev_idx, count), rows.num_rows, scratch.data_ptr(),
+                                keep.data_ptr<uint8_t>(), sm_count(device), stream.stream());
+  }
+  // The copy stream waits for src and the keep mask, not for the UVA kernel launched next: they run together.
+  std::optional<BorrowedStagingRing> ring;
+  std::optional<c10::cuda::CUDAStream> copy;
+  at::Tensor host_keep;
+  if (plan.staged_rows > 0) {
+    ring.emplace(device, transfer_config().staging_chunk_bytes);
+    copy = copy_stream_after(stream, (*ring)->start_event(), device);
+    if (keep.defined()) {
+      host_keep = at::empty({plan.staged_rows}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      C10_CUDA_CHECK(cudaMemcpyAsync(host_keep.data_ptr(), keep.data_ptr<uint8_t>() + plan.uva_rows,
+                                     plan.staged_rows, cudaMemcpyDeviceToHost, copy->stream()));
+    }
+  }
+  if (plan.uva_rows > 0) {
+    launch_row_scatter(gpu_rows(table, mapped_base(table, op)), gpu_indices(dev_idx, plan.uva_rows),
+                       static_cast<const char*>(src.const_data_ptr()), keep.const_data_ptr<uint8_t>(),
+                       device_index_error_record(device), sm_count(device), stream.stream());
+    note_uva_access(key, UvaAccess::kWrite, device, stream.stream());
+  }
+  if (plan.staged_rows > 0) {
+    with_index_type(host_idx, [&](const auto* p) {
+      staged_scatter(rows, p, plan.uva_rows, count, static_cast<const char*>(src.const_data_ptr()),
+                     host_keep.defined() ? host_keep.const_data_ptr<uint8_t>() : nullptr, **ring, copy->stream());
+    });
+    // Every chunk copy (and the keep copy before them) was waited for: the copy stream holds nothing of ours.
+  }
+  if (!host_idx.defined()) raise_if_device_index_error(device, stream.stream(), op, "indices");
+}
+
+void gather_cuda_table(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
+  const int device = table.get_device();
+  c10::cuda::CUDAGuard guard(table.device());
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  if (indices.is_cpu()) check_host_indices(indices, table.size(0), op);
+  const at::Tensor dev_idx = indices_on(indices, table.device());
+  launch_row_gather(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
+                    static_cast<char*>(out.data_ptr()), device_index_error_record(device), sm_count(device),
+                    stream.stream());
+  if (indices.is_cuda()) raise_if_device_index_error(device, stream.stream(), op, "indices");
+}
+
+void scatter_cuda_table(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
+  const int device = table.get_device();
+  c10::cuda::CUDAGuard guard(table.device());
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  if (indices.is_cpu()) check_host_indices(indices, table.size(0), op);
+  const at::Tensor dev_idx = indices_on(indices, table.device());
+  const int64_t count = indices.numel();
+  const at::Tensor keep = at::empty({count}, table.options().dtype(at::kByte));
+  const at::Tensor scratch = at::empty({last_occurrence_scratch_bytes(count)}, table.options().dtype(at::kByte));
+  const GpuIndices idx = gpu_indices(dev_idx, count);
+  launch_mark_last_occurrence(idx, table.size(0), scratch.data_ptr(), keep.data_ptr<uint8_t>(), sm_count(device),
+                              stream.stream());
+  launch_row_scatter(gpu_rows(table, static_cast<char*>(table.data_ptr())), idx,
+                     static_cast<const char*>(src.const_data_ptr()), keep.const_data_ptr<uint8_t>(),
+                     device_index_error_record(device), sm_count(device), stream.stream());
+  if (indices.is_cuda()) raise_if_device_index_error(device, stream.stream(), op, "indices");
+}
+
+}  // namespace speedtorch

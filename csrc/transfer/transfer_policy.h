@@ -1,0 +1,49 @@
+// How a host<->GPU row transfer is split between its two paths.
+//
+// UVA (a GPU kernel reads or writes the mapped host rows) needs no CPU, but its rate falls from ~93% of the link to
+// ~35% once the rows touched are spread over more host memory than the GPU can translate quickly (design.md §4).
+// Staged (CPU threads copy rows through a pinned staging buffer while the copy engine moves the previous chunk) is
+// bound by the CPU threads. Running both at once on disjoint shares of the rows adds their rates up to the link's.
+// The plan gives each path the share that makes both finish together, from the table footprint, the row size, the
+// transfer size and the CPU threads; every threshold can be overridden (set_transfer_config, or the environment
+// variables named below, read once at first use).
+#pragma once
+
+#include <cstdint>
+
+namespace speedtorch {
+
+enum class TransferDirection { kHostToDevice, kDeviceToHost };
+
+struct TransferConfig {
+  // Share of rows given to the UVA path; < 0 chooses automatically. SPEEDTORCH_UVA_FRACTION.
+  double uva_fraction = -1.0;
+  // Tables up to this footprint stay within fast GPU translation: all rows go over UVA.
+  // SPEEDTORCH_UVA_REACH_BYTES.
+  int64_t uva_reach_bytes = int64_t{512} << 20;
+  // Transfers up to this size go over UVA alone: the staged path's fixed costs would dominate.
+  // SPEEDTORCH_SMALL_TRANSFER_BYTES.
+  int64_t small_transfer_bytes = int64_t{2} << 20;
+  // Rows at least this long are translated once per row anyway: UVA alone is fast. SPEEDTORCH_UVA_ROW_BYTES.
+  int64_t uva_row_bytes = 4096;
+  // Bytes per staging chunk (three chunks per transfer in flight). SPEEDTORCH_STAGING_CHUNK_BYTES.
+  int64_t staging_chunk_bytes = int64_t{8} << 20;
+  // Rates (GB/s) of the UVA path over a spread-out table and of one CPU thread on the staged path, and the
+  // staged path's ceiling; they set the automatic split. Measured on an H100 PCIe Gen5 host (bench/RESULTS.md).
+  double uva_spread_gbps = 18.5;
+  double staged_gbps_per_thread = 8.0;
+  double staged_max_gbps = 40.0;
+};
+
+struct TransferPlan {
+  int64_t uva_rows = 0;     // positions [0, uva_rows) go over UVA
+  int64_t staged_rows = 0;  // positions [uva_rows, count) go through staging
+};
+
+TransferConfig transfer_config();
+void set_transfer_config(const TransferConfig& config);
+
+TransferPlan plan_transfer(const TransferConfig& config, TransferDirection direction, int64_t table_bytes,
+                           int64_t row_bytes, int64_t count, int threads);
+
+}  // namespace speedtorch

@@ -1,0 +1,28 @@
+// Registers speedtorch::PinnedEmbedding (csrc/embedding/pinned_embedding.h) as torch.classes.speedtorch
+// .PinnedEmbedding, for Python, TorchScript and C++ alike.
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include "embedding/pinned_embedding.h"
+
+TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
+  using speedtorch::PinnedEmbedding;
+  m.class_<PinnedEmbedding>("PinnedEmbedding")
+      .def(torch::init<int64_t, int64_t, c10::ScalarType>(), "A num_rows x dim table in exact-size pinned host memory",
+           {torch::arg("num_rows"), torch::arg("dim"), torch::arg("dtype") = static_cast<int64_t>(at::kFloat)})
+      .def("gather", &PinnedEmbedding::gather, "Rows for indices, on device (default: the indices' device)",
+           {torch::arg("indices"), torch::arg("device") = c10::IValue()})
+      .def("scatter_", &PinnedEmbedding::scatter_, "Writes src into the rows named by indices (last occurrence wins)",
+           {torch::arg("indices"), torch::arg("src")})
+      .def("num_rows", &PinnedEmbedding::num_rows)
+      .def("dim", &PinnedEmbedding::dim)
+      .def("nbytes", &PinnedEmbedding::nbytes)
+      .def("is_pinned", &PinnedEmbedding::is_pinned)
+      .def("table", &PinnedEmbedding::table)
+      .def("zero_", &PinnedEmbedding::zero_)
+      .def("uniform_", &PinnedEmbedding::uniform_, "",
+           {torch::arg("low") = -0.05, torch::arg("high") = 0.05, torch::arg("seed") = c10::IValue()})
+      .def("normal_", &PinnedEmbedding::normal_, "",
+           {torch::arg("mean") = 0.0, torch::arg("std") = 1.0, torch::arg("seed") = c10::IValue()})
+      .def("copy_", &PinnedEmbedding::copy_, "", {torch::arg("src")});
+}

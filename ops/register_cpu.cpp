@@ -1,0 +1,10 @@
+// CPU kernels of the row operators. Also serves a pinned host table with CPU indices whose rows go to a GPU
+// (device='cuda'): the dispatcher picks CPU from the tensor arguments, the kernel routes to the transfer engine.
+#include <torch/library.h>
+
+#include "row_ops_kernel.h"
+
+TORCH_LIBRARY_IMPL(speedtorch, CPU, m) {
+  m.impl("gather", &speedtorch::ops::gather_kernel);
+  m.impl("scatter_rows_", &speedtorch::ops::scatter_kernel);
+}

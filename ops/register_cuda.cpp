@@ -1,0 +1,10 @@
+// CUDA kernels of the row operators: any call with a CUDA tensor argument (CUDA indices or src, or a table on a
+// GPU) lands here and is routed by csrc/transfer/row_transfer.h.
+#include <torch/library.h>
+
+#include "row_ops_kernel.h"
+
+TORCH_LIBRARY_IMPL(speedtorch, CUDA, m) {
+  m.impl("gather", &speedtorch::ops::gather_kernel);
+  m.impl("scatter_rows_", &speedtorch::ops::scatter_kernel);
+}

@@ -1,0 +1,11 @@
+// Meta kernels: shapes and dtypes only, for meta tensors in C++ and Python. Under torch.compile the Python fake
+// kernels of python/speedtorch/_fake.py take precedence, because a fake gather must also say which device its
+// output lands on, which a meta tensor cannot.
+#include <torch/library.h>
+
+#include "row_ops_kernel.h"
+
+TORCH_LIBRARY_IMPL(speedtorch, Meta, m) {
+  m.impl("gather", &speedtorch::ops::gather_meta);
+  m.impl("scatter_rows_", &speedtorch::ops::scatter_meta);
+}

@@ -1,0 +1,19 @@
+// The speedtorch operator library: every schema, in one place. Kernels are registered per backend in
+// ops/register_*.cpp; the PinnedEmbedding class in ops/pinned_embedding_class.cpp.
+//
+// Mutation is annotated ((a!)) so functionalization, torch.compile and TorchScript see what each op writes.
+#include <torch/library.h>
+
+TORCH_LIBRARY(speedtorch, m) {
+  // Rows of `table` (2-D) for `indices` (int32/int64, any shape): shape indices.shape + (table.size(1),), on
+  // `device` if given, else on the indices' device. A pinned host table with rows going to a GPU is read by the
+  // transfer engine (UVA kernel + staged copies).
+  m.def("gather(Tensor table, Tensor indices, Device? device=None) -> Tensor");
+  // table[indices] = src, in place; duplicate indices: the last occurrence wins. Returns table. Composite: it calls
+  // scatter_rows_, because functionalization (torch.compile, torch.export) cannot handle a custom op whose output
+  // aliases an input, while it handles an in-place op that returns nothing.
+  m.def("scatter_(Tensor(a!) table, Tensor indices, Tensor src) -> Tensor(a!)");
+  m.def("scatter_rows_(Tensor(a!) table, Tensor indices, Tensor src) -> ()");
+  // Allocation, settings and diagnostics take no tensors; they are defined with their functions in
+  // ops/library_settings.cpp.
+}

@@ -1,0 +1,49 @@
+"""speedtorch: embedding tables in pinned host RAM, moved row by row between host and GPU at PCIe speed.
+
+The kernels live in a C++/CUDA library registered with PyTorch's dispatcher (``torch.ops.speedtorch``,
+``torch.classes.speedtorch``); this package loads it and adds Python conveniences.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._library import library_path, load_library
+
+load_library()
+
+from . import _fake  # noqa: E402,F401  (registers fake kernels for torch.compile)
+from .ops import (  # noqa: E402
+    check_index_errors,
+    gather,
+    pinned_empty,
+    scatter_,
+    set_deferred_index_checks,
+    set_transfer_config,
+    transfer_config,
+)
+
+#: ``torch.classes.speedtorch.PinnedEmbedding``: a table in exact-size pinned host memory, usable from Python,
+#: TorchScript (as a module attribute) and C++.
+PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
+
+__version__ = "0.1.0"
+
+
+def build_info() -> str:
+    """What the compiled library was built with (CUDA version and architectures, or CPU-only)."""
+    return torch.ops.speedtorch.build_info()
+
+
+__all__ = [
+    "PinnedEmbedding",
+    "build_info",
+    "check_index_errors",
+    "gather",
+    "library_path",
+    "pinned_empty",
+    "scatter_",
+    "set_deferred_index_checks",
+    "set_transfer_config",
+    "transfer_config",
+]

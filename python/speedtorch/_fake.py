@@ -1,0 +1,34 @@
+"""Fake (meta) kernels for torch.compile / torch.export.
+
+The C++ Meta kernels (ops/register_meta.cpp) give shapes, but a fake tensor also needs its device, and a gather may
+put its rows on another device than its inputs (pinned host table -> GPU). These fake kernels say so; they take
+precedence over the Meta kernels under FakeTensorMode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _rows_shape(table: torch.Tensor, indices: torch.Tensor) -> list[int]:
+    return [*indices.shape, table.shape[1]]
+
+
+@torch.library.register_fake("speedtorch::gather", allow_override=True)
+def _gather_fake(table, indices, device=None):
+    torch._check(table.dim() == 2, lambda: f"speedtorch.gather: table must be 2-D, got {table.dim()}-D")
+    torch._check(
+        indices.dtype in (torch.int32, torch.int64),
+        lambda: f"speedtorch.gather: indices must be int64 or int32, got {indices.dtype}",
+    )
+    out_device = torch.device(device) if device is not None else indices.device
+    return table.new_empty(_rows_shape(table, indices), device=out_device)
+
+
+@torch.library.register_fake("speedtorch::scatter_rows_", allow_override=True)
+def _scatter_rows_fake(table, indices, src):
+    torch._check(
+        list(src.shape) == _rows_shape(table, indices),
+        lambda: f"speedtorch.scatter_: src must have shape {_rows_shape(table, indices)}, got {list(src.shape)}",
+    )
+    return None

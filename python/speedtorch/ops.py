@@ -1,0 +1,77 @@
+"""The row operators, as thin Python functions over ``torch.ops.speedtorch`` (the kernels are C++/CUDA)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "gather",
+    "scatter_",
+    "pinned_empty",
+    "transfer_config",
+    "set_transfer_config",
+    "set_deferred_index_checks",
+    "check_index_errors",
+]
+
+_TRANSFER_OPTIONS = (
+    "uva_fraction",
+    "uva_reach_bytes",
+    "small_transfer_bytes",
+    "uva_row_bytes",
+    "staging_chunk_bytes",
+    "uva_spread_gbps",
+    "staged_gbps_per_thread",
+    "staged_max_gbps",
+)
+
+
+def gather(table: torch.Tensor, indices: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
+    """Rows of ``table`` (2-D) for ``indices`` (int32/int64, any shape).
+
+    Returns a tensor of shape ``indices.shape + (table.shape[1],)`` on ``device`` if given, else on the indices'
+    device. A pinned host table whose rows go to a GPU is read by a CUDA kernel over UVA and by CPU threads through
+    pinned staging, concurrently. The GPU work is queued on the current stream (asynchronous); the staged share is
+    done before the call returns. Out-of-range indices raise ``IndexError``.
+    """
+    return torch.ops.speedtorch.gather(table, indices, None if device is None else torch.device(device))
+
+
+def scatter_(table: torch.Tensor, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Writes ``src`` (shape ``indices.shape + (D,)``) into the rows of ``table`` named by ``indices``; returns it.
+
+    With duplicate indices the last occurrence wins, as in a sequential loop, on every device. Writes from a GPU
+    into a pinned host table are partly asynchronous: synchronize the stream before reading the table on the host.
+    """
+    return torch.ops.speedtorch.scatter_(table, indices, src)
+
+
+def pinned_empty(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A zero-filled host tensor in exact-size pinned memory (no power-of-two rounding)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    return torch.ops.speedtorch.pinned_empty(list(size), dtype)
+
+
+def transfer_config() -> dict[str, float]:
+    """The transfer engine's settings (see csrc/transfer/transfer_policy.h)."""
+    return {name: torch.ops.speedtorch.get_transfer_option(name) for name in _TRANSFER_OPTIONS}
+
+
+def set_transfer_config(**options: float) -> None:
+    """Overrides transfer settings, e.g. ``set_transfer_config(uva_fraction=0.4)``; ``uva_fraction=-1`` restores
+    the automatic split."""
+    for name, value in options.items():
+        torch.ops.speedtorch.set_transfer_option(name, float(value))
+
+
+def set_deferred_index_checks(deferred: bool) -> None:
+    """With CUDA indices, out-of-range values are found by the GPU. By default the op then waits for its stream and
+    raises at once; deferred, it does not wait, and :func:`check_index_errors` raises later. Rows for bad indices
+    are never read or written either way."""
+    torch.ops.speedtorch.set_deferred_index_checks(bool(deferred))
+
+
+def check_index_errors() -> None:
+    """Synchronizes the GPUs and raises ``IndexError`` if a kernel met an out-of-range index since the last check."""
+    torch.ops.speedtorch.check_index_errors()

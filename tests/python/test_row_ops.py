@@ -1,0 +1,176 @@
+"""speedtorch.gather / scatter_ on CPU tensors: results against plain-PyTorch references, duplicate semantics,
+every dtype and index type, and the errors bad input gets. GPU routes are in test_row_ops_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import last_wins_reference, random_table
+
+import speedtorch
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+INDEX_DTYPES = [torch.int64, torch.int32]
+INDEX_SHAPES = [(0,), (1,), (37,), (5, 7), (2, 3, 4)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("shape", INDEX_SHAPES)
+def test_gather_matches_indexing(dtype, index_dtype, shape):
+    table = random_table(50, 12, dtype)
+    indices = torch.randint(0, 50, shape, dtype=index_dtype)
+    out = speedtorch.gather(table, indices)
+    assert out.shape == (*shape, 12) and out.dtype == dtype and out.device.type == "cpu"
+    torch.testing.assert_close(out, table[indices.long()], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gather_large_batch_parallel(threads):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        table = random_table(10_000, 33)  # odd row size: 132 bytes
+        indices = torch.randint(0, 10_000, (20_000,))
+        torch.testing.assert_close(speedtorch.gather(table, indices), table[indices], rtol=0, atol=0)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_gather_table_with_row_stride():
+    wide = random_table(40, 20)
+    table = wide[:, 3:11]  # rows 8 wide, 20 apart
+    indices = torch.randint(0, 40, (64,))
+    torch.testing.assert_close(speedtorch.gather(table, indices), table[indices], rtol=0, atol=0)
+
+
+def test_gather_pinned_table_on_cpu():
+    table = random_table(64, 16, pinned=True)
+    indices = torch.randint(0, 64, (100,))
+    torch.testing.assert_close(speedtorch.gather(table, indices, "cpu"), table[indices], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_scatter_unique(dtype, index_dtype):
+    table = random_table(60, 9, dtype)
+    indices = torch.randperm(60)[:25].to(index_dtype).reshape(5, 5)
+    src = random_table(25, 9, dtype).reshape(5, 5, 9)
+    expected = table.clone()
+    expected[indices.long()] = src
+    result = speedtorch.scatter_(table, indices, src)
+    assert result.data_ptr() == table.data_ptr()
+    torch.testing.assert_close(table, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("count", [7, 5000])
+def test_scatter_duplicates_last_occurrence_wins(threads, count):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        table = random_table(40, 16)
+        indices = torch.randint(0, 40, (count,))  # many duplicates
+        src = random_table(count, 16)
+        expected = last_wins_reference(table, indices, src)
+        speedtorch.scatter_(table, indices, src)
+        torch.testing.assert_close(table, expected, rtol=0, atol=0)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_scatter_empty_indices_is_a_no_op():
+    table = random_table(10, 4)
+    before = table.clone()
+    speedtorch.scatter_(table, torch.empty(0, dtype=torch.long), torch.empty(0, 4))
+    assert torch.equal(table, before)
+
+
+def test_gather_scatter_round_trip_pinned():
+    table = random_table(100, 32, pinned=True)
+    indices = torch.randperm(100)[:40]
+    rows = speedtorch.gather(table, indices) * 2
+    speedtorch.scatter_(table, indices, rows)
+    torch.testing.assert_close(speedtorch.gather(table, indices), rows, rtol=0, atol=0)
+
+
+# --- bad input: a clear error naming the argument, nothing touched --------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [-1, 50, 2**40])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_out_of_range_indices_raise(bad, index_dtype):
+    if index_dtype == torch.int32 and bad >= 2**31:
+        pytest.skip("not representable")
+    table = random_table(50, 4)
+    before = table.clone()
+    indices = torch.tensor([3, bad, 4], dtype=index_dtype)
+    with pytest.raises(IndexError, match=rf"indices holds {bad} at flat position 1.*\[0, 50\)"):
+        speedtorch.gather(table, indices)
+    with pytest.raises(IndexError, match=rf"indices holds {bad}"):
+        speedtorch.scatter_(table, indices, torch.randn(3, 4))
+    assert torch.equal(table, before)
+
+
+@pytest.mark.parametrize(
+    ("table", "indices", "message"),
+    [
+        (torch.randn(10), torch.tensor([1]), "table must be 2-D"),
+        (torch.randn(3, 10, 4), torch.tensor([1]), "table must be 2-D"),
+        (torch.randn(10, 4), torch.tensor([1.0]), "indices must be int64 or int32, got Float"),
+        (torch.randn(10, 4), torch.tensor([1], dtype=torch.int16), "indices must be int64 or int32"),
+        (torch.randn(4, 10).t(), torch.tensor([1]), r"table rows must be contiguous"),
+    ],
+)
+def test_gather_bad_arguments(table, indices, message):
+    with pytest.raises(RuntimeError, match=message):
+        speedtorch.gather(table, indices)
+
+
+def test_scatter_src_shape_and_dtype_checked():
+    table = random_table(10, 4)
+    indices = torch.tensor([[1, 2], [3, 4]])
+    with pytest.raises(RuntimeError, match=r"src must have shape indices.shape \+ \(dim,\) = \[2, 2, 4\], got \[4, 4\]"):
+        speedtorch.scatter_(table, indices, torch.randn(4, 4))
+    with pytest.raises(RuntimeError, match="src dtype Half does not match table dtype Float"):
+        speedtorch.scatter_(table, indices, torch.randn(2, 2, 4).half())
+
+
+def test_scatter_rejects_overlapping_rows():
+    table = torch.randn(1, 4).expand(5, 4)
+    with pytest.raises(RuntimeError, match="table rows overlap"):
+        speedtorch.scatter_(table, torch.tensor([0]), torch.randn(1, 4))
+
+
+def test_pageable_table_cannot_feed_a_gpu():
+    table = random_table(10, 4)
+    with pytest.raises(RuntimeError, match="pageable host memory"):
+        speedtorch.gather(table, torch.tensor([1]), device="cuda")
+
+
+# --- dispatcher contract --------------------------------------------------------------------------------------------
+
+
+def test_opcheck_gather():
+    table = random_table(20, 8)
+    for indices in (torch.randint(0, 20, (6,)), torch.randint(0, 20, (2, 3), dtype=torch.int32)):
+        torch.library.opcheck(torch.ops.speedtorch.gather.default, (table, indices))
+
+
+@pytest.mark.parametrize("op", ["scatter_", "scatter_rows_"])
+def test_opcheck_scatter(op):
+    table = random_table(20, 8)
+    indices = torch.randperm(20)[:6]
+    torch.library.opcheck(getattr(torch.ops.speedtorch, op).default, (table, indices, torch.randn(6, 8)))
+
+
+def test_gradcheck_gather():
+    table = torch.randn(12, 5, dtype=torch.float64, requires_grad=True)
+    indices = torch.tensor([[0, 3, 3], [11, 0, 7]])  # duplicates: their gradients add up
+    assert torch.autograd.gradcheck(lambda t: speedtorch.gather(t, indices), (table,))
+
+
+def test_meta_tensors():
+    table = torch.empty(100, 16, device="meta")
+    out = torch.ops.speedtorch.gather(table, torch.empty(4, 5, dtype=torch.long, device="meta"))
+    assert out.shape == (4, 5, 16) and out.device.type == "meta"
