@@ -1,1 +1,48 @@
+// Tests for csrc/cpu/index_range_check: finds the first bad index, both index types, and the error text.
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cpu/index_range_check.h"
+
+namespace speedtorch {
+namespace {
+
+TEST(IndexRangeCheck, AcceptsValidIndices) {
+  std::vector<int64_t> idx(200000);
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i % 97);
+  EXPECT_FALSE(find_index_out_of_range(idx.data(), idx.size(), 97).found);
+  EXPECT_FALSE(find_index_out_of_range<int64_t>(nullptr, 0, 0).found);
+}
+
+TEST(IndexRangeCheck, ReportsTheFirstBadPosition) {
+  std::vector<int32_t> idx(300000, 5);
+  idx[250000] = -3;
+  idx[123457] = 10;
+  const IndexRangeViolation bad = find_index_out_of_range(idx.data(), idx.size(), 10);
+  ASSERT_TRUE(bad.found);
+  EXPECT_EQ(bad.position, 123457);
+  EXPECT_EQ(bad.value, 10);
+}
+
+TEST(IndexRangeCheck, MessageNamesOpArgumentValueAndRange) {
+  const std::vector<int64_t> idx = {0, -1};
+  try {
+    check_indices_in_range(idx.data(), 2, 4, "speedtorch.gather", "indices");
+    FAIL() << "expected an IndexError";
+  } catch (const c10::IndexError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("speedtorch.gather: indices holds -1 at flat position 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("[0, 4)"), std::string::npos) << what;
+  }
+}
+
+TEST(IndexRangeCheck, EmptyTableRejectsEverything) {
+  const std::vector<int64_t> idx = {0};
+  EXPECT_TRUE(find_index_out_of_range(idx.data(), 1, 0).found);
+}
+
+}  // namespace
+}  // namespace speedtorch

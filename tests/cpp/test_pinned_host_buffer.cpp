@@ -1,1 +1,55 @@
+// Tests for csrc/memory/pinned_host_buffer: exact size, zero fill, pinning, lifetime.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "memory/pinned_host_buffer.h"
+
+namespace speedtorch {
+namespace {
+
+TEST(PinnedHostBuffer, MapsWholePagesOnly) {
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  PinnedHostBuffer buffer(10 * page + 1);
+  EXPECT_EQ(buffer.size(), 10 * page + 1);
+  EXPECT_EQ(buffer.mapped_size(), 11 * page);
+  EXPECT_EQ(buffer.is_pinned(), cuda_device_available());
+}
+
+TEST(PinnedHostBuffer, StartsZeroedAndIsWritable) {
+  PinnedHostBuffer buffer(1 << 20);
+  const auto* bytes = static_cast<const unsigned char*>(buffer.data());
+  for (std::size_t i = 0; i < buffer.size(); i += 4093) ASSERT_EQ(bytes[i], 0);
+  std::memset(buffer.data(), 0xAB, buffer.size());
+  EXPECT_EQ(bytes[buffer.size() - 1], 0xAB);
+}
+
+TEST(PinnedHostBuffer, RejectsEmpty) { EXPECT_THROW(PinnedHostBuffer(0), c10::Error); }
+
+TEST(PinnedEmpty, ShapeDtypeAndExactStorage) {
+  at::Tensor t = pinned_empty({1000, 33}, at::kHalf);
+  EXPECT_EQ(t.sizes(), at::IntArrayRef({1000, 33}));
+  EXPECT_EQ(t.scalar_type(), at::kHalf);
+  EXPECT_EQ(t.storage().nbytes(), 1000u * 33u * 2u);
+  EXPECT_EQ(t.count_nonzero().item<int64_t>(), 0);
+  EXPECT_EQ(t.is_pinned(), cuda_device_available());
+}
+
+TEST(PinnedEmpty, StorageOutlivesTheFirstTensor) {
+  at::Tensor view;
+  {
+    at::Tensor t = pinned_empty({256, 4}, at::kFloat);
+    view = t.narrow(0, 10, 5);
+  }
+  view.fill_(2.0);
+  EXPECT_EQ(view.sum().item<float>(), 40.0f);
+}
+
+TEST(PinnedEmpty, ZeroRowsAndNegativeSizes) {
+  EXPECT_EQ(pinned_empty({0, 8}, at::kFloat).numel(), 0);
+  EXPECT_THROW(pinned_empty({-1, 8}, at::kFloat), c10::Error);
+}
+
+}  // namespace
+}  // namespace speedtorch

@@ -1,1 +1,57 @@
+// Tests for csrc/transfer/transfer_policy: which path gets which rows.
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+
+#include "transfer/transfer_policy.h"
+
+namespace speedtorch {
+namespace {
+
+constexpr int64_t kGB = int64_t{1} << 30;
+constexpr auto kH2D = TransferDirection::kHostToDevice;
+
+TEST(TransferPolicy, SmallTablesAndTransfersUseUvaOnly) {
+  const TransferConfig c;
+  EXPECT_EQ(plan_transfer(c, kH2D, 256 << 20, 512, 131072, 16).staged_rows, 0);  // within UVA reach
+  EXPECT_EQ(plan_transfer(c, kH2D, 5 * kGB, 512, 1000, 16).staged_rows, 0);      // 512 KB transfer
+  EXPECT_EQ(plan_transfer(c, kH2D, 5 * kGB, 4096, 131072, 16).staged_rows, 0);   // long rows
+}
+
+TEST(TransferPolicy, SpreadTablesSplitByRates) {
+  const TransferConfig c;
+  const TransferPlan many = plan_transfer(c, kH2D, 5 * kGB, 512, 131072, 16);
+  const TransferPlan two = plan_transfer(c, kH2D, 5 * kGB, 512, 131072, 2);
+  EXPECT_EQ(many.uva_rows + many.staged_rows, 131072);
+  // More CPU threads: a larger share goes through staging.
+  EXPECT_GT(many.staged_rows, two.staged_rows);
+  EXPECT_GT(two.uva_rows, 0);
+  EXPECT_NEAR(static_cast<double>(many.uva_rows) / 131072, 18.5 / (18.5 + 40.0), 1e-3);
+}
+
+TEST(TransferPolicy, ExplicitFractionWins) {
+  TransferConfig c;
+  c.uva_fraction = 0.0;
+  EXPECT_EQ(plan_transfer(c, kH2D, 1024, 512, 100, 1).uva_rows, 0);
+  c.uva_fraction = 1.0;
+  EXPECT_EQ(plan_transfer(c, kH2D, 5 * kGB, 512, 100, 16).staged_rows, 0);
+  c.uva_fraction = 0.25;
+  EXPECT_EQ(plan_transfer(c, kH2D, 5 * kGB, 512, 100, 16).uva_rows, 25);
+}
+
+TEST(TransferPolicy, ConfigIsValidatedAndRoundTrips) {
+  const TransferConfig saved = transfer_config();
+  TransferConfig c = saved;
+  c.uva_fraction = 1.5;
+  EXPECT_THROW(set_transfer_config(c), c10::Error);
+  c = saved;
+  c.staging_chunk_bytes = 100;
+  EXPECT_THROW(set_transfer_config(c), c10::Error);
+  c = saved;
+  c.uva_fraction = 0.4;
+  set_transfer_config(c);
+  EXPECT_EQ(transfer_config().uva_fraction, 0.4);
+  set_transfer_config(saved);
+}
+
+}  // namespace
+}  // namespace speedtorch

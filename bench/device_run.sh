@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build (sm_90 only, for speed), C++ and Python tests with CUDA, the transfer
+# benchmark, the CPU-path benchmark, then compute-sanitizer over the GPU tests. Logs and JSON go to $OUT
+# (or bench/out). Usage: bash bench/device_run.sh [bench args...]
+set -u
+OUT=${OUT:-bench/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+step() { echo; echo "=== $* ($(date +%T))"; }
+
+step build
+cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DPython3_EXECUTABLE="$(command -v $PY)" \
+  >"$OUT/build.log" 2>&1 && ninja -C build >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+export SPEEDTORCH_LIBRARY=$PWD/build/libspeedtorch_ops.so
+nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.max,pcie.link.width.max,driver_version --format=csv
+
+step ctest
+(cd build && ctest --output-on-failure >"$OUT/ctest.log" 2>&1); tail -3 "$OUT/ctest.log"
+
+step pytest
+$PY -m pytest tests/python -q -x -p no:cacheprovider >"$OUT/pytest.log" 2>&1; tail -5 "$OUT/pytest.log"
+
+step info
+PYTHONPATH=python $PY -m speedtorch info
+
+step bench
+$PY bench/transfer.py --torch-pinned-rss --json "$OUT/transfer.json" "$@" 2>&1 | tee "$OUT/transfer.log" | tail -80
+
+step cpu-bench
+CUDA_VISIBLE_DEVICES= $PY bench/transfer.py --rows 2000000 --threads 16,2 --json "$OUT/transfer_cpu.json" 2>&1 \
+  | tail -12
+
+step compute-sanitizer
+timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/cpp/speedtorch_cpp_tests \
+  --gtest_filter='RowOpsCuda.*' >"$OUT/memcheck_cpp.log" 2>&1; echo "memcheck C++ rc=$?"; tail -3 "$OUT/memcheck_cpp.log"
+SPEEDTORCH_SANITIZER_RUN=1 timeout 420 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $PY -m pytest tests/python/test_row_ops_gpu.py -q -x -p no:cacheprovider >"$OUT/memcheck_py.log" 2>&1
+echo "memcheck pytest rc=$?"; tail -4 "$OUT/memcheck_py.log"

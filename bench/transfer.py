@@ -1,0 +1,224 @@
+"""Row-transfer benchmark: speedtorch gather / scatter_ against the link's limit and the PyTorch and CuPy ways, side
+by side in one run, with ratios to the contiguous pinned memcpy bandwidth measured in the same run.
+
+Workload (design.md §4): `--batch` random distinct rows x `--dim` float32 between a `--rows` x `--dim` pinned host
+table and a GPU tensor; rows spread over the whole table ("spread") and within its first `--local-bytes` ("local");
+float16 / bfloat16 views of the same bytes; at each of `--threads` CPU thread counts. Without a GPU it times the
+CPU path against torch's CPU indexing instead.
+
+    python bench/transfer.py                       # the design workload (needs ~6 GB of host RAM per table)
+    python bench/transfer.py --rows 1000000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+import speedtorch  # noqa: E402
+from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: E402
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def fraction_label(f: float) -> str:
+    return "auto" if f < 0 else f"uva={f:.2f}"
+
+
+def cupy_take(table: torch.Tensor, idx_gpu: torch.Tensor, out: torch.Tensor):
+    """CuPy fancy indexing over the pinned table, as SpeedTorch does it (a CuPy array over pinned memory, read by
+    CuPy's kernel through UVA); None when CuPy is missing."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    nbytes = table.numel() * table.element_size()
+    mem = cupy.cuda.UnownedMemory(table.data_ptr(), nbytes, table)
+    host = cupy.ndarray(tuple(table.shape), dtype=cupy.float32, memptr=cupy.cuda.MemoryPointer(mem, 0))
+    idx = cupy.from_dlpack(idx_gpu)
+    dst = cupy.from_dlpack(out)
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+    def gather():
+        with stream:
+            cupy.take(host, idx, axis=0, out=dst)
+
+    def scatter():
+        with stream:
+            host[idx] = dst
+
+    return gather, scatter
+
+
+def gpu_benchmark(args) -> list[dict]:
+    results: list[dict] = []
+    dim, batch = args.dim, args.batch
+    row_bytes = dim * 4
+    nbytes = batch * row_bytes
+
+    rss0 = rss_bytes()
+    emb = speedtorch.PinnedEmbedding(args.rows, dim)
+    emb.uniform_(-1.0, 1.0, 0)
+    table = emb.table()
+    rss_table = rss_bytes() - rss0
+    raw = args.rows * row_bytes
+    print(f"table {args.rows:,} x {dim} float32: {raw / 1e9:.2f} GB raw, host RSS +{rss_table / 1e9:.2f} GB "
+          f"({rss_table / raw:.3f}x)", flush=True)
+    results.append({"what": "host RSS / raw bytes, speedtorch table", "value": rss_table / raw})
+    if args.torch_pinned_rss:
+        rss1 = rss_bytes()
+        other = torch.empty(args.rows, dim, pin_memory=True)
+        other.fill_(1.0)
+        results.append({"what": "host RSS / raw bytes, torch pin_memory=True", "value": (rss_bytes() - rss1) / raw})
+        del other
+
+    gen = torch.Generator().manual_seed(1)
+    local_rows = min(args.rows, args.local_bytes // row_bytes)
+    index_sets = {
+        "spread": torch.randperm(args.rows, generator=gen)[:batch],
+        "local": torch.randperm(local_rows, generator=gen)[:batch],
+    }
+    out = torch.empty(batch, dim, device="cuda")
+    src = torch.randn(batch, dim, device="cuda")
+
+    # The link's limit: a contiguous pinned copy of the same size.
+    host = torch.empty(batch, dim, pin_memory=True)
+    h2d = median_seconds(lambda: out.copy_(host, non_blocking=True), args.reps)
+    d2h = median_seconds(lambda: host.copy_(src, non_blocking=True), args.reps)
+    limit = {"h2d": gbps(nbytes, h2d), "d2h": gbps(nbytes, d2h)}
+    print(f"contiguous pinned memcpy: host->GPU {limit['h2d']:.1f} GB/s, GPU->host {limit['d2h']:.1f} GB/s",
+          flush=True)
+
+    def record(threads, locality, dtype, way, direction, seconds):
+        bw = gbps(nbytes, seconds)
+        results.append({"threads": threads, "rows": locality, "dtype": dtype, "way": way, "dir": direction,
+                        "ms": seconds * 1e3, "GB/s": bw, "of memcpy": bw / limit[direction]})
+
+    staging = torch.empty(batch, dim, pin_memory=True)
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for locality, idx_cpu in index_sets.items():
+            idx_gpu = idx_cpu.cuda()
+            for fraction in args.fractions:
+                speedtorch.set_transfer_config(uva_fraction=fraction)
+                for direction, fn in (
+                    ("h2d", lambda: speedtorch.gather(table, idx_gpu)),
+                    ("d2h", lambda: speedtorch.scatter_(table, idx_gpu, src)),
+                ):
+                    record(threads, locality, "float32", f"speedtorch {fraction_label(fraction)}", direction,
+                           median_seconds(fn, args.reps))
+            speedtorch.set_transfer_config(uva_fraction=-1)
+            # Same call with host indices (the data loader's usual output).
+            record(threads, locality, "float32", "speedtorch auto, CPU indices", "h2d",
+                   median_seconds(lambda: speedtorch.gather(table, idx_cpu, "cuda"), args.reps))
+
+            def torch_staged_gather():
+                torch.index_select(table, 0, idx_cpu, out=staging)
+                out.copy_(staging, non_blocking=True)
+
+            def torch_staged_scatter():
+                staging.copy_(src)
+                table.index_copy_(0, idx_cpu, staging)
+
+            record(threads, locality, "float32", "torch index_select + pinned staging", "h2d",
+                   median_seconds(torch_staged_gather, args.reps))
+            record(threads, locality, "float32", "torch pinned staging + index_copy_", "d2h",
+                   median_seconds(torch_staged_scatter, args.reps))
+            if locality == "spread":
+                record(threads, locality, "float32", "naive host[idx].cuda()", "h2d",
+                       median_seconds(lambda: table[idx_cpu].cuda(), max(3, args.reps // 3)))
+
+                def naive_scatter():
+                    table[idx_cpu] = src.cpu()
+
+                record(threads, locality, "float32", "naive host[idx] = var.cpu()", "d2h",
+                       median_seconds(naive_scatter, max(3, args.reps // 3)))
+                cp = cupy_take(table, idx_gpu, out)
+                if cp is not None:
+                    record(threads, locality, "float32", "CuPy over pinned table (SpeedTorch)", "h2d",
+                           median_seconds(cp[0], args.reps))
+                    record(threads, locality, "float32", "CuPy over pinned table (SpeedTorch)", "d2h",
+                           median_seconds(cp[1], args.reps))
+            # Half-precision tables: the same bytes seen as (rows, 2 * dim) 16-bit values, so row bytes match.
+            if locality == "spread":
+                for dtype in (torch.float16, torch.bfloat16):
+                    half = table.view(dtype)
+                    half_src = src.view(dtype)
+                    name = str(dtype).replace("torch.", "")
+                    record(threads, locality, name, "speedtorch auto", "h2d",
+                           median_seconds(lambda: speedtorch.gather(half, idx_gpu), args.reps))
+                    record(threads, locality, name, "speedtorch auto", "d2h",
+                           median_seconds(lambda: speedtorch.scatter_(half, idx_gpu, half_src), args.reps))
+        torch.cuda.synchronize()
+    return results, limit
+
+
+def cpu_benchmark(args) -> list[dict]:
+    results = []
+    table = speedtorch.pinned_empty(args.rows, args.dim)
+    table.uniform_(-1, 1)
+    idx = torch.randperm(args.rows)[: args.batch]
+    src = torch.randn(args.batch, args.dim)
+    nbytes = args.batch * args.dim * 4
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for way, direction, fn in (
+            ("speedtorch gather", "gather", lambda: speedtorch.gather(table, idx)),
+            ("torch index_select", "gather", lambda: table.index_select(0, idx)),
+            ("speedtorch scatter_", "scatter", lambda: speedtorch.scatter_(table, idx, src)),
+            ("torch index_copy_", "scatter", lambda: table.index_copy_(0, idx, src)),
+        ):
+            s = median_seconds(fn, args.reps)
+            results.append({"threads": threads, "way": way, "dir": direction, "ms": s * 1e3, "GB/s": gbps(nbytes, s)})
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=131_072)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="CPU thread counts, comma-separated (default: all cores, then 2)")
+    parser.add_argument("--fractions", type=lambda s: [float(x) for x in s.split(",")],
+                        default=[-1.0, 0.0, 1.0, 0.2, 0.3, 0.4, 0.5, 0.6],
+                        help="UVA shares to time; -1 is the automatic split")
+    parser.add_argument("--local-bytes", type=int, default=512 << 20)
+    parser.add_argument("--torch-pinned-rss", action="store_true", help="also measure torch's pinned allocator")
+    parser.add_argument("--json", type=Path, help="write all results here")
+    args = parser.parse_args()
+    if args.threads is None:
+        args.threads = sorted({torch.get_num_threads(), 2}, reverse=True)
+
+    if not torch.cuda.is_available():
+        args.rows = min(args.rows, 2_000_000)
+        print(f"no GPU: timing the CPU path ({args.rows:,} rows)")
+        results = cpu_benchmark(args)
+        print(format_table(results, ["threads", "way", "dir", "ms", "GB/s"]))
+        if args.json:
+            args.json.write_text(json.dumps({"cpu": results}, indent=1))
+        return 0
+
+    results, limit = gpu_benchmark(args)
+    rows = [r for r in results if "way" in r]
+    print(format_table(rows, ["threads", "rows", "dtype", "way", "dir", "ms", "GB/s", "of memcpy"]))
+    for r in results:
+        if "value" in r:
+            print(f"{r['what']}: {r['value']:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"limit": limit, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

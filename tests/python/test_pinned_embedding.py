@@ -1,0 +1,127 @@
+"""speedtorch.PinnedEmbedding (torch.classes.speedtorch.PinnedEmbedding) from Python and TorchScript."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import last_wins_reference
+
+import speedtorch
+
+
+def test_construction_and_sizes():
+    e = speedtorch.PinnedEmbedding(1000, 64)
+    assert (e.num_rows(), e.dim()) == (1000, 64)
+    assert e.nbytes() == 1000 * 64 * 4
+    assert e.table().dtype == torch.float32 and e.table().shape == (1000, 64)
+    assert e.is_pinned() == e.table().is_pinned()
+    assert torch.count_nonzero(e.table()) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_tables(dtype):
+    e = speedtorch.PinnedEmbedding(10, 4, dtype)
+    assert e.table().dtype == dtype and e.nbytes() == 10 * 4 * 2
+
+
+def test_bad_construction():
+    with pytest.raises(RuntimeError, match="num_rows must be >= 0"):
+        speedtorch.PinnedEmbedding(-1, 4)
+    with pytest.raises(RuntimeError, match="dim must be > 0"):
+        speedtorch.PinnedEmbedding(10, 0)
+    with pytest.raises(RuntimeError, match="dtype must be float32, float16 or bfloat16"):
+        speedtorch.PinnedEmbedding(10, 4, torch.int64)
+
+
+def test_initialisers_are_seeded_and_in_place():
+    e = speedtorch.PinnedEmbedding(50_000, 8)
+    ptr = e.table().data_ptr()
+    e.uniform_(-0.5, 0.5, 7)
+    first = e.table().clone()
+    assert first.min() >= -0.5 and first.max() <= 0.5 and first.std() > 0.2
+    e.uniform_(-0.5, 0.5, 7)
+    assert torch.equal(first, e.table())
+    e.normal_(1.0, 2.0, 3)
+    t = e.table()
+    assert abs(float(t.mean()) - 1.0) < 0.05 and abs(float(t.std()) - 2.0) < 0.05
+    e.zero_()
+    assert torch.count_nonzero(e.table()) == 0
+    assert e.table().data_ptr() == ptr
+
+
+def test_seed_does_not_depend_on_thread_count():
+    previous = torch.get_num_threads()
+    e = speedtorch.PinnedEmbedding(40_000, 4)
+    try:
+        torch.set_num_threads(1)
+        e.normal_(0.0, 1.0, 11)
+        one = e.table().clone()
+        torch.set_num_threads(2)
+        e.normal_(0.0, 1.0, 11)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(one, e.table())
+
+
+def test_unseeded_init_follows_torch_manual_seed():
+    e = speedtorch.PinnedEmbedding(100, 4)
+    torch.manual_seed(5)
+    e.uniform_(-1.0, 1.0)
+    a = e.table().clone()
+    torch.manual_seed(5)
+    e.uniform_(-1.0, 1.0)
+    assert torch.equal(a, e.table())
+
+
+def test_initialiser_arguments_checked():
+    e = speedtorch.PinnedEmbedding(10, 4)
+    with pytest.raises(RuntimeError, match="low .* must be <= high"):
+        e.uniform_(1.0, 0.0)
+    with pytest.raises(RuntimeError, match="std must be >= 0"):
+        e.normal_(0.0, -1.0)
+    with pytest.raises(RuntimeError, match=r"src must have shape \[10, 4\]"):
+        e.copy_(torch.randn(3, 4))
+
+
+def test_copy_gather_scatter():
+    e = speedtorch.PinnedEmbedding(64, 6)
+    values = torch.randn(64, 6)
+    e.copy_(values)
+    indices = torch.randint(0, 64, (4, 5))
+    torch.testing.assert_close(e.gather(indices), values[indices], rtol=0, atol=0)
+    src = torch.randn(4, 5, 6)
+    expected = last_wins_reference(values, indices, src)
+    assert e.scatter_(indices, src).data_ptr() == e.table().data_ptr()
+    torch.testing.assert_close(e.table(), expected, rtol=0, atol=0)
+
+
+class _Lookup(torch.nn.Module):
+    def __init__(self, table):
+        super().__init__()
+        self.table = table
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        return self.table.gather(indices, None).sum(-1)
+
+
+def test_torchscript_module_with_pinned_embedding_attribute():
+    e = speedtorch.PinnedEmbedding(32, 4)
+    e.normal_(0.0, 1.0, 1)
+    scripted = torch.jit.script(_Lookup(e))
+    indices = torch.tensor([[1, 2], [3, 31]])
+    torch.testing.assert_close(scripted(indices), e.table()[indices].sum(-1), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_gather_to_gpu_and_back():
+    e = speedtorch.PinnedEmbedding(5000, 32)
+    e.normal_(0.0, 1.0, 2)
+    assert e.is_pinned()
+    indices = torch.randint(0, 5000, (1000,), device="cuda")
+    rows = e.gather(indices)
+    assert rows.device.type == "cuda"
+    torch.testing.assert_close(rows.cpu(), e.table()[indices.cpu()], rtol=0, atol=0)
+    unique = torch.unique(indices)
+    e.scatter_(unique, torch.full((unique.numel(), 32), 3.0, device="cuda"))
+    torch.cuda.synchronize()
+    assert bool((e.table()[unique.cpu()] == 3.0).all())

@@ -1,0 +1,196 @@
+"""GPU routes of gather / scatter_: pinned host table <-> GPU through the UVA kernel, the staged path and both at
+once; GPU-resident tables; index errors found by the GPU; ordering between UVA kernels and CPU access."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import last_wins_reference, random_table
+
+import speedtorch
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# -1: automatic split (forced to split even small tables below); 0: staged only; 1: UVA only.
+FRACTIONS = [-1.0, 0.0, 0.3, 1.0]
+
+
+def force_split(fraction: float, chunk_bytes: int = 4096) -> None:
+    """Makes even small transfers take the requested split, through several small staging chunks."""
+    speedtorch.set_transfer_config(
+        uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0, staging_chunk_bytes=chunk_bytes
+    )
+
+
+@pytest.mark.parametrize("fraction", FRACTIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("indices_on", ["cpu", "cuda"])
+def test_gather_pinned_to_gpu(fraction, dtype, index_dtype, indices_on):
+    force_split(fraction)
+    table = random_table(3000, 40, dtype, pinned=True)
+    assert table.is_pinned()
+    indices = torch.randint(0, 3000, (31, 17), dtype=index_dtype)  # duplicates included
+    out = speedtorch.gather(table, indices.to(indices_on), device="cuda")
+    assert out.device.type == "cuda" and out.shape == (31, 17, 40)
+    torch.testing.assert_close(out.cpu(), table[indices.long()], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dim", [1, 3, 8, 33, 128, 1024])
+def test_gather_every_row_width(dim):
+    force_split(0.5, chunk_bytes=1 << 16)
+    table = random_table(500, dim, pinned=True)
+    indices = torch.randint(0, 500, (700,), device="cuda")
+    torch.testing.assert_close(speedtorch.gather(table, indices).cpu(), table[indices.cpu()], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fraction", FRACTIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("src_indices_on", ["cpu", "cuda"])
+def test_scatter_gpu_to_pinned_last_wins(fraction, dtype, src_indices_on):
+    force_split(fraction)
+    table = random_table(400, 24, dtype, pinned=True)
+    indices = torch.randint(0, 400, (1500,))  # every row hit several times
+    src = random_table(1500, 24, dtype)
+    expected = last_wins_reference(table, indices, src)
+    speedtorch.scatter_(table, indices.to(src_indices_on), src.cuda())
+    torch.cuda.synchronize()
+    torch.testing.assert_close(table, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("write_fraction", [1.0, 0.0, 0.5])
+@pytest.mark.parametrize("read_fraction", [0.0, 1.0, 0.5])
+def test_staged_access_is_ordered_after_uva_kernels(write_fraction, read_fraction):
+    """A scatter's UVA kernel may still be running when the next gather's CPU threads read the rows: they must wait
+    for it (no explicit synchronize here)."""
+    table = random_table(20_000, 64, pinned=True)
+    indices = torch.randperm(20_000, device="cuda")[:8000]
+    for step in range(3):
+        src = torch.randn(8000, 64, device="cuda") + step
+        force_split(write_fraction, chunk_bytes=1 << 16)
+        speedtorch.scatter_(table, indices, src)
+        force_split(read_fraction, chunk_bytes=1 << 16)
+        torch.testing.assert_close(speedtorch.gather(table, indices), src, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_gather_on_a_side_stream(fraction):
+    force_split(fraction)
+    table = random_table(1000, 32, pinned=True)
+    indices = torch.randint(0, 1000, (4000,), device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = speedtorch.gather(table, indices) * 3
+    stream.synchronize()
+    torch.testing.assert_close(out.cpu(), table[indices.cpu()] * 3, rtol=0, atol=0)
+
+
+def test_gpu_resident_table():
+    table = random_table(800, 20).cuda()
+    indices = torch.randint(0, 800, (9, 11), device="cuda")
+    torch.testing.assert_close(speedtorch.gather(table, indices), table[indices], rtol=0, atol=0)
+    torch.testing.assert_close(speedtorch.gather(table, indices.cpu()), table[indices], rtol=0, atol=0)
+    assert speedtorch.gather(table, indices, device="cpu").device.type == "cpu"
+    dup = torch.randint(0, 800, (3000,), device="cuda")
+    src = torch.randn(3000, 20, device="cuda")
+    expected = last_wins_reference(table.cpu(), dup.cpu(), src.cpu())
+    speedtorch.scatter_(table, dup, src)
+    torch.testing.assert_close(table.cpu(), expected, rtol=0, atol=0)
+    speedtorch.scatter_(table, dup.cpu(), src.cpu())  # host src moves to the table's GPU
+    torch.testing.assert_close(table.cpu(), expected, rtol=0, atol=0)
+
+
+def test_cuda_indices_gathered_to_cpu():
+    table = random_table(100, 8, pinned=True)
+    indices = torch.randint(0, 100, (50,), device="cuda")
+    out = speedtorch.gather(table, indices, device="cpu")
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, table[indices.cpu()], rtol=0, atol=0)
+
+
+def test_torch_pinned_memory_table_works():
+    table = random_table(300, 16).pin_memory()
+    indices = torch.randint(0, 300, (100,), device="cuda")
+    force_split(1.0)
+    torch.testing.assert_close(speedtorch.gather(table, indices).cpu(), table[indices.cpu()], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("bad", [-1, 1000, 2**40])
+def test_gpu_index_errors_raise_and_touch_nothing(fraction, bad):
+    force_split(fraction)
+    table = random_table(1000, 16, pinned=True)
+    before = table.clone()
+    indices = torch.randint(0, 1000, (600,), device="cuda")
+    indices[123] = bad
+    with pytest.raises(IndexError, match=f"holds {bad} at flat position 123"):
+        speedtorch.gather(table, indices)
+    with pytest.raises(IndexError, match=f"holds {bad} at flat position 123"):
+        speedtorch.scatter_(table, indices, torch.randn(600, 16, device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.equal(table, before)
+    # The CUDA context is intact: the next call works.
+    good = indices.clamp(0, 999)
+    torch.testing.assert_close(speedtorch.gather(table, good).cpu(), table[good.cpu()], rtol=0, atol=0)
+
+
+def test_gpu_table_index_errors():
+    table = random_table(100, 4).cuda()
+    with pytest.raises(IndexError, match="holds 100"):
+        speedtorch.gather(table, torch.tensor([0, 100], device="cuda"))
+    with pytest.raises(IndexError, match="holds -5"):
+        speedtorch.scatter_(table, torch.tensor([-5], device="cuda"), torch.randn(1, 4, device="cuda"))
+
+
+def test_deferred_index_checks():
+    force_split(1.0)
+    speedtorch.set_deferred_index_checks(True)
+    table = random_table(50, 4, pinned=True)
+    indices = torch.tensor([1, 77, 2], device="cuda")
+    out = speedtorch.gather(table, indices)  # no wait, no raise
+    with pytest.raises(IndexError, match="holds 77 at flat position 1"):
+        speedtorch.check_index_errors()
+    assert torch.isnan(out[1].cpu()).all()  # the row for the bad index is NaN, never another row's data
+    torch.testing.assert_close(out[[0, 2]].cpu(), table[[1, 2]], rtol=0, atol=0)
+    speedtorch.check_index_errors()  # cleared
+
+
+def test_pageable_table_with_cuda_indices_is_refused():
+    table = random_table(10, 4)
+    with pytest.raises(RuntimeError, match="pageable host memory"):
+        speedtorch.gather(table, torch.tensor([1], device="cuda"))
+    with pytest.raises(RuntimeError, match="pageable host memory"):
+        speedtorch.scatter_(table, torch.tensor([1]), torch.randn(1, 4, device="cuda"))
+
+
+def test_mismatched_gpus_for_gpu_table():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    table = random_table(10, 4).cuda(0)
+    with pytest.raises(RuntimeError, match="same GPU"):
+        speedtorch.gather(table, torch.tensor([1], device="cuda:1"))
+
+
+def test_opcheck_on_gpu():
+    table = random_table(64, 16, pinned=True)
+    indices = torch.randint(0, 64, (10,), device="cuda")
+    torch.library.opcheck(torch.ops.speedtorch.gather.default, (table, indices))
+    torch.library.opcheck(torch.ops.speedtorch.gather.default, (table.cuda(), indices))
+    torch.library.opcheck(
+        torch.ops.speedtorch.scatter_rows_.default, (table, torch.randperm(64)[:10].cuda(), torch.randn(10, 16).cuda())
+    )
+
+
+def test_large_transfer_with_the_default_policy():
+    """The automatic plan on a table past the UVA reach and a transfer past the small size: a real split."""
+    speedtorch.set_transfer_config(uva_reach_bytes=1 << 20)
+    table = random_table(200_000, 64, pinned=True)  # 51 MB
+    indices = torch.randint(0, 200_000, (40_000,), device="cuda")
+    torch.testing.assert_close(speedtorch.gather(table, indices).cpu(), table[indices.cpu()], rtol=0, atol=0)
+    src = torch.randn(40_000, 64, device="cuda")
+    expected = last_wins_reference(table, indices.cpu(), src.cpu())
+    speedtorch.scatter_(table, indices, src)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(table, expected, rtol=0, atol=0)
