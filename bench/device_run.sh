@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build (sm_90 only, for speed), C++ and Python tests with CUDA, the transfer
-# benchmark, the CPU-path benchmark, then compute-sanitizer over the GPU tests. Logs and JSON go to $OUT
+# benchmark, the CPU-path benchmark, and (SANITIZE=1) compute-sanitizer over the GPU tests. Logs and JSON go to $OUT
 # (or bench/out). Usage: bash bench/device_run.sh [bench args...]
 set -u
 OUT=${OUT:-bench/out}
@@ -31,9 +31,12 @@ step cpu-bench
 CUDA_VISIBLE_DEVICES= $PY bench/transfer.py --rows 2000000 --threads 16,2 --json "$OUT/transfer_cpu.json" 2>&1 \
   | tail -12
 
-step compute-sanitizer
-timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/cpp/speedtorch_cpp_tests \
-  --gtest_filter='RowOpsCuda.*' >"$OUT/memcheck_cpp.log" 2>&1; echo "memcheck C++ rc=$?"; tail -3 "$OUT/memcheck_cpp.log"
-SPEEDTORCH_SANITIZER_RUN=1 timeout 420 compute-sanitizer --tool memcheck --error-exitcode 9 \
-  $PY -m pytest tests/python/test_row_ops_gpu.py -q -x -p no:cacheprovider >"$OUT/memcheck_py.log" 2>&1
-echo "memcheck pytest rc=$?"; tail -4 "$OUT/memcheck_py.log"
+if [ "${SANITIZE:-0}" = 1 ]; then
+  step compute-sanitizer
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/cpp/speedtorch_cpp_tests \
+    --gtest_filter='RowOpsCuda.*' >"$OUT/memcheck_cpp.log" 2>&1; echo "memcheck C++ rc=$?"; tail -3 "$OUT/memcheck_cpp.log"
+  timeout ${SANITIZE_PY_SECONDS:-300} compute-sanitizer --tool memcheck --error-exitcode 9 \
+    $PY -m pytest tests/python/test_row_ops_gpu.py -q -x -p no:cacheprovider ${SANITIZE_PY_ARGS:-} \
+    >"$OUT/memcheck_py.log" 2>&1
+  echo "memcheck pytest rc=$?"; tail -4 "$OUT/memcheck_py.log"
+fi
