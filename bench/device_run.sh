@@ -19,7 +19,11 @@ step ctest
 (cd build && ctest --output-on-failure >"$OUT/ctest.log" 2>&1); tail -3 "$OUT/ctest.log"
 
 step pytest
-$PY -m pytest tests/python -q -x -p no:cacheprovider >"$OUT/pytest.log" 2>&1; tail -5 "$OUT/pytest.log"
+# One process per file: a crash in one file does not hide the results of the others.
+for f in tests/python/test_*.py; do
+  $PY -m pytest "$f" -q -p no:cacheprovider >"$OUT/pytest_$(basename "$f" .py).log" 2>&1
+  echo "$f rc=$? $(tail -1 "$OUT/pytest_$(basename "$f" .py).log")"
+done
 
 step info
 PYTHONPATH=python $PY -m speedtorch info

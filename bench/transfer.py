@@ -65,6 +65,7 @@ def gpu_benchmark(args) -> list[dict]:
     row_bytes = dim * 4
     nbytes = batch * row_bytes
 
+    torch.empty(1, device="cuda")  # CUDA context first: its own host memory is not the table's
     rss0 = rss_bytes()
     emb = speedtorch.PinnedEmbedding(args.rows, dim)
     emb.uniform_(-1.0, 1.0, 0)

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "memory/pinned_host_buffer.h"
 #include "transfer/row_transfer.h"
 
 namespace speedtorch::ops {
@@ -53,7 +54,7 @@ at::Device output_device(const at::Tensor& indices, std::optional<at::Device> de
 
 // A GPU can only reach host rows that are page-locked and mapped.
 void check_host_table_reachable(const at::Tensor& table, const at::Device& gpu, const char* op) {
-  TORCH_CHECK(table.is_pinned(), op, ": table is in pageable host memory but rows must move to or from ", gpu,
+  TORCH_CHECK(is_pinned_host_memory(table.storage().data()), op, ": table is in pageable host memory but rows must move to or from ", gpu,
               "; a GPU can only reach pinned memory. Create the table with speedtorch.pinned_empty(...) or "
               "speedtorch.PinnedEmbedding, or call table.pin_memory() once");
 }

@@ -45,6 +45,8 @@ at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor
   return ops::scatter_(table_, indices, src);
 }
 
+bool PinnedEmbedding::is_pinned() const { return is_pinned_host_memory(table_.storage().data()); }
+
 int64_t PinnedEmbedding::nbytes() const { return static_cast<int64_t>(table_.nbytes()); }
 
 template <typename Fill>

@@ -28,7 +28,7 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   int64_t dim() const { return table_.size(1); }
   // Host bytes owned (table; optimizer state joins it later).
   int64_t nbytes() const;
-  bool is_pinned() const { return table_.is_pinned(); }
+  bool is_pinned() const;
   // The host table itself (shares memory). Host-side reads and writes of it are not ordered after GPU work that
   // is still running: synchronise the stream first.
   at::Tensor table() const { return table_; }

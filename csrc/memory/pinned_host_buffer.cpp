@@ -11,8 +11,10 @@
 #include <cstring>
 
 #ifdef SPEEDTORCH_WITH_CUDA
+#include <ATen/Context.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
+#include <torch/version.h>
 #endif
 
 namespace speedtorch {
@@ -33,6 +35,21 @@ bool cuda_device_available() {
 #endif
 }
 
+bool is_pinned_host_memory(const void* ptr) {
+#ifdef SPEEDTORCH_WITH_CUDA
+  if (ptr == nullptr || !cuda_device_available()) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeHost;
+#else
+  (void)ptr;
+  return false;
+#endif
+}
+
 PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes) : size_(bytes) {
   TORCH_CHECK(bytes > 0, "speedtorch: cannot allocate an empty host buffer");
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
@@ -44,6 +61,13 @@ PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes) : size_(bytes) {
   data_ = p;
 #ifdef SPEEDTORCH_WITH_CUDA
   if (cuda_device_available()) {
+    // PyTorch reports Tensor::is_pinned() only once it has initialised CUDA itself: do it now, so our tables
+    // answer true from the start.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+#else
+    at::globalContext().lazyInitCUDA();
+#endif
     const cudaError_t err = cudaHostRegister(data_, mapped_size_, cudaHostRegisterMapped | cudaHostRegisterPortable);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();

@@ -48,4 +48,8 @@ at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype);
 // Whether CUDA is usable in this process (library built with CUDA and a device present).
 bool cuda_device_available();
 
+// Whether `ptr` lies in page-locked host memory that GPUs can address (ours, torch's pin_memory, or any
+// cudaHostRegister'ed range). Unlike Tensor::is_pinned(), it does not depend on PyTorch having initialised CUDA.
+bool is_pinned_host_memory(const void* ptr);
+
 }  // namespace speedtorch

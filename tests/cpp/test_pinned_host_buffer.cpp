@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 #include "memory/pinned_host_buffer.h"
 
@@ -33,7 +34,13 @@ TEST(PinnedEmpty, ShapeDtypeAndExactStorage) {
   EXPECT_EQ(t.scalar_type(), at::kHalf);
   EXPECT_EQ(t.storage().nbytes(), 1000u * 33u * 2u);
   EXPECT_EQ(t.count_nonzero().item<int64_t>(), 0);
-  EXPECT_EQ(t.is_pinned(), cuda_device_available());
+  EXPECT_EQ(is_pinned_host_memory(t.data_ptr()), cuda_device_available());
+  EXPECT_EQ(t.is_pinned(), cuda_device_available());  // PyTorch agrees once the table exists
+}
+
+TEST(PinnedEmpty, PageableMemoryIsNotPinned) {
+  std::vector<float> plain(1024);
+  EXPECT_FALSE(is_pinned_host_memory(plain.data()));
 }
 
 TEST(PinnedEmpty, StorageOutlivesTheFirstTensor) {
