@@ -64,14 +64,14 @@ __global__ void mark_last_positions(const Index* __restrict__ indices, int64_t c
 }
 
 template <typename Index>
-void launch(const Index* idx, int64_t count, int64_t num_rows, void* scratch, uint8_t* keep, int sm_count,
+void launch(const Index* idx, int64_t count, int64_t num_rows, void* scratch, uint8_t* keep, int max_blocks,
             cudaStream_t stream) {
   const int64_t slots = slot_count(count);
   auto* keys = static_cast<unsigned long long*>(scratch);
   auto* last = keys + slots;
   C10_CUDA_CHECK(cudaMemsetAsync(keys, 0xFF, slots * sizeof(unsigned long long), stream));
   C10_CUDA_CHECK(cudaMemsetAsync(last, 0, slots * sizeof(unsigned long long), stream));
-  const unsigned grid = row_access::grid_for(count, 1, sm_count);
+  const unsigned grid = row_access::grid_for(count, 1, max_blocks);
   insert_last_positions<Index><<<grid, row_access::kThreadsPerBlock, 0, stream>>>(idx, count, num_rows, keys, last,
                                                                                   slots - 1);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -87,12 +87,12 @@ int64_t last_occurrence_scratch_bytes(int64_t count) {
 }
 
 void launch_mark_last_occurrence(const GpuIndices& indices, int64_t num_rows, void* scratch, uint8_t* keep,
-                                 int sm_count, cudaStream_t stream) {
+                                 int max_blocks, cudaStream_t stream) {
   if (indices.count == 0) return;
   if (indices.is_int64) {
-    launch(static_cast<const int64_t*>(indices.data), indices.count, num_rows, scratch, keep, sm_count, stream);
+    launch(static_cast<const int64_t*>(indices.data), indices.count, num_rows, scratch, keep, max_blocks, stream);
   } else {
-    launch(static_cast<const int32_t*>(indices.data), indices.count, num_rows, scratch, keep, sm_count, stream);
+    launch(static_cast<const int32_t*>(indices.data), indices.count, num_rows, scratch, keep, max_blocks, stream);
   }
 }
 

@@ -16,18 +16,19 @@ using namespace row_access;
 template <typename V, typename Index>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     row_gather_kernel(const char* __restrict__ table, int64_t num_rows, int64_t row_stride, int64_t vectors_per_row,
-                      int lanes, const Index* __restrict__ indices, int64_t count, V* __restrict__ out,
+                      int lanes, const Index* __restrict__ indices, const int64_t* __restrict__ positions, int64_t count, V* __restrict__ out,
                       DeviceIndexError* error) {
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride_rows = static_cast<int64_t>(gridDim.x) * blockDim.x / lanes;
   const int lane = static_cast<int>(thread % lanes);
   for (int64_t i = thread / lanes; i < count; i += stride_rows) {
     const int64_t row = static_cast<int64_t>(indices[i]);
-    V* dst = out + i * vectors_per_row;
+    const int64_t position = positions != nullptr ? positions[i] : i;
+    V* dst = out + position * vectors_per_row;
     if (row < 0 || row >= num_rows) {
       if (lane == 0 && atomicCAS(&error->flag, 0, 1) == 0) {
         error->value = row;
-        error->position = i;
+        error->position = position;
         error->num_rows = num_rows;
       }
       for (int64_t v = lane; v < vectors_per_row; v += lanes) dst[v] = all_ones<V>();
@@ -39,39 +40,39 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 }
 
 template <int Bytes, typename Index>
-void launch(const GpuRows& t, const Index* idx, int64_t count, char* out, DeviceIndexError* error, int sm_count,
+void launch(const GpuRows& t, const Index* idx, const int64_t* positions, int64_t count, char* out, DeviceIndexError* error, int max_blocks,
             cudaStream_t stream) {
   using V = typename Vector<Bytes>::type;
   const int64_t vectors = t.row_bytes / Bytes;
   const int lanes = lanes_per_row(vectors);
-  row_gather_kernel<V, Index><<<grid_for(count, lanes, sm_count), kThreadsPerBlock, 0, stream>>>(
-      t.base, t.num_rows, t.row_stride_bytes, vectors, lanes, idx, count, reinterpret_cast<V*>(out), error);
+  row_gather_kernel<V, Index><<<grid_for(count, lanes, max_blocks), kThreadsPerBlock, 0, stream>>>(
+      t.base, t.num_rows, t.row_stride_bytes, vectors, lanes, idx, positions, count, reinterpret_cast<V*>(out), error);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename Index>
-void launch_for_index(const GpuRows& t, const Index* idx, int64_t count, char* out, DeviceIndexError* error,
-                      int sm_count, cudaStream_t stream) {
+void launch_for_index(const GpuRows& t, const Index* idx, const int64_t* positions, int64_t count, char* out, DeviceIndexError* error,
+                      int max_blocks, cudaStream_t stream) {
   const int width = widest_access_bytes({static_cast<uint64_t>(t.row_bytes), static_cast<uint64_t>(t.row_stride_bytes),
                                          reinterpret_cast<uint64_t>(t.base), reinterpret_cast<uint64_t>(out)});
   switch (width) {
-    case 16: return launch<16>(t, idx, count, out, error, sm_count, stream);
-    case 8: return launch<8>(t, idx, count, out, error, sm_count, stream);
-    case 4: return launch<4>(t, idx, count, out, error, sm_count, stream);
-    case 2: return launch<2>(t, idx, count, out, error, sm_count, stream);
-    default: return launch<1>(t, idx, count, out, error, sm_count, stream);
+    case 16: return launch<16>(t, idx, positions, count, out, error, max_blocks, stream);
+    case 8: return launch<8>(t, idx, positions, count, out, error, max_blocks, stream);
+    case 4: return launch<4>(t, idx, positions, count, out, error, max_blocks, stream);
+    case 2: return launch<2>(t, idx, positions, count, out, error, max_blocks, stream);
+    default: return launch<1>(t, idx, positions, count, out, error, max_blocks, stream);
   }
 }
 
 }  // namespace
 
 void launch_row_gather(const GpuRows& table, const GpuIndices& indices, char* out, DeviceIndexError* error,
-                       int sm_count, cudaStream_t stream) {
+                       int max_blocks, cudaStream_t stream) {
   if (indices.count == 0 || table.row_bytes == 0) return;
   if (indices.is_int64) {
-    launch_for_index(table, static_cast<const int64_t*>(indices.data), indices.count, out, error, sm_count, stream);
+    launch_for_index(table, static_cast<const int64_t*>(indices.data), indices.positions, indices.count, out, error, max_blocks, stream);
   } else {
-    launch_for_index(table, static_cast<const int32_t*>(indices.data), indices.count, out, error, sm_count, stream);
+    launch_for_index(table, static_cast<const int32_t*>(indices.data), indices.positions, indices.count, out, error, max_blocks, stream);
   }
 }
 

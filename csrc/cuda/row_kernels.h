@@ -21,21 +21,25 @@ struct GpuIndices {
   const void* data;  // device-accessible
   bool is_int64;     // else int32
   int64_t count;
+  // When not null, entry i of `data` belongs to position positions[i] of the batch: the indices were sorted so
+  // that concurrently running warps touch nearby host pages (UVA translation is the limit over large tables).
+  const int64_t* positions = nullptr;
 };
 
-// out[i] = table[indices[i]]. A bad index is flagged in `error` and its output row filled with NaN bytes.
+// out[p] = table[indices[i]] with p the position of entry i. A bad index is flagged in `error` and its output
+// row filled with NaN bytes. At most `max_blocks` blocks (the grid strides over the rest).
 void launch_row_gather(const GpuRows& table, const GpuIndices& indices, char* out, DeviceIndexError* error,
-                       int sm_count, cudaStream_t stream);
+                       int max_blocks, cudaStream_t stream);
 
-// table[indices[i]] = src[i] for positions with keep[i] != 0 (all positions when keep is null; the caller then
-// guarantees distinct indices). A bad index is flagged in `error` and nothing is written for it.
+// table[indices[i]] = src[p] for entries whose position p has keep[p] != 0 (all entries when keep is null; the
+// caller then guarantees distinct indices). A bad index is flagged in `error` and nothing is written for it.
 void launch_row_scatter(const GpuRows& table, const GpuIndices& indices, const char* src, const uint8_t* keep,
-                        DeviceIndexError* error, int sm_count, cudaStream_t stream);
+                        DeviceIndexError* error, int max_blocks, cudaStream_t stream);
 
 // keep[i] = 1 iff indices[i] is in [0, num_rows) and no later position holds the same index ("last occurrence
 // wins"). `scratch` must hold last_occurrence_scratch_bytes(count) bytes of device memory.
 int64_t last_occurrence_scratch_bytes(int64_t count);
 void launch_mark_last_occurrence(const GpuIndices& indices, int64_t num_rows, void* scratch, uint8_t* keep,
-                                 int sm_count, cudaStream_t stream);
+                                 int max_blocks, cudaStream_t stream);
 
 }  // namespace speedtorch

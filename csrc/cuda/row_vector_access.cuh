@@ -29,12 +29,14 @@ inline int lanes_per_row(int64_t vectors_per_row) {
 
 constexpr int kThreadsPerBlock = 256;
 
-// Enough blocks to give every row its lanes, capped at a full machine's worth of resident threads (the grid
-// strides over the rest).
-inline unsigned grid_for(int64_t rows, int lanes, int sm_count) {
+// A full machine's worth of resident blocks: enough loads in flight to cover PCIe latency.
+constexpr int kBlocksPerSm = 2048 / kThreadsPerBlock;
+
+// Enough blocks to give every row its lanes, capped at `max_blocks` (the grid strides over the rest).
+inline unsigned grid_for(int64_t rows, int lanes, int max_blocks) {
   const int64_t threads = rows * lanes;
   const int64_t blocks = (threads + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  const int64_t cap = static_cast<int64_t>(sm_count) * (2048 / kThreadsPerBlock);
+  const int64_t cap = max_blocks < 1 ? 1 : max_blocks;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks < cap ? blocks : cap));
 }
 

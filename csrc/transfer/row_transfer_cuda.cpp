@@ -7,6 +7,7 @@
 #include "transfer/row_transfer_cuda.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/sort.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -27,7 +28,38 @@
 namespace speedtorch {
 namespace {
 
+// Below this many rows, sorting costs more than the translation misses it saves.
+constexpr int64_t kMinSortedRows = 4096;
+
 int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
+
+// A full machine of resident 256-thread blocks: the grid for kernels over device memory.
+int full_grid(int device) { return sm_count(device) * 8; }
+
+int uva_max_blocks(int device, const TransferConfig& config) {
+  return static_cast<int>(sm_count(device) * config.uva_blocks_per_sm);
+}
+
+// The UVA share (the first `rows` entries of `dev_idx`) as the kernels take it: sorted by row, with each entry's
+// batch position, when the table is larger than the GPU translates quickly; as given otherwise.
+struct UvaShare {
+  at::Tensor indices;
+  at::Tensor positions;
+  GpuIndices view;
+};
+
+UvaShare uva_share(const at::Tensor& dev_idx, int64_t rows, int64_t table_bytes, const TransferConfig& config) {
+  UvaShare share;
+  const bool is_int64 = dev_idx.scalar_type() == at::kLong;
+  if (config.sort_uva_indices && table_bytes > config.uva_reach_bytes && rows >= kMinSortedRows) {
+    std::tie(share.indices, share.positions) = at::sort(dev_idx.narrow(0, 0, rows));
+    share.view = GpuIndices{share.indices.const_data_ptr(), is_int64, rows, share.positions.const_data_ptr<int64_t>()};
+  } else {
+    share.indices = dev_idx;
+    share.view = GpuIndices{dev_idx.const_data_ptr(), is_int64, rows, nullptr};
+  }
+  return share;
+}
 
 HostRows host_rows(const at::Tensor& table) {
   return HostRows{static_cast<char*>(table.data_ptr()), table.size(0), table.stride(0) * table.element_size(),
@@ -137,9 +169,10 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   const int64_t count = indices.numel();
   const HostRows rows = host_rows(table);
-  const TransferPlan plan = plan_transfer(transfer_config(), TransferDirection::kHostToDevice,
-                                          rows.num_rows * rows.row_stride_bytes, rows.row_bytes, count,
-                                          at::get_num_threads());
+  const TransferConfig config = transfer_config();
+  const int64_t table_bytes = rows.num_rows * rows.row_stride_bytes;
+  const TransferPlan plan = plan_transfer(config, TransferDirection::kHostToDevice, table_bytes, rows.row_bytes,
+                                          count, at::get_num_threads());
   const void* key = table.storage().data();
 
   // Host indices are validated before anything is launched. CUDA indices are brought to the host only when the
@@ -154,14 +187,15 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   std::optional<BorrowedStagingRing> ring;
   std::optional<c10::cuda::CUDAStream> copy;
   if (plan.staged_rows > 0) {
-    ring.emplace(device, transfer_config().staging_chunk_bytes);
+    ring.emplace(device, config.staging_chunk_bytes);
     copy = copy_stream_after(stream, (*ring)->start_event(), device);
   }
   if (plan.uva_rows > 0) {
     const at::Tensor dev_idx =
         indices_on(indices.is_cpu() ? indices.narrow(0, 0, plan.uva_rows) : indices, out.device());
-    launch_row_gather(gpu_rows(table, mapped_base(table, op)), gpu_indices(dev_idx, plan.uva_rows), out_ptr,
-                      device_index_error_record(device), sm_count(device), stream.stream());
+    const UvaShare share = uva_share(dev_idx, plan.uva_rows, table_bytes, config);
+    launch_row_gather(gpu_rows(table, mapped_base(table, op)), share.view, out_ptr, device_index_error_record(device),
+                      uva_max_blocks(device, config), stream.stream());
     note_uva_access(key, UvaAccess::kRead, device, stream.stream());
   }
   if (plan.staged_rows > 0) {
@@ -182,9 +216,10 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   const int64_t count = indices.numel();
   const HostRows rows = host_rows(table);
-  const TransferPlan plan = plan_transfer(transfer_config(), TransferDirection::kDeviceToHost,
-                                          rows.num_rows * rows.row_stride_bytes, rows.row_bytes, count,
-                                          at::get_num_threads());
+  const TransferConfig config = transfer_config();
+  const int64_t table_bytes = rows.num_rows * rows.row_stride_bytes;
+  const TransferPlan plan = plan_transfer(config, TransferDirection::kDeviceToHost, table_bytes, rows.row_bytes,
+                                          count, at::get_num_threads());
   const void* key = table.storage().data();
 
   at::Tensor host_idx;
@@ -203,14 +238,14 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
     keep = at::empty({count}, src.options().dtype(at::kByte));
     const at::Tensor scratch = at::empty({last_occurrence_scratch_bytes(count)}, src.options().dtype(at::kByte));
     launch_mark_last_occurrence(gpu_indices(dev_idx, count), rows.num_rows, scratch.data_ptr(),
-                                keep.data_ptr<uint8_t>(), sm_count(device), stream.stream());
+                                keep.data_ptr<uint8_t>(), full_grid(device), stream.stream());
   }
   // The copy stream waits for src and the keep mask, not for the UVA kernel launched next: they run together.
   std::optional<BorrowedStagingRing> ring;
   std::optional<c10::cuda::CUDAStream> copy;
   at::Tensor host_keep;
   if (plan.staged_rows > 0) {
-    ring.emplace(device, transfer_config().staging_chunk_bytes);
+    ring.emplace(device, config.staging_chunk_bytes);
     copy = copy_stream_after(stream, (*ring)->start_event(), device);
     if (keep.defined()) {
       host_keep = at::empty({plan.staged_rows}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
@@ -219,9 +254,10 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
     }
   }
   if (plan.uva_rows > 0) {
-    launch_row_scatter(gpu_rows(table, mapped_base(table, op)), gpu_indices(dev_idx, plan.uva_rows),
+    const UvaShare share = uva_share(dev_idx, plan.uva_rows, table_bytes, config);
+    launch_row_scatter(gpu_rows(table, mapped_base(table, op)), share.view,
                        static_cast<const char*>(src.const_data_ptr()), keep.const_data_ptr<uint8_t>(),
-                       device_index_error_record(device), sm_count(device), stream.stream());
+                       device_index_error_record(device), uva_max_blocks(device, config), stream.stream());
     note_uva_access(key, UvaAccess::kWrite, device, stream.stream());
   }
   if (plan.staged_rows > 0) {
@@ -241,8 +277,8 @@ void gather_cuda_table(const at::Tensor& table, const at::Tensor& indices, at::T
   if (indices.is_cpu()) check_host_indices(indices, table.size(0), op);
   const at::Tensor dev_idx = indices_on(indices, table.device());
   launch_row_gather(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
-                    static_cast<char*>(out.data_ptr()), device_index_error_record(device), sm_count(device),
-                    stream.stream());
+                    static_cast<char*>(out.data_ptr()), device_index_error_record(device),
+                    full_grid(device), stream.stream());
   if (indices.is_cuda()) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
@@ -256,11 +292,11 @@ void scatter_cuda_table(const at::Tensor& table, const at::Tensor& indices, cons
   const at::Tensor keep = at::empty({count}, table.options().dtype(at::kByte));
   const at::Tensor scratch = at::empty({last_occurrence_scratch_bytes(count)}, table.options().dtype(at::kByte));
   const GpuIndices idx = gpu_indices(dev_idx, count);
-  launch_mark_last_occurrence(idx, table.size(0), scratch.data_ptr(), keep.data_ptr<uint8_t>(), sm_count(device),
+  launch_mark_last_occurrence(idx, table.size(0), scratch.data_ptr(), keep.data_ptr<uint8_t>(), full_grid(device),
                               stream.stream());
   launch_row_scatter(gpu_rows(table, static_cast<char*>(table.data_ptr())), idx,
                      static_cast<const char*>(src.const_data_ptr()), keep.const_data_ptr<uint8_t>(),
-                     device_index_error_record(device), sm_count(device), stream.stream());
+                     device_index_error_record(device), full_grid(device), stream.stream());
   if (indices.is_cuda()) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 

@@ -32,6 +32,7 @@ void validate(const TransferConfig& c) {
   TORCH_CHECK(c.uva_row_bytes > 0, "speedtorch: uva_row_bytes must be > 0, got ", c.uva_row_bytes);
   TORCH_CHECK(c.staging_chunk_bytes >= 4096, "speedtorch: staging_chunk_bytes must be >= 4096, got ",
               c.staging_chunk_bytes);
+  TORCH_CHECK(c.uva_blocks_per_sm >= 1, "speedtorch: uva_blocks_per_sm must be >= 1, got ", c.uva_blocks_per_sm);
   TORCH_CHECK(c.uva_spread_gbps > 0 && c.staged_gbps_per_thread > 0 && c.staged_max_gbps > 0,
               "speedtorch: transfer rates must be > 0");
 }
@@ -45,6 +46,8 @@ struct ConfigHolder {
     read_env("SPEEDTORCH_SMALL_TRANSFER_BYTES", config.small_transfer_bytes);
     read_env("SPEEDTORCH_UVA_ROW_BYTES", config.uva_row_bytes);
     read_env("SPEEDTORCH_STAGING_CHUNK_BYTES", config.staging_chunk_bytes);
+    read_env("SPEEDTORCH_SORT_UVA_INDICES", config.sort_uva_indices);
+    read_env("SPEEDTORCH_UVA_BLOCKS_PER_SM", config.uva_blocks_per_sm);
     validate(config);
   }
 };

@@ -28,6 +28,12 @@ struct TransferConfig {
   int64_t uva_row_bytes = 4096;
   // Bytes per staging chunk (three chunks per transfer in flight). SPEEDTORCH_STAGING_CHUNK_BYTES.
   int64_t staging_chunk_bytes = int64_t{8} << 20;
+  // Sort the UVA share's indices (on the GPU) when the table is past the UVA reach: warps running together then
+  // touch nearby host pages, which roughly doubles the UVA rate over a spread-out table (bench/RESULTS.md).
+  // SPEEDTORCH_SORT_UVA_INDICES (0 or 1).
+  bool sort_uva_indices = true;
+  // Resident blocks per SM for UVA kernels (256 threads each; 8 fills an SM). SPEEDTORCH_UVA_BLOCKS_PER_SM.
+  int64_t uva_blocks_per_sm = 8;
   // Rates (GB/s) of the UVA path over a spread-out table and of one CPU thread on the staged path, and the
   // staged path's ceiling; they set the automatic split. Measured on an H100 PCIe Gen5 host (bench/RESULTS.md).
   double uva_spread_gbps = 18.5;

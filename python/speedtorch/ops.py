@@ -20,6 +20,8 @@ _TRANSFER_OPTIONS = (
     "small_transfer_bytes",
     "uva_row_bytes",
     "staging_chunk_bytes",
+    "sort_uva_indices",
+    "uva_blocks_per_sm",
     "uva_spread_gbps",
     "staged_gbps_per_thread",
     "staged_max_gbps",

@@ -136,6 +136,27 @@ def test_gpu_index_errors_raise_and_touch_nothing(fraction, bad):
     torch.testing.assert_close(speedtorch.gather(table, good).cpu(), table[good.cpu()], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("sort", [True, False])
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_sorted_uva_share_keeps_batch_order(sort, fraction):
+    """Past the UVA reach the UVA share is sorted by row for locality; results stay in batch order, duplicates and
+    index errors keep their batch positions."""
+    speedtorch.set_transfer_config(
+        uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0, sort_uva_indices=float(sort)
+    )
+    table = random_table(50_000, 16, pinned=True)
+    indices = torch.randint(0, 50_000, (12_000,), device="cuda")
+    torch.testing.assert_close(speedtorch.gather(table, indices).cpu(), table[indices.cpu()], rtol=0, atol=0)
+    src = torch.randn(12_000, 16, device="cuda")
+    expected = last_wins_reference(table, indices.cpu(), src.cpu())
+    speedtorch.scatter_(table, indices, src)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(table, expected, rtol=0, atol=0)
+    indices[3777] = -9
+    with pytest.raises(IndexError, match="holds -9 at flat position 3777"):
+        speedtorch.gather(table, indices)
+
+
 def test_gpu_table_index_errors():
     table = random_table(100, 4).cuda()
     with pytest.raises(IndexError, match="holds 100"):
