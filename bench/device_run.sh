@@ -20,10 +20,13 @@ step ctest
 
 step pytest
 # One process per file: a crash in one file does not hide the results of the others.
+: >"$OUT/pytest.log"
 for f in tests/python/test_*.py; do
-  $PY -m pytest "$f" -q -p no:cacheprovider >"$OUT/pytest_$(basename "$f" .py).log" 2>&1
-  echo "$f rc=$? $(tail -1 "$OUT/pytest_$(basename "$f" .py).log")"
+  $PY -m pytest "$f" -q -p no:cacheprovider -rf >/tmp/pytest_one.log 2>&1
+  echo "$f rc=$? $(tail -1 /tmp/pytest_one.log)"
+  { echo "##### $f"; cat /tmp/pytest_one.log; } >>"$OUT/pytest.log"
 done
+grep -E "^FAILED" "$OUT/pytest.log"
 
 step info
 PYTHONPATH=python $PY -m speedtorch info
@@ -32,8 +35,7 @@ step bench
 $PY bench/transfer.py --torch-pinned-rss --json "$OUT/transfer.json" "$@" 2>&1 | tee "$OUT/transfer.log" | tail -80
 
 step cpu-bench
-CUDA_VISIBLE_DEVICES= $PY bench/transfer.py --rows 2000000 --threads 16,2 --json "$OUT/transfer_cpu.json" 2>&1 \
-  | tail -12
+CUDA_VISIBLE_DEVICES= $PY bench/transfer.py --rows 2000000 --threads 16,2 2>&1 | tail -12
 
 if [ "${SANITIZE:-0}" = 1 ]; then
   step compute-sanitizer
