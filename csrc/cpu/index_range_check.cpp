@@ -4,46 +4,70 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
-#include <atomic>
+#include <algorithm>
+#include <mutex>
 
 namespace speedtorch {
+namespace {
+
+struct Scan {
+  IndexSpan span;
+  int64_t first_bad = -1;  // smallest position holding an out-of-range index
+};
+
+// One parallel pass: the span and the first bad position (the smallest, so messages are deterministic).
+template <typename Index>
+Scan scan_indices(const Index* indices, int64_t count, int64_t num_rows) {
+  Scan total;
+  total.span.min = INT64_MAX;
+  total.span.max = INT64_MIN;
+  std::mutex mutex;
+  at::parallel_for(0, count, 1 << 16, [&](int64_t begin, int64_t end) {
+    int64_t lo = INT64_MAX;
+    int64_t hi = INT64_MIN;
+    int64_t bad = -1;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t v = static_cast<int64_t>(indices[i]);
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+      if (bad < 0 && (v < 0 || v >= num_rows)) bad = i;
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    total.span.min = std::min(total.span.min, lo);
+    total.span.max = std::max(total.span.max, hi);
+    if (bad >= 0 && (total.first_bad < 0 || bad < total.first_bad)) total.first_bad = bad;
+  });
+  if (count == 0) total.span = IndexSpan{};
+  return total;
+}
+
+}  // namespace
 
 template <typename Index>
 IndexRangeViolation find_index_out_of_range(const Index* indices, int64_t count, int64_t num_rows) {
-  // Each chunk reports its first bad position; the smallest wins so the message is deterministic.
-  std::atomic<int64_t> first_bad{count};
-  at::parallel_for(0, count, 1 << 16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t v = static_cast<int64_t>(indices[i]);
-      if (v < 0 || v >= num_rows) {
-        int64_t cur = first_bad.load();
-        while (i < cur && !first_bad.compare_exchange_weak(cur, i)) {
-        }
-        return;
-      }
-    }
-  });
+  const Scan scan = scan_indices(indices, count, num_rows);
   IndexRangeViolation result;
-  const int64_t pos = first_bad.load();
-  if (pos < count) {
+  if (scan.first_bad >= 0) {
     result.found = true;
-    result.position = pos;
-    result.value = static_cast<int64_t>(indices[pos]);
+    result.position = scan.first_bad;
+    result.value = static_cast<int64_t>(indices[scan.first_bad]);
   }
   return result;
 }
 
 template <typename Index>
-void check_indices_in_range(const Index* indices, int64_t count, int64_t num_rows, const char* op, const char* arg) {
-  const IndexRangeViolation bad = find_index_out_of_range(indices, count, num_rows);
-  TORCH_CHECK_INDEX(!bad.found, op, ": ", arg, " holds ", bad.value, " at flat position ", bad.position,
-                    "; every index must be in [0, ", num_rows, ") for a table of ", num_rows,
-                    " rows (negative indices are not wrapped)");
+IndexSpan check_indices_in_range(const Index* indices, int64_t count, int64_t num_rows, const char* op,
+                                 const char* arg) {
+  const Scan scan = scan_indices(indices, count, num_rows);
+  TORCH_CHECK_INDEX(scan.first_bad < 0, op, ": ", arg, " holds ", static_cast<int64_t>(indices[scan.first_bad]),
+                    " at flat position ", scan.first_bad, "; every index must be in [0, ", num_rows,
+                    ") for a table of ", num_rows, " rows (negative indices are not wrapped)");
+  return scan.span;
 }
 
 template IndexRangeViolation find_index_out_of_range<int32_t>(const int32_t*, int64_t, int64_t);
 template IndexRangeViolation find_index_out_of_range<int64_t>(const int64_t*, int64_t, int64_t);
-template void check_indices_in_range<int32_t>(const int32_t*, int64_t, int64_t, const char*, const char*);
-template void check_indices_in_range<int64_t>(const int64_t*, int64_t, int64_t, const char*, const char*);
+template IndexSpan check_indices_in_range<int32_t>(const int32_t*, int64_t, int64_t, const char*, const char*);
+template IndexSpan check_indices_in_range<int64_t>(const int64_t*, int64_t, int64_t, const char*, const char*);
 
 }  // namespace speedtorch

@@ -17,8 +17,15 @@ struct IndexRangeViolation {
 template <typename Index>
 IndexRangeViolation find_index_out_of_range(const Index* indices, int64_t count, int64_t num_rows);
 
-// Throws c10::Error naming `op` and `arg` when an index is out of range.
+// Smallest and largest index of a batch: how much of the table it touches (its footprint).
+struct IndexSpan {
+  int64_t min = 0;
+  int64_t max = -1;  // max < min: no indices
+};
+
+// Throws c10::IndexError naming `op` and `arg` when an index is out of range; returns the batch's span otherwise.
 template <typename Index>
-void check_indices_in_range(const Index* indices, int64_t count, int64_t num_rows, const char* op, const char* arg);
+IndexSpan check_indices_in_range(const Index* indices, int64_t count, int64_t num_rows, const char* op,
+                                 const char* arg);
 
 }  // namespace speedtorch

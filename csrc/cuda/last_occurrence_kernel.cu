@@ -29,11 +29,20 @@ __device__ __forceinline__ uint64_t slot_of(uint64_t key, uint64_t mask) {
 
 template <typename Index>
 __global__ void insert_last_positions(const Index* __restrict__ indices, int64_t count, int64_t num_rows,
-                                      unsigned long long* keys, unsigned long long* last_plus_one, uint64_t mask) {
+                                      unsigned long long* keys, unsigned long long* last_plus_one, uint64_t mask,
+                                      int32_t* abort, DeviceIndexError* error) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     const int64_t row = static_cast<int64_t>(indices[i]);
-    if (row < 0 || row >= num_rows) continue;  // never written; reported by the scatter kernel
+    if (row < 0 || row >= num_rows) {  // reported here, before any row is written
+      *abort = 1;
+      if (atomicCAS(&error->flag, 0, 1) == 0) {
+        error->value = row;
+        error->position = i;
+        error->num_rows = num_rows;
+      }
+      continue;
+    }
     const unsigned long long key = static_cast<unsigned long long>(row);
     for (uint64_t s = slot_of(key, mask);; s = (s + 1) & mask) {
       const unsigned long long prev = atomicCAS(&keys[s], kEmpty, key);
@@ -64,8 +73,8 @@ __global__ void mark_last_positions(const Index* __restrict__ indices, int64_t c
 }
 
 template <typename Index>
-void launch(const Index* idx, int64_t count, int64_t num_rows, void* scratch, uint8_t* keep, int max_blocks,
-            cudaStream_t stream) {
+void launch(const Index* idx, int64_t count, int64_t num_rows, void* scratch, uint8_t* keep, int32_t* abort,
+            DeviceIndexError* error, int max_blocks, cudaStream_t stream) {
   const int64_t slots = slot_count(count);
   auto* keys = static_cast<unsigned long long*>(scratch);
   auto* last = keys + slots;
@@ -73,7 +82,7 @@ void launch(const Index* idx, int64_t count, int64_t num_rows, void* scratch, ui
   C10_CUDA_CHECK(cudaMemsetAsync(last, 0, slots * sizeof(unsigned long long), stream));
   const unsigned grid = row_access::grid_for(count, 1, max_blocks);
   insert_last_positions<Index><<<grid, row_access::kThreadsPerBlock, 0, stream>>>(idx, count, num_rows, keys, last,
-                                                                                  slots - 1);
+                                                                                  slots - 1, abort, error);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   mark_last_positions<Index><<<grid, row_access::kThreadsPerBlock, 0, stream>>>(idx, count, num_rows, keys, last,
                                                                                 slots - 1, keep);
@@ -87,12 +96,14 @@ int64_t last_occurrence_scratch_bytes(int64_t count) {
 }
 
 void launch_mark_last_occurrence(const GpuIndices& indices, int64_t num_rows, void* scratch, uint8_t* keep,
-                                 int max_blocks, cudaStream_t stream) {
+                                 int32_t* abort, DeviceIndexError* error, int max_blocks, cudaStream_t stream) {
   if (indices.count == 0) return;
   if (indices.is_int64) {
-    launch(static_cast<const int64_t*>(indices.data), indices.count, num_rows, scratch, keep, max_blocks, stream);
+    launch(static_cast<const int64_t*>(indices.data), indices.count, num_rows, scratch, keep, abort, error, max_blocks,
+           stream);
   } else {
-    launch(static_cast<const int32_t*>(indices.data), indices.count, num_rows, scratch, keep, max_blocks, stream);
+    launch(static_cast<const int32_t*>(indices.data), indices.count, num_rows, scratch, keep, abort, error, max_blocks,
+           stream);
   }
 }
 

@@ -16,7 +16,8 @@ template <typename V, typename Index>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     row_scatter_kernel(char* __restrict__ table, int64_t num_rows, int64_t row_stride, int64_t vectors_per_row,
                        int lanes, const Index* __restrict__ indices, const int64_t* __restrict__ positions, int64_t count, const V* __restrict__ src,
-                       const uint8_t* __restrict__ keep, DeviceIndexError* error) {
+                       const uint8_t* __restrict__ keep, const int32_t* abort, DeviceIndexError* error) {
+  if (abort != nullptr && *abort != 0) return;  // a bad index was seen: all rows or none
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride_rows = static_cast<int64_t>(gridDim.x) * blockDim.x / lanes;
   const int lane = static_cast<int>(thread % lanes);
@@ -40,40 +41,40 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 template <int Bytes, typename Index>
 void launch(const GpuRows& t, const Index* idx, const int64_t* positions, int64_t count, const char* src, const uint8_t* keep,
-            DeviceIndexError* error, int max_blocks, cudaStream_t stream) {
+            const int32_t* abort, DeviceIndexError* error, int max_blocks, cudaStream_t stream) {
   using V = typename Vector<Bytes>::type;
   const int64_t vectors = t.row_bytes / Bytes;
   const int lanes = lanes_per_row(vectors);
   row_scatter_kernel<V, Index><<<grid_for(count, lanes, max_blocks), kThreadsPerBlock, 0, stream>>>(
       t.base, t.num_rows, t.row_stride_bytes, vectors, lanes, idx, positions, count, reinterpret_cast<const V*>(src), keep,
-      error);
+      abort, error);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename Index>
 void launch_for_index(const GpuRows& t, const Index* idx, const int64_t* positions, int64_t count, const char* src, const uint8_t* keep,
-                      DeviceIndexError* error, int max_blocks, cudaStream_t stream) {
+                      const int32_t* abort, DeviceIndexError* error, int max_blocks, cudaStream_t stream) {
   const int width = widest_access_bytes({static_cast<uint64_t>(t.row_bytes), static_cast<uint64_t>(t.row_stride_bytes),
                                          reinterpret_cast<uint64_t>(t.base), reinterpret_cast<uint64_t>(src)});
   switch (width) {
-    case 16: return launch<16>(t, idx, positions, count, src, keep, error, max_blocks, stream);
-    case 8: return launch<8>(t, idx, positions, count, src, keep, error, max_blocks, stream);
-    case 4: return launch<4>(t, idx, positions, count, src, keep, error, max_blocks, stream);
-    case 2: return launch<2>(t, idx, positions, count, src, keep, error, max_blocks, stream);
-    default: return launch<1>(t, idx, positions, count, src, keep, error, max_blocks, stream);
+    case 16: return launch<16>(t, idx, positions, count, src, keep, abort, error, max_blocks, stream);
+    case 8: return launch<8>(t, idx, positions, count, src, keep, abort, error, max_blocks, stream);
+    case 4: return launch<4>(t, idx, positions, count, src, keep, abort, error, max_blocks, stream);
+    case 2: return launch<2>(t, idx, positions, count, src, keep, abort, error, max_blocks, stream);
+    default: return launch<1>(t, idx, positions, count, src, keep, abort, error, max_blocks, stream);
   }
 }
 
 }  // namespace
 
 void launch_row_scatter(const GpuRows& table, const GpuIndices& indices, const char* src, const uint8_t* keep,
-                        DeviceIndexError* error, int max_blocks, cudaStream_t stream) {
+                        const int32_t* abort, DeviceIndexError* error, int max_blocks, cudaStream_t stream) {
   if (indices.count == 0 || table.row_bytes == 0) return;
   if (indices.is_int64) {
-    launch_for_index(table, static_cast<const int64_t*>(indices.data), indices.positions, indices.count, src, keep, error, max_blocks,
+    launch_for_index(table, static_cast<const int64_t*>(indices.data), indices.positions, indices.count, src, keep, abort, error, max_blocks,
                      stream);
   } else {
-    launch_for_index(table, static_cast<const int32_t*>(indices.data), indices.positions, indices.count, src, keep, error, max_blocks,
+    launch_for_index(table, static_cast<const int32_t*>(indices.data), indices.positions, indices.count, src, keep, abort, error, max_blocks,
                      stream);
   }
 }

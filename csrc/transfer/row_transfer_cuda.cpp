@@ -7,7 +7,7 @@
 #include "transfer/row_transfer_cuda.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/sort.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -40,25 +40,50 @@ int uva_max_blocks(int device, const TransferConfig& config) {
   return static_cast<int>(sm_count(device) * config.uva_blocks_per_sm);
 }
 
-// The UVA share (the first `rows` entries of `dev_idx`) as the kernels take it: sorted by row, with each entry's
-// batch position, when the table is larger than the GPU translates quickly; as given otherwise.
+// The UVA share (the first `count` entries of `dev_idx`) as the kernels take it: sorted by table bucket, with each
+// entry's batch position, when the rows touched span more than the GPU translates quickly; as given otherwise.
 struct UvaShare {
-  at::Tensor indices;
+  at::Tensor sorted;
   at::Tensor positions;
   GpuIndices view;
 };
 
-UvaShare uva_share(const at::Tensor& dev_idx, int64_t rows, int64_t table_bytes, const TransferConfig& config) {
+UvaShare uva_share(const at::Tensor& dev_idx, int64_t count, const at::Tensor& table, int64_t footprint,
+                   const TransferConfig& config, int device, cudaStream_t stream) {
   UvaShare share;
-  const bool is_int64 = dev_idx.scalar_type() == at::kLong;
-  if (config.sort_uva_indices && table_bytes > config.uva_reach_bytes && rows >= kMinSortedRows) {
-    std::tie(share.indices, share.positions) = at::sort(dev_idx.narrow(0, 0, rows));
-    share.view = GpuIndices{share.indices.const_data_ptr(), is_int64, rows, share.positions.const_data_ptr<int64_t>()};
-  } else {
-    share.indices = dev_idx;
-    share.view = GpuIndices{dev_idx.const_data_ptr(), is_int64, rows, nullptr};
-  }
+  share.view = GpuIndices{dev_idx.const_data_ptr(), dev_idx.scalar_type() == at::kLong, count, nullptr};
+  if (!config.sort_uva_indices || footprint <= config.uva_reach_bytes || count < kMinSortedRows) return share;
+  const LocalitySortPlan plan =
+      plan_locality_sort(share.view, table.size(0), table.stride(0) * table.element_size());
+  const auto on_device = dev_idx.options();
+  share.sorted = at::empty({count}, on_device);
+  share.positions = at::empty({count}, on_device.dtype(at::kLong));
+  const at::Tensor iota = at::empty({count}, on_device.dtype(at::kLong));
+  const at::Tensor temp = at::empty({static_cast<int64_t>(plan.temp_bytes)}, on_device.dtype(at::kByte));
+  launch_locality_sort(share.view, plan, temp.data_ptr(), share.sorted.data_ptr(),
+                       share.positions.data_ptr<int64_t>(), iota.data_ptr<int64_t>(), full_grid(device), stream);
+  share.view.data = share.sorted.const_data_ptr();
+  share.view.positions = share.positions.const_data_ptr<int64_t>();
   return share;
+}
+
+// What a GPU scatter needs before it writes: one writer per row (the last occurrence) and an abort flag that a
+// bad index sets, so the write is all or nothing.
+struct WriterMask {
+  at::Tensor keep;
+  at::Tensor abort;
+};
+
+WriterMask mark_writers(const at::Tensor& dev_idx, int64_t num_rows, int device, cudaStream_t stream) {
+  const int64_t count = dev_idx.numel();
+  const auto on_device = dev_idx.options();
+  WriterMask mask{at::empty({count}, on_device.dtype(at::kByte)), at::zeros({1}, on_device.dtype(at::kInt))};
+  const at::Tensor scratch = at::empty({last_occurrence_scratch_bytes(count)}, on_device.dtype(at::kByte));
+  launch_mark_last_occurrence(GpuIndices{dev_idx.const_data_ptr(), dev_idx.scalar_type() == at::kLong, count},
+                              num_rows, scratch.data_ptr(), mask.keep.data_ptr<uint8_t>(),
+                              mask.abort.data_ptr<int32_t>(), device_index_error_record(device), full_grid(device),
+                              stream);
+  return mask;
 }
 
 HostRows host_rows(const at::Tensor& table) {
@@ -104,9 +129,18 @@ void with_index_type(const at::Tensor& indices, Fn&& fn) {
   }
 }
 
-void check_host_indices(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
-  with_index_type(host_indices,
-                  [&](const auto* p) { check_indices_in_range(p, host_indices.numel(), num_rows, op, "indices"); });
+IndexSpan check_host_indices(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
+  IndexSpan span;
+  with_index_type(host_indices, [&](const auto* p) {
+    span = check_indices_in_range(p, host_indices.numel(), num_rows, op, "indices");
+  });
+  return span;
+}
+
+// Bytes of table the batch touches: the span of its indices when known, else the whole table.
+int64_t touched_bytes(const HostRows& rows, const std::optional<IndexSpan>& span) {
+  if (!span.has_value() || span->max < span->min) return rows.num_rows * rows.row_stride_bytes;
+  return (span->max - span->min + 1) * rows.row_stride_bytes;
 }
 
 // Copy stream ordered after everything enqueued so far on `stream`.
@@ -170,15 +204,20 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   const int64_t count = indices.numel();
   const HostRows rows = host_rows(table);
   const TransferConfig config = transfer_config();
-  const int64_t table_bytes = rows.num_rows * rows.row_stride_bytes;
-  const TransferPlan plan = plan_transfer(config, TransferDirection::kHostToDevice, table_bytes, rows.row_bytes,
-                                          count, at::get_num_threads());
   const void* key = table.storage().data();
 
-  // Host indices are validated before anything is launched. CUDA indices are brought to the host only when the
-  // staged path needs them; otherwise the kernel validates them.
+  // Host indices are validated before anything is launched, and their span sizes the plan. CUDA indices come to
+  // the host only when the staged path needs them; otherwise the kernel validates them.
   at::Tensor host_idx;
-  if (indices.is_cpu() || plan.staged_rows > 0) {
+  std::optional<IndexSpan> span;
+  if (indices.is_cpu()) {
+    host_idx = indices;
+    span = check_host_indices(host_idx, rows.num_rows, op);
+  }
+  const int64_t footprint = touched_bytes(rows, span);
+  const TransferPlan plan = plan_transfer(config, TransferDirection::kHostToDevice, footprint, rows.row_bytes, count,
+                                          at::get_num_threads());
+  if (!host_idx.defined() && plan.staged_rows > 0) {
     host_idx = indices.cpu();
     check_host_indices(host_idx, rows.num_rows, op);
   }
@@ -193,7 +232,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   if (plan.uva_rows > 0) {
     const at::Tensor dev_idx =
         indices_on(indices.is_cpu() ? indices.narrow(0, 0, plan.uva_rows) : indices, out.device());
-    const UvaShare share = uva_share(dev_idx, plan.uva_rows, table_bytes, config);
+    const UvaShare share = uva_share(dev_idx, plan.uva_rows, table, footprint, config, device, stream.stream());
     launch_row_gather(gpu_rows(table, mapped_base(table, op)), share.view, out_ptr, device_index_error_record(device),
                       uva_max_blocks(device, config), stream.stream());
     note_uva_access(key, UvaAccess::kRead, device, stream.stream());
@@ -217,28 +256,30 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   const int64_t count = indices.numel();
   const HostRows rows = host_rows(table);
   const TransferConfig config = transfer_config();
-  const int64_t table_bytes = rows.num_rows * rows.row_stride_bytes;
-  const TransferPlan plan = plan_transfer(config, TransferDirection::kDeviceToHost, table_bytes, rows.row_bytes,
-                                          count, at::get_num_threads());
   const void* key = table.storage().data();
 
   at::Tensor host_idx;
-  if (indices.is_cpu() || plan.staged_rows > 0) {
+  std::optional<IndexSpan> span;
+  if (indices.is_cpu()) {
+    host_idx = indices;
+    span = check_host_indices(host_idx, rows.num_rows, op);
+  }
+  const int64_t footprint = touched_bytes(rows, span);
+  const TransferPlan plan = plan_transfer(config, TransferDirection::kDeviceToHost, footprint, rows.row_bytes, count,
+                                          at::get_num_threads());
+  if (!host_idx.defined() && plan.staged_rows > 0) {
     host_idx = indices.cpu();
     check_host_indices(host_idx, rows.num_rows, op);
   }
   // The CPU writes below must not overtake UVA kernels still reading or writing these rows.
   if (plan.staged_rows > 0) wait_for_uva_conflicts(key, UvaAccess::kWrite);
 
-  // One writer per row: needed as soon as a GPU kernel writes any share.
+  // One writer per row, as soon as a GPU kernel writes any share; bad CUDA indices abort the whole write.
   at::Tensor dev_idx;
-  at::Tensor keep;
+  WriterMask writers;
   if (plan.uva_rows > 0) {
     dev_idx = indices_on(indices, src.device());
-    keep = at::empty({count}, src.options().dtype(at::kByte));
-    const at::Tensor scratch = at::empty({last_occurrence_scratch_bytes(count)}, src.options().dtype(at::kByte));
-    launch_mark_last_occurrence(gpu_indices(dev_idx, count), rows.num_rows, scratch.data_ptr(),
-                                keep.data_ptr<uint8_t>(), full_grid(device), stream.stream());
+    writers = mark_writers(dev_idx, rows.num_rows, device, stream.stream());
   }
   // The copy stream waits for src and the keep mask, not for the UVA kernel launched next: they run together.
   std::optional<BorrowedStagingRing> ring;
@@ -247,17 +288,18 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   if (plan.staged_rows > 0) {
     ring.emplace(device, config.staging_chunk_bytes);
     copy = copy_stream_after(stream, (*ring)->start_event(), device);
-    if (keep.defined()) {
+    if (writers.keep.defined()) {
       host_keep = at::empty({plan.staged_rows}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-      C10_CUDA_CHECK(cudaMemcpyAsync(host_keep.data_ptr(), keep.data_ptr<uint8_t>() + plan.uva_rows,
+      C10_CUDA_CHECK(cudaMemcpyAsync(host_keep.data_ptr(), writers.keep.const_data_ptr<uint8_t>() + plan.uva_rows,
                                      plan.staged_rows, cudaMemcpyDeviceToHost, copy->stream()));
     }
   }
   if (plan.uva_rows > 0) {
-    const UvaShare share = uva_share(dev_idx, plan.uva_rows, table_bytes, config);
+    const UvaShare share = uva_share(dev_idx, plan.uva_rows, table, footprint, config, device, stream.stream());
     launch_row_scatter(gpu_rows(table, mapped_base(table, op)), share.view,
-                       static_cast<const char*>(src.const_data_ptr()), keep.const_data_ptr<uint8_t>(),
-                       device_index_error_record(device), uva_max_blocks(device, config), stream.stream());
+                       static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
+                       writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device),
+                       uva_max_blocks(device, config), stream.stream());
     note_uva_access(key, UvaAccess::kWrite, device, stream.stream());
   }
   if (plan.staged_rows > 0) {
@@ -288,15 +330,11 @@ void scatter_cuda_table(const at::Tensor& table, const at::Tensor& indices, cons
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   if (indices.is_cpu()) check_host_indices(indices, table.size(0), op);
   const at::Tensor dev_idx = indices_on(indices, table.device());
-  const int64_t count = indices.numel();
-  const at::Tensor keep = at::empty({count}, table.options().dtype(at::kByte));
-  const at::Tensor scratch = at::empty({last_occurrence_scratch_bytes(count)}, table.options().dtype(at::kByte));
-  const GpuIndices idx = gpu_indices(dev_idx, count);
-  launch_mark_last_occurrence(idx, table.size(0), scratch.data_ptr(), keep.data_ptr<uint8_t>(), full_grid(device),
-                              stream.stream());
-  launch_row_scatter(gpu_rows(table, static_cast<char*>(table.data_ptr())), idx,
-                     static_cast<const char*>(src.const_data_ptr()), keep.const_data_ptr<uint8_t>(),
-                     device_index_error_record(device), full_grid(device), stream.stream());
+  const WriterMask writers = mark_writers(dev_idx, table.size(0), device, stream.stream());
+  launch_row_scatter(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
+                     static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
+                     writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device), full_grid(device),
+                     stream.stream());
   if (indices.is_cuda()) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 

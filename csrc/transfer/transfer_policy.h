@@ -32,13 +32,16 @@ struct TransferConfig {
   // touch nearby host pages, which roughly doubles the UVA rate over a spread-out table (bench/RESULTS.md).
   // SPEEDTORCH_SORT_UVA_INDICES (0 or 1).
   bool sort_uva_indices = true;
-  // Resident blocks per SM for UVA kernels (256 threads each; 8 fills an SM). SPEEDTORCH_UVA_BLOCKS_PER_SM.
-  int64_t uva_blocks_per_sm = 8;
-  // Rates (GB/s) of the UVA path over a spread-out table and of one CPU thread on the staged path, and the
-  // staged path's ceiling; they set the automatic split. Measured on an H100 PCIe Gen5 host (bench/RESULTS.md).
-  double uva_spread_gbps = 18.5;
-  double staged_gbps_per_thread = 8.0;
-  double staged_max_gbps = 40.0;
+  // Resident blocks per SM for UVA kernels (256 threads each). One keeps ~0.5 MB in flight, plenty for the link,
+  // and with sorted rows the narrowest window of host pages: fastest on the H100 (bench/RESULTS.md).
+  // SPEEDTORCH_UVA_BLOCKS_PER_SM.
+  int64_t uva_blocks_per_sm = 1;
+  // Rates (GB/s) of the (sorted) UVA path over a spread-out table and of one CPU thread on the staged path, and
+  // the staged path's ceiling; they set the automatic split. Measured on an H100 PCIe Gen5 host
+  // (bench/RESULTS.md).
+  double uva_spread_gbps = 38.0;
+  double staged_gbps_per_thread = 3.9;
+  double staged_max_gbps = 31.0;
 };
 
 struct TransferPlan {

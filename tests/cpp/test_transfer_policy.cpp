@@ -25,7 +25,8 @@ TEST(TransferPolicy, SpreadTablesSplitByRates) {
   // More CPU threads: a larger share goes through staging.
   EXPECT_GT(many.staged_rows, two.staged_rows);
   EXPECT_GT(two.uva_rows, 0);
-  EXPECT_NEAR(static_cast<double>(many.uva_rows) / 131072, 18.5 / (18.5 + 40.0), 1e-3);
+  EXPECT_NEAR(static_cast<double>(many.uva_rows) / 131072,
+              c.uva_spread_gbps / (c.uva_spread_gbps + c.staged_max_gbps), 1e-3);
 }
 
 TEST(TransferPolicy, ExplicitFractionWins) {

@@ -162,10 +162,12 @@ def test_sorted_uva_share_keeps_batch_order(sort, fraction):
 
 def test_gpu_table_index_errors():
     table = random_table(100, 4).cuda()
+    before = table.clone()
     with pytest.raises(IndexError, match="holds 100"):
         speedtorch.gather(table, torch.tensor([0, 100], device="cuda"))
-    with pytest.raises(IndexError, match="holds -5"):
-        speedtorch.scatter_(table, torch.tensor([-5], device="cuda"), torch.randn(1, 4, device="cuda"))
+    with pytest.raises(IndexError, match="holds -5 at flat position 1"):
+        speedtorch.scatter_(table, torch.tensor([3, -5, 7], device="cuda"), torch.randn(3, 4, device="cuda"))
+    assert torch.equal(table, before)  # all rows or none
 
 
 def test_deferred_index_checks():
