@@ -79,7 +79,7 @@ TransferPlan plan_transfer(const TransferConfig& c, TransferDirection /*directio
     if (bytes <= c.small_transfer_bytes || table_bytes <= c.uva_reach_bytes || row_bytes >= c.uva_row_bytes) {
       fraction = 1.0;
     } else {
-      // Both paths finish together when each gets rows in proportion to its rate.
+      // Both paths finish together when each gets rows in proportion to the rate it adds.
       const double staged = std::min(c.staged_max_gbps, c.staged_gbps_per_thread * std::max(threads, 1));
       fraction = c.uva_spread_gbps / (c.uva_spread_gbps + staged);
     }

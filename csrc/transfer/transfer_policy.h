@@ -39,9 +39,9 @@ struct TransferConfig {
   // Rates (GB/s) of the (sorted) UVA path over a spread-out table and of one CPU thread on the staged path, and
   // the staged path's ceiling; they set the automatic split. Measured on an H100 PCIe Gen5 host
   // (bench/RESULTS.md).
-  double uva_spread_gbps = 38.0;
-  double staged_gbps_per_thread = 3.9;
-  double staged_max_gbps = 31.0;
+  double uva_spread_gbps = 34.5;
+  double staged_gbps_per_thread = 1.7;
+  double staged_max_gbps = 27.6;
 };
 
 struct TransferPlan {

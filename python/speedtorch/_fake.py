@@ -7,14 +7,25 @@ precedence over the Meta kernels under FakeTensorMode.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+
+# torch < 2.6 has no allow_override; there the C++ Meta kernels alone serve (outputs follow the inputs' device).
+_CAN_OVERRIDE = "allow_override" in inspect.signature(torch.library.register_fake).parameters
+
+
+def _register_fake(name):
+    if not _CAN_OVERRIDE:
+        return lambda fn: fn
+    return torch.library.register_fake(name, allow_override=True)
 
 
 def _rows_shape(table: torch.Tensor, indices: torch.Tensor) -> list[int]:
     return [*indices.shape, table.shape[1]]
 
 
-@torch.library.register_fake("speedtorch::gather", allow_override=True)
+@_register_fake("speedtorch::gather")
 def _gather_fake(table, indices, device=None):
     torch._check(table.dim() == 2, lambda: f"speedtorch.gather: table must be 2-D, got {table.dim()}-D")
     torch._check(
@@ -25,7 +36,7 @@ def _gather_fake(table, indices, device=None):
     return table.new_empty(_rows_shape(table, indices), device=out_device)
 
 
-@torch.library.register_fake("speedtorch::scatter_rows_", allow_override=True)
+@_register_fake("speedtorch::scatter_rows_")
 def _scatter_rows_fake(table, indices, src):
     torch._check(
         list(src.shape) == _rows_shape(table, indices),

@@ -1,0 +1,52 @@
+# speedtorch: the two commands of the README, and the pieces they are made of.
+#   make demo   installs what is missing, builds, and runs the main job (python -m speedtorch demo)
+#   make test   installs what is missing, builds, and runs every test (C++ with ctest, Python with pytest, and a
+#               check that `pip install --no-build-isolation .` packages the library)
+PYTHON ?= python3
+BUILD ?= build
+JOBS ?= $(shell nproc)
+# Extra CMake options, e.g. CMAKE_ARGS=-DSPEEDTORCH_CUDA_ARCHS=9.0 for a Hopper-only build.
+CMAKE_ARGS ?=
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+LIB := $(BUILD)/libspeedtorch_ops.so
+
+.PHONY: demo test deps build test-cpp test-python test-package bench clean
+
+demo: build
+	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) PYTHONPATH=$(abspath python) $(PYTHON) -m speedtorch demo
+
+test: build test-cpp test-python test-package
+
+# torch 2.11 from PyPI when no torch >= 2.4 is importable (an existing torch is reused: it must match the build);
+# GoogleTest from Debian when its headers are missing.
+deps:
+	@$(PYTHON) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split(\"+\")[0].split(\".\")[:2]); sys.exit(v < (2, 4))" 2>/dev/null \
+	  || $(PYTHON) -m pip install "torch==2.11.0"
+	@$(PYTHON) -c "import numpy, pytest, hypothesis, tqdm, expecttest, scikit_build_core" 2>/dev/null \
+	  || $(PYTHON) -m pip install -q numpy pytest hypothesis tqdm expecttest "scikit-build-core>=0.10" ninja
+	@command -v cmake >/dev/null || $(PYTHON) -m pip install -q cmake
+	@[ -f /usr/include/gtest/gtest.h ] || [ -d /usr/src/googletest ] \
+	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q libgtest-dev) \
+	  || echo "GoogleTest not installed: the C++ tests will be skipped"
+
+build: deps
+	cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) $(CMAKE_ARGS)
+	cmake --build $(BUILD) -j $(JOBS)
+
+test-cpp:
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+test-python:
+	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) $(PYTHON) -m pytest tests/python -q
+
+# The wheel build path: install into a scratch folder and import from there.
+test-package:
+	rm -rf $(BUILD)/package-check
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps --target $(BUILD)/package-check .
+	cd /tmp && PYTHONPATH=$(abspath $(BUILD)/package-check) $(PYTHON) -c "import speedtorch; print(speedtorch.library_path(), speedtorch.build_info())"
+
+bench: build
+	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) $(PYTHON) bench/transfer.py
+
+clean:
+	rm -rf $(BUILD)
