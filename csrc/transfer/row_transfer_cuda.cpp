@@ -7,6 +7,8 @@
 #include "transfer/row_transfer_cuda.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -137,6 +139,24 @@ IndexSpan check_host_indices(const at::Tensor& host_indices, int64_t num_rows, c
   return span;
 }
 
+// Validates the indices before anything is launched and returns their span: on the host for CPU indices; for CUDA
+// indices with one small reduction and a wait for the stream (the indices come to the host only to name a bad
+// one). Returns nothing in deferred mode or while the stream is captured into a CUDA graph: no wait is allowed
+// there, the kernels check instead and the error is raised later (cuda/device_index_error.h).
+std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream,
+                                          const char* op) {
+  if (indices.numel() == 0) return IndexSpan{};
+  if (indices.is_cpu()) return check_host_indices(indices, num_rows, op);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (deferred_index_checks() || capture != cudaStreamCaptureStatusNone) return std::nullopt;
+  const auto [lo, hi] = at::aminmax(indices);
+  const at::Tensor ends = at::stack({lo.to(at::kLong), hi.to(at::kLong)}).cpu();
+  const IndexSpan span{ends[0].item<int64_t>(), ends[1].item<int64_t>()};
+  if (span.min < 0 || span.max >= num_rows) check_host_indices(indices.cpu(), num_rows, op);  // throws
+  return span;
+}
+
 // Bytes of table the batch touches: the span of its indices when known, else the whole table.
 int64_t touched_bytes(const HostRows& rows, const std::optional<IndexSpan>& span) {
   if (!span.has_value() || span->max < span->min) return rows.num_rows * rows.row_stride_bytes;
@@ -206,21 +226,15 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   const TransferConfig config = transfer_config();
   const void* key = table.storage().data();
 
-  // Host indices are validated before anything is launched, and their span sizes the plan. CUDA indices come to
-  // the host only when the staged path needs them; otherwise the kernel validates them.
-  at::Tensor host_idx;
-  std::optional<IndexSpan> span;
-  if (indices.is_cpu()) {
-    host_idx = indices;
-    span = check_host_indices(host_idx, rows.num_rows, op);
-  }
+  // Indices are validated before anything is launched, and their span sizes the plan. CUDA indices come to the
+  // host only when the staged path needs them.
+  std::optional<IndexSpan> span = validate_indices(indices, rows.num_rows, stream.stream(), op);
   const int64_t footprint = touched_bytes(rows, span);
   const TransferPlan plan = plan_transfer(config, TransferDirection::kHostToDevice, footprint, rows.row_bytes, count,
                                           at::get_num_threads());
-  if (!host_idx.defined() && plan.staged_rows > 0) {
-    host_idx = indices.cpu();
-    check_host_indices(host_idx, rows.num_rows, op);
-  }
+  at::Tensor host_idx;
+  if (indices.is_cpu() || plan.staged_rows > 0) host_idx = indices.cpu();
+  if (!span.has_value() && host_idx.defined()) span = check_host_indices(host_idx, rows.num_rows, op);
   char* out_ptr = static_cast<char*>(out.data_ptr());
   // The copy stream is ordered after the caller's earlier work but not after the UVA kernel: they run together.
   std::optional<BorrowedStagingRing> ring;
@@ -245,7 +259,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
     C10_CUDA_CHECK(cudaEventRecord((*ring)->done_event(), copy->stream()));
     C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), (*ring)->done_event(), 0));
   }
-  if (!host_idx.defined()) raise_if_device_index_error(device, stream.stream(), op, "indices");
+  if (!span.has_value()) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
@@ -258,19 +272,13 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   const TransferConfig config = transfer_config();
   const void* key = table.storage().data();
 
-  at::Tensor host_idx;
-  std::optional<IndexSpan> span;
-  if (indices.is_cpu()) {
-    host_idx = indices;
-    span = check_host_indices(host_idx, rows.num_rows, op);
-  }
+  std::optional<IndexSpan> span = validate_indices(indices, rows.num_rows, stream.stream(), op);
   const int64_t footprint = touched_bytes(rows, span);
   const TransferPlan plan = plan_transfer(config, TransferDirection::kDeviceToHost, footprint, rows.row_bytes, count,
                                           at::get_num_threads());
-  if (!host_idx.defined() && plan.staged_rows > 0) {
-    host_idx = indices.cpu();
-    check_host_indices(host_idx, rows.num_rows, op);
-  }
+  at::Tensor host_idx;
+  if (indices.is_cpu() || plan.staged_rows > 0) host_idx = indices.cpu();
+  if (!span.has_value() && host_idx.defined()) span = check_host_indices(host_idx, rows.num_rows, op);
   // The CPU writes below must not overtake UVA kernels still reading or writing these rows.
   if (plan.staged_rows > 0) wait_for_uva_conflicts(key, UvaAccess::kWrite);
 
@@ -309,33 +317,33 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
     });
     // Every chunk copy (and the keep copy before them) was waited for: the copy stream holds nothing of ours.
   }
-  if (!host_idx.defined()) raise_if_device_index_error(device, stream.stream(), op, "indices");
+  if (!span.has_value()) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 void gather_cuda_table(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
   const int device = table.get_device();
   c10::cuda::CUDAGuard guard(table.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  if (indices.is_cpu()) check_host_indices(indices, table.size(0), op);
+  const bool validated = validate_indices(indices, table.size(0), stream.stream(), op).has_value();
   const at::Tensor dev_idx = indices_on(indices, table.device());
   launch_row_gather(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
                     static_cast<char*>(out.data_ptr()), device_index_error_record(device),
                     full_grid(device), stream.stream());
-  if (indices.is_cuda()) raise_if_device_index_error(device, stream.stream(), op, "indices");
+  if (!validated) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 void scatter_cuda_table(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
   const int device = table.get_device();
   c10::cuda::CUDAGuard guard(table.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  if (indices.is_cpu()) check_host_indices(indices, table.size(0), op);
+  const bool validated = validate_indices(indices, table.size(0), stream.stream(), op).has_value();
   const at::Tensor dev_idx = indices_on(indices, table.device());
   const WriterMask writers = mark_writers(dev_idx, table.size(0), device, stream.stream());
   launch_row_scatter(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
                      static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
                      writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device), full_grid(device),
                      stream.stream());
-  if (indices.is_cuda()) raise_if_device_index_error(device, stream.stream(), op, "indices");
+  if (!validated) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 }  // namespace speedtorch

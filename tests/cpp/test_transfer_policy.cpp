@@ -24,9 +24,8 @@ TEST(TransferPolicy, SpreadTablesSplitByRates) {
   const TransferPlan many = plan_transfer(c, kH2D, 5 * kGB, 512, 131072, 16);
   const TransferPlan two = plan_transfer(c, kH2D, 5 * kGB, 512, 131072, 2);
   EXPECT_EQ(many.uva_rows + many.staged_rows, 131072);
-  // More CPU threads: a larger share goes through staging.
-  EXPECT_GT(many.staged_rows, two.staged_rows);
-  EXPECT_GT(two.uva_rows, 0);
+  EXPECT_GT(many.staged_rows, 0);
+  EXPECT_EQ(two.staged_rows, 0);  // two threads add too little: UVA alone
   const double staged = std::min(c.staged_max_gbps, 16 * c.staged_gbps_per_thread);
   EXPECT_NEAR(static_cast<double>(many.uva_rows) / 131072, c.uva_spread_gbps / (c.uva_spread_gbps + staged), 1e-3);
 }
