@@ -31,6 +31,9 @@ grep -E "^FAILED" "$OUT/pytest.log"
 step info
 PYTHONPATH=python $PY -m speedtorch info
 
+step demo
+PYTHONPATH=python $PY -m speedtorch demo --no-progress
+
 step bench
 $PY bench/transfer.py --torch-pinned-rss --json "$OUT/transfer.json" "$@" 2>&1 | tee "$OUT/transfer.log" | tail -80
 
