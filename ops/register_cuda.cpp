@@ -3,8 +3,10 @@
 #include <torch/library.h>
 
 #include "row_ops_kernel.h"
+#include "row_optimizer_op.h"
 
 TORCH_LIBRARY_IMPL(speedtorch, CUDA, m) {
   m.impl("gather", &speedtorch::ops::gather_kernel);
   m.impl("scatter_rows_", &speedtorch::ops::scatter_kernel);
+  m.impl("row_optimizer_step_", &speedtorch::ops::row_optimizer_step_kernel);
 }

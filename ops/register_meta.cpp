@@ -4,8 +4,10 @@
 #include <torch/library.h>
 
 #include "row_ops_kernel.h"
+#include "row_optimizer_op.h"
 
 TORCH_LIBRARY_IMPL(speedtorch, Meta, m) {
   m.impl("gather", &speedtorch::ops::gather_meta);
   m.impl("scatter_rows_", &speedtorch::ops::scatter_meta);
+  m.impl("row_optimizer_step_", &speedtorch::ops::row_optimizer_step_meta);
 }

@@ -14,6 +14,11 @@ TORCH_LIBRARY(speedtorch, m) {
   // aliases an input, while it handles an in-place op that returns nothing.
   m.def("scatter_(Tensor(a!) table, Tensor indices, Tensor src) -> Tensor(a!)");
   m.def("scatter_rows_(Tensor(a!) table, Tensor indices, Tensor src) -> ()");
+  // One fused optimizer step on the rows `indices` name: their gradients `grad` (indices.shape + (dim,)) are
+  // summed per distinct row, then weights and state rows are updated in place (csrc/optim). `step` is the
+  // table-wide step count after this step, used for bias correction unless options["per_row_step"] == 1.
+  m.def("row_optimizer_step_(Tensor(a!) weights, Tensor(b!) state, Tensor indices, Tensor grad, str optimizer, "
+        "Dict(str, float) options, int step) -> ()");
   // Allocation, settings and diagnostics take no tensors; they are defined with their functions in
   // ops/library_settings.cpp.
 }

@@ -7,8 +7,6 @@
 #include "transfer/row_transfer_cuda.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/aminmax.h>
-#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -23,6 +21,7 @@
 #include "cpu/row_copy_cpu.h"
 #include "cuda/device_index_error.h"
 #include "cuda/row_kernels.h"
+#include "transfer/device_access.h"
 #include "transfer/host_access_tracker.h"
 #include "transfer/staging_ring.h"
 #include "transfer/transfer_policy.h"
@@ -32,15 +31,6 @@ namespace {
 
 // Below this many rows, sorting costs more than the translation misses it saves.
 constexpr int64_t kMinSortedRows = 4096;
-
-int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
-
-// A full machine of resident 256-thread blocks: the grid for kernels over device memory.
-int full_grid(int device) { return sm_count(device) * 8; }
-
-int uva_max_blocks(int device, const TransferConfig& config) {
-  return static_cast<int>(sm_count(device) * config.uva_blocks_per_sm);
-}
 
 // The UVA share (the first `count` entries of `dev_idx`) as the kernels take it: sorted by table bucket, with each
 // entry's batch position, when the rows touched span more than the GPU translates quickly; as given otherwise.
@@ -93,74 +83,12 @@ HostRows host_rows(const at::Tensor& table) {
                   table.size(1) * table.element_size()};
 }
 
-// The address a GPU kernel uses for row 0 of a pinned host table.
-char* mapped_base(const at::Tensor& table, const char* op) {
-  char* host = static_cast<char*>(table.data_ptr());
-  void* allocation = const_cast<void*>(table.storage().data());
-  void* device = nullptr;
-  const cudaError_t err = cudaHostGetDevicePointer(&device, allocation, 0);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    TORCH_CHECK(false, op, ": table is not mapped into the GPU's address space (", cudaGetErrorString(err),
-                "); allocate it with speedtorch.pinned_empty / speedtorch.PinnedEmbedding or Tensor.pin_memory()");
-  }
-  return static_cast<char*>(device) + (host - static_cast<char*>(allocation));
-}
-
 GpuRows gpu_rows(const at::Tensor& table, char* base) {
   return GpuRows{base, table.size(0), table.stride(0) * table.element_size(), table.size(1) * table.element_size()};
 }
 
 GpuIndices gpu_indices(const at::Tensor& indices, int64_t count) {
   return GpuIndices{indices.const_data_ptr(), indices.scalar_type() == at::kLong, count};
-}
-
-// Indices on `device`, copied asynchronously (through pinned memory) when they are on the host.
-at::Tensor indices_on(const at::Tensor& indices, const at::Device& device) {
-  if (indices.device() == device) return indices;
-  const at::Tensor pinned = indices.is_pinned() ? indices : indices.pin_memory();
-  return pinned.to(device, /*non_blocking=*/true);
-}
-
-template <typename Fn>
-void with_index_type(const at::Tensor& indices, Fn&& fn) {
-  if (indices.scalar_type() == at::kLong) {
-    fn(indices.const_data_ptr<int64_t>());
-  } else {
-    fn(indices.const_data_ptr<int32_t>());
-  }
-}
-
-IndexSpan check_host_indices(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
-  IndexSpan span;
-  with_index_type(host_indices, [&](const auto* p) {
-    span = check_indices_in_range(p, host_indices.numel(), num_rows, op, "indices");
-  });
-  return span;
-}
-
-// Validates the indices before anything is launched and returns their span: on the host for CPU indices; for CUDA
-// indices with one small reduction and a wait for the stream (the indices come to the host only to name a bad
-// one). Returns nothing in deferred mode or while the stream is captured into a CUDA graph: no wait is allowed
-// there, the kernels check instead and the error is raised later (cuda/device_index_error.h).
-std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream,
-                                          const char* op) {
-  if (indices.numel() == 0) return IndexSpan{};
-  if (indices.is_cpu()) return check_host_indices(indices, num_rows, op);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (deferred_index_checks() || capture != cudaStreamCaptureStatusNone) return std::nullopt;
-  const auto [lo, hi] = at::aminmax(indices);
-  const at::Tensor ends = at::stack({lo.to(at::kLong), hi.to(at::kLong)}).cpu();
-  const IndexSpan span{ends[0].item<int64_t>(), ends[1].item<int64_t>()};
-  if (span.min < 0 || span.max >= num_rows) check_host_indices(indices.cpu(), num_rows, op);  // throws
-  return span;
-}
-
-// Bytes of table the batch touches: the span of its indices when known, else the whole table.
-int64_t touched_bytes(const HostRows& rows, const std::optional<IndexSpan>& span) {
-  if (!span.has_value() || span->max < span->min) return rows.num_rows * rows.row_stride_bytes;
-  return (span->max - span->min + 1) * rows.row_stride_bytes;
 }
 
 // Copy stream ordered after everything enqueued so far on `stream`.
@@ -229,7 +157,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   // Indices are validated before anything is launched, and their span sizes the plan. CUDA indices come to the
   // host only when the staged path needs them.
   std::optional<IndexSpan> span = validate_indices(indices, rows.num_rows, stream.stream(), op);
-  const int64_t footprint = touched_bytes(rows, span);
+  const int64_t footprint = touched_bytes(rows.num_rows, rows.row_stride_bytes, span);
   const TransferPlan plan = plan_transfer(config, TransferDirection::kHostToDevice, footprint, rows.row_bytes, count,
                                           at::get_num_threads());
   at::Tensor host_idx;
@@ -247,7 +175,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
     const at::Tensor dev_idx =
         indices_on(indices.is_cpu() ? indices.narrow(0, 0, plan.uva_rows) : indices, out.device());
     const UvaShare share = uva_share(dev_idx, plan.uva_rows, table, footprint, config, device, stream.stream());
-    launch_row_gather(gpu_rows(table, mapped_base(table, op)), share.view, out_ptr, device_index_error_record(device),
+    launch_row_gather(gpu_rows(table, mapped_address(table, op, "table")), share.view, out_ptr, device_index_error_record(device),
                       uva_max_blocks(device, config), stream.stream());
     note_uva_access(key, UvaAccess::kRead, device, stream.stream());
   }
@@ -273,7 +201,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   const void* key = table.storage().data();
 
   std::optional<IndexSpan> span = validate_indices(indices, rows.num_rows, stream.stream(), op);
-  const int64_t footprint = touched_bytes(rows, span);
+  const int64_t footprint = touched_bytes(rows.num_rows, rows.row_stride_bytes, span);
   const TransferPlan plan = plan_transfer(config, TransferDirection::kDeviceToHost, footprint, rows.row_bytes, count,
                                           at::get_num_threads());
   at::Tensor host_idx;
@@ -304,7 +232,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   }
   if (plan.uva_rows > 0) {
     const UvaShare share = uva_share(dev_idx, plan.uva_rows, table, footprint, config, device, stream.stream());
-    launch_row_scatter(gpu_rows(table, mapped_base(table, op)), share.view,
+    launch_row_scatter(gpu_rows(table, mapped_address(table, op, "table")), share.view,
                        static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
                        writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device),
                        uva_max_blocks(device, config), stream.stream());

@@ -1,0 +1,22 @@
+// Parses an optimizer name and its options (torch.optim's names and defaults) into OptimizerHyper, with errors
+// that name the option and the values it accepts.
+#pragma once
+
+#include <ATen/core/Dict.h>
+
+#include <string>
+
+#include "optim/row_optimizer_math.h"
+
+namespace speedtorch {
+
+// kind: sgd, adagrad, adam, adamw, adamax, rmsprop, adadelta, asgd, rprop (also "sparse_adam", an alias of adam
+// without weight decay). Options are floats; booleans are 0 or 1; betas are beta1/beta2; Rprop's etas and
+// step_sizes are etaminus/etaplus and step_size_min/step_size_max; per_row_step=1 selects per-row bias
+// correction.
+OptimizerHyper parse_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options);
+
+// The canonical name of a kind ("adam", ...).
+const char* optimizer_name(OptimizerKind kind);
+
+}  // namespace speedtorch

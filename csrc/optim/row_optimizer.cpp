@@ -1,0 +1,92 @@
+// Fused row optimizer: checks, de-duplication, routing (see row_optimizer.h); the CPU route.
+#include "optim/row_optimizer.h"
+
+#include <ATen/ops/_unique2.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include "cpu/index_range_check.h"
+#include "cpu/row_optimizer_cpu.h"
+#include "transfer/host_access_tracker.h"
+#ifdef SPEEDTORCH_WITH_CUDA
+#include "optim/row_optimizer_cuda.h"
+#endif
+
+namespace speedtorch {
+namespace {
+
+WeightType weight_type(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return WeightType::kFloat;
+    case at::kHalf: return WeightType::kHalf;
+    case at::kBFloat16: return WeightType::kBFloat16;
+    default: break;
+  }
+  TORCH_CHECK(false, "speedtorch optimizer: weights must be float32, float16 or bfloat16, got ", t);
+}
+
+}  // namespace
+
+OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state, char* weights_base,
+                             float* state_base) {
+  return OptimizerRows{weights_base,    weights.stride(0) * weights.element_size(), weight_type(weights.scalar_type()),
+                       state_base,      state.stride(0),                             weights.size(1),
+                       weights.size(0)};
+}
+
+void check_row_optimizer_arguments(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
+                                   const at::Tensor& grad, const OptimizerHyper& hyper, const char* op) {
+  TORCH_CHECK(weights.dim() == 2 && weights.stride(1) == 1, op,
+              ": weights must be 2-D (num_rows, dim) with contiguous rows, got shape ", weights.sizes(),
+              " and strides ", weights.strides());
+  weight_type(weights.scalar_type());
+  const int64_t n = weights.size(0);
+  const int64_t d = weights.size(1);
+  const int64_t need = kStateHeaderFloats + state_slots(hyper) * d;
+  TORCH_CHECK(state.dim() == 2 && state.scalar_type() == at::kFloat && state.size(0) == n && state.stride(1) == 1 &&
+                  state.size(1) >= need,
+              op, ": state must be float32 (", n, ", >= ", need, ") with contiguous rows for this optimizer, got ",
+              state.scalar_type(), " of shape ", state.sizes());
+  TORCH_CHECK(state.device() == weights.device(), op, ": state is on ", state.device(), " but weights are on ",
+              weights.device());
+  TORCH_CHECK(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt, op,
+              ": indices must be int64 or int32, got ", indices.scalar_type());
+  TORCH_CHECK(at::isFloatingType(grad.scalar_type()), op, ": grad must be floating point, got ",
+              grad.scalar_type());
+  TORCH_CHECK(grad.dim() >= 1 && grad.size(-1) == d && grad.numel() == indices.numel() * d, op,
+              ": grad must have shape indices.shape + (", d, ",) = ", indices.numel(), " rows, got ", grad.sizes());
+}
+
+void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
+                         const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op) {
+  check_row_optimizer_arguments(weights, state, indices, grad, hyper, op);
+  TORCH_CHECK(global_step >= 1, op, ": step must be >= 1, got ", global_step);
+  if (indices.numel() == 0) return;
+  const at::Tensor flat = indices.reshape({-1});
+  const at::Tensor rows_grad = grad.reshape({-1, weights.size(1)});
+  if (weights.is_cuda() || rows_grad.is_cuda()) {
+#ifdef SPEEDTORCH_WITH_CUDA
+    return apply_row_optimizer_cuda(weights, state, flat, rows_grad, hyper, global_step, op);
+#else
+    TORCH_CHECK(false, op, ": this speedtorch library was built without CUDA");
+#endif
+  }
+  const at::Tensor idx = flat.contiguous();
+  if (idx.scalar_type() == at::kLong) {
+    check_indices_in_range(idx.const_data_ptr<int64_t>(), idx.numel(), weights.size(0), op, "indices");
+  } else {
+    check_indices_in_range(idx.const_data_ptr<int32_t>(), idx.numel(), weights.size(0), op, "indices");
+  }
+  // Duplicates: one update per distinct row with the sum of its gradients.
+  const auto [unique, inverse, counts] = at::_unique2(idx.to(at::kLong), /*sorted=*/true, /*return_inverse=*/true);
+  const at::Tensor summed = at::zeros({unique.numel(), weights.size(1)}, rows_grad.options().dtype(at::kFloat))
+                                .index_add_(0, inverse, rows_grad.to(at::kFloat));
+  wait_for_uva_conflicts(weights.storage().data(), UvaAccess::kWrite);
+  wait_for_uva_conflicts(state.storage().data(), UvaAccess::kWrite);
+  const OptimizerRows rows = optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()),
+                                            state.data_ptr<float>());
+  apply_row_optimizer_cpu(rows, hyper, global_step, unique.const_data_ptr<int64_t>(),
+                          summed.const_data_ptr<float>(), unique.numel());
+}
+
+}  // namespace speedtorch

@@ -1,0 +1,31 @@
+// One fused optimizer step on the rows of a table that a batch touched, in place, wherever the table lives:
+// duplicate indices' gradients are summed first and each distinct row is updated exactly once, together with its
+// optimizer state.
+//
+//   table on CPU (pinned or not), gradients on CPU -> CPU threads
+//   table pinned, gradients on a GPU                -> a GPU kernel over UVA for one share of the rows, CPU threads
+//                                                      for the rest (the transfer plan's split), concurrently
+//   table and state on a GPU                        -> GPU kernel over device memory
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "optim/row_optimizer_math.h"
+
+namespace speedtorch {
+
+// weights: (N, D) float32/float16/bfloat16, rows contiguous. state: (N, L) float32, L >= kStateHeaderFloats +
+// state_slots(hyper) * D, rows contiguous, on the weights' device. indices: flat int32/int64 (M), any device.
+// grad: (M, D) floating, any device. global_step: the table-wide step count after this step (>= 1).
+void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
+                         const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op);
+
+// The kernels' view of a table: weights and state tensors, at the addresses the kernel will use.
+OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state, char* weights_base,
+                             float* state_base);
+
+// The shared checks of apply_row_optimizer (also used by the Meta kernel).
+void check_row_optimizer_arguments(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
+                                   const at::Tensor& grad, const OptimizerHyper& hyper, const char* op);
+
+}  // namespace speedtorch

@@ -1,0 +1,229 @@
+// The element-wise math of every fused row optimizer, written once for the CPU loops (cpu/row_optimizer_cpu.cpp)
+// and the CUDA kernel (cuda/row_optimizer_kernel.cu). Each update follows torch.optim's single-tensor code for one
+// element, so a row updated here equals torch.optim applied to the touched rows (maximize=False).
+//
+// A row's optimizer state is float32: a 4-float header (the row's own step count, as int32 bits, then spare) and
+// `slots` vectors of `dim` floats. Rows never touched keep zero state, so first-touch initialisation (Adagrad's
+// initial accumulator, Rprop's step sizes) keys on the row's step count.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define SPEEDTORCH_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define SPEEDTORCH_HOST_DEVICE inline
+#endif
+
+namespace speedtorch {
+
+enum class OptimizerKind : int32_t { kSGD, kAdagrad, kAdam, kAdamW, kAdamax, kRMSprop, kAdadelta, kASGD, kRprop };
+
+// Floats before the first state vector of a state row.
+constexpr int64_t kStateHeaderFloats = 4;
+
+enum class WeightType : int32_t { kFloat, kHalf, kBFloat16 };
+
+// Where a table's rows and their optimizer state live (host memory mapped for the GPU, device memory, or host
+// memory for the CPU path). Weights and state may share one allocation (side by side per row) or not.
+struct OptimizerRows {
+  char* weights;  // row 0
+  int64_t weight_stride_bytes;
+  WeightType weight_type;
+  float* state;  // header of row 0's state
+  int64_t state_stride_floats;
+  int64_t dim;
+  int64_t num_rows;
+};
+
+// Hyper-parameters of every kind (each kind reads its own), with torch.optim's defaults.
+struct OptimizerHyper {
+  OptimizerKind kind = OptimizerKind::kAdam;
+  float lr = 1e-3f;
+  float weight_decay = 0.f;
+  // SGD
+  float momentum = 0.f;
+  float dampening = 0.f;
+  bool nesterov = false;
+  // Adam, AdamW, Adamax (beta1, beta2), RMSprop (alpha), Adadelta (rho)
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  bool amsgrad = false;
+  float alpha = 0.99f;
+  bool centered = false;
+  float rho = 0.9f;
+  // Adagrad
+  float lr_decay = 0.f;
+  float initial_accumulator_value = 0.f;
+  // ASGD
+  float lambd = 1e-4f;
+  float asgd_alpha = 0.75f;
+  float t0 = 1e6f;
+  // Rprop
+  float etaminus = 0.5f;
+  float etaplus = 1.2f;
+  float step_size_min = 1e-6f;
+  float step_size_max = 50.f;
+  // Bias correction from each row's own step count instead of the table-wide step.
+  bool per_row_step = false;
+};
+
+// State vectors per row for a configuration.
+inline int64_t state_slots(const OptimizerHyper& h) {
+  switch (h.kind) {
+    case OptimizerKind::kSGD: return h.momentum != 0.f ? 1 : 0;
+    case OptimizerKind::kAdagrad: return 1;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: return h.amsgrad ? 3 : 2;
+    case OptimizerKind::kAdamax: return 2;
+    case OptimizerKind::kRMSprop: return 1 + (h.momentum != 0.f ? 1 : 0) + (h.centered ? 1 : 0);
+    case OptimizerKind::kAdadelta: return 2;
+    case OptimizerKind::kASGD: return 1;
+    case OptimizerKind::kRprop: return 2;
+  }
+  return 0;
+}
+
+// Per-row scalars a step needs, computed once per row from its step count k (1 on a row's first update).
+struct RowStep {
+  float k;          // step used for bias correction / schedules
+  bool first;       // the row's first update
+  float bc1 = 1.f;  // 1 - beta1^k
+  float bc2_sqrt = 1.f;
+  float clr = 0.f;  // Adagrad: lr / (1 + (k - 1) * lr_decay); Adamax: lr / (1 - beta1^k); ASGD: eta
+  float mu = 1.f;   // ASGD averaging weight
+};
+
+SPEEDTORCH_HOST_DEVICE RowStep row_step(const OptimizerHyper& h, int32_t row_k, int64_t global_k) {
+  RowStep s;
+  s.first = row_k == 1;
+  s.k = h.per_row_step ? static_cast<float>(row_k) : static_cast<float>(global_k);
+  const double k = s.k;
+  switch (h.kind) {
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      s.bc1 = static_cast<float>(1.0 - pow(static_cast<double>(h.beta1), k));
+      s.bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(h.beta2), k)));
+      break;
+    case OptimizerKind::kAdamax:
+      s.clr = static_cast<float>(h.lr / (1.0 - pow(static_cast<double>(h.beta1), k)));
+      break;
+    case OptimizerKind::kAdagrad:
+      s.clr = static_cast<float>(h.lr / (1.0 + (k - 1.0) * h.lr_decay));
+      break;
+    case OptimizerKind::kASGD:
+      // torch.optim.ASGD uses eta and mu from the previous step's schedule: lr and 1 on the first step.
+      s.clr = k <= 1 ? h.lr : static_cast<float>(h.lr / pow(1.0 + h.lambd * h.lr * (k - 1.0), h.asgd_alpha));
+      s.mu = k <= 1 ? 1.f : static_cast<float>(1.0 / fmax(1.0, (k - 1.0) - h.t0));
+      break;
+    default:
+      break;
+  }
+  return s;
+}
+
+// Updates element j of one row: w (the weight, as float), g (its summed gradient), state vectors s0..s2 at j.
+SPEEDTORCH_HOST_DEVICE float update_element(const OptimizerHyper& h, const RowStep& r, float w, float g, float* s0,
+                                            float* s1, float* s2) {
+  switch (h.kind) {
+    case OptimizerKind::kSGD: {
+      if (h.weight_decay != 0.f) g += h.weight_decay * w;
+      if (h.momentum != 0.f) {
+        const float buf = r.first ? g : h.momentum * *s0 + (1.f - h.dampening) * g;
+        *s0 = buf;
+        g = h.nesterov ? g + h.momentum * buf : buf;
+      }
+      return w - h.lr * g;
+    }
+    case OptimizerKind::kAdagrad: {
+      if (h.weight_decay != 0.f) g += h.weight_decay * w;
+      const float sum = (r.first ? h.initial_accumulator_value : *s0) + g * g;
+      *s0 = sum;
+      return w - r.clr * g / (sqrtf(sum) + h.eps);
+    }
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: {
+      if (h.kind == OptimizerKind::kAdamW) {
+        w *= 1.f - h.lr * h.weight_decay;
+      } else if (h.weight_decay != 0.f) {
+        g += h.weight_decay * w;
+      }
+      const float m = h.beta1 * *s0 + (1.f - h.beta1) * g;
+      const float v = h.beta2 * *s1 + (1.f - h.beta2) * g * g;
+      *s0 = m;
+      *s1 = v;
+      float v_hat = v;
+      if (h.amsgrad) {
+        v_hat = fmaxf(*s2, v);
+        *s2 = v_hat;
+      }
+      const float denom = sqrtf(v_hat) / r.bc2_sqrt + h.eps;
+      return w - (h.lr / r.bc1) * (m / denom);
+    }
+    case OptimizerKind::kAdamax: {
+      if (h.weight_decay != 0.f) g += h.weight_decay * w;
+      const float m = h.beta1 * *s0 + (1.f - h.beta1) * g;
+      const float u = fmaxf(h.beta2 * *s1, fabsf(g) + h.eps);
+      *s0 = m;
+      *s1 = u;
+      return w - r.clr * m / u;
+    }
+    case OptimizerKind::kRMSprop: {
+      if (h.weight_decay != 0.f) g += h.weight_decay * w;
+      const float sq = h.alpha * *s0 + (1.f - h.alpha) * g * g;
+      *s0 = sq;
+      float* next = s1;
+      float avg;
+      if (h.centered) {
+        // grad_avg is the last slot.
+        float* ga = h.momentum != 0.f ? s2 : s1;
+        const float gav = h.alpha * *ga + (1.f - h.alpha) * g;
+        *ga = gav;
+        avg = sqrtf(sq - gav * gav) + h.eps;
+      } else {
+        avg = sqrtf(sq) + h.eps;
+      }
+      if (h.momentum != 0.f) {
+        const float buf = h.momentum * *next + g / avg;
+        *next = buf;
+        return w - h.lr * buf;
+      }
+      return w - h.lr * g / avg;
+    }
+    case OptimizerKind::kAdadelta: {
+      if (h.weight_decay != 0.f) g += h.weight_decay * w;
+      const float sq = h.rho * *s0 + (1.f - h.rho) * g * g;
+      *s0 = sq;
+      const float delta = sqrtf(*s1 + h.eps) / sqrtf(sq + h.eps) * g;
+      *s1 = h.rho * *s1 + (1.f - h.rho) * delta * delta;
+      return w - h.lr * delta;
+    }
+    case OptimizerKind::kASGD: {
+      if (h.weight_decay != 0.f) g += h.weight_decay * w;
+      w *= 1.f - h.lambd * r.clr;
+      w -= r.clr * g;
+      // ax, the running average of the weights (torch.optim.ASGD's state "ax").
+      *s0 = r.mu != 1.f ? *s0 + (w - *s0) * r.mu : w;
+      return w;
+    }
+    case OptimizerKind::kRprop: {
+      // s0: prev, s1: step size (lr on a row's first update).
+      float step_size = r.first ? h.lr : *s1;
+      const float prod = g * *s0;
+      float factor = 1.f;
+      if (prod > 0.f) factor = h.etaplus;
+      if (prod < 0.f) factor = h.etaminus;
+      step_size = fminf(fmaxf(step_size * factor, h.step_size_min), h.step_size_max);
+      *s1 = step_size;
+      if (prod < 0.f) g = 0.f;
+      *s0 = g;
+      const float sign = g > 0.f ? 1.f : (g < 0.f ? -1.f : 0.f);
+      return w - sign * step_size;
+    }
+  }
+  return w;
+}
+
+}  // namespace speedtorch

@@ -1,0 +1,67 @@
+// Shared pieces of the GPU routes (see device_access.h).
+#include "transfer/device_access.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/stack.h>
+#include <c10/cuda/CUDAException.h>
+
+#include "cuda/device_index_error.h"
+
+namespace speedtorch {
+
+int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
+
+int full_grid(int device) { return sm_count(device) * 8; }
+
+int uva_max_blocks(int device, const TransferConfig& config) {
+  return static_cast<int>(sm_count(device) * config.uva_blocks_per_sm);
+}
+
+char* mapped_address(const at::Tensor& host, const char* op, const char* arg) {
+  char* data = static_cast<char*>(host.data_ptr());
+  void* allocation = const_cast<void*>(host.storage().data());
+  void* device = nullptr;
+  const cudaError_t err = cudaHostGetDevicePointer(&device, allocation, 0);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    TORCH_CHECK(false, op, ": ", arg, " is not mapped into the GPU's address space (", cudaGetErrorString(err),
+                "); allocate it with speedtorch.pinned_empty / speedtorch.PinnedEmbedding or Tensor.pin_memory()");
+  }
+  return static_cast<char*>(device) + (data - static_cast<char*>(allocation));
+}
+
+at::Tensor indices_on(const at::Tensor& indices, const at::Device& device) {
+  if (indices.device() == device) return indices;
+  const at::Tensor pinned = indices.is_pinned() ? indices : indices.pin_memory();
+  return pinned.to(device, /*non_blocking=*/true);
+}
+
+IndexSpan check_host_indices(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
+  IndexSpan span;
+  with_index_type(host_indices, [&](const auto* p) {
+    span = check_indices_in_range(p, host_indices.numel(), num_rows, op, "indices");
+  });
+  return span;
+}
+
+std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream,
+                                          const char* op) {
+  if (indices.numel() == 0) return IndexSpan{};
+  if (indices.is_cpu()) return check_host_indices(indices, num_rows, op);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (deferred_index_checks() || capture != cudaStreamCaptureStatusNone) return std::nullopt;
+  const auto [lo, hi] = at::aminmax(indices);
+  const at::Tensor ends = at::stack({lo.to(at::kLong), hi.to(at::kLong)}).cpu();
+  const IndexSpan span{ends[0].item<int64_t>(), ends[1].item<int64_t>()};
+  if (span.min < 0 || span.max >= num_rows) check_host_indices(indices.cpu(), num_rows, op);  // throws
+  return span;
+}
+
+int64_t touched_bytes(int64_t num_rows, int64_t row_stride_bytes, const std::optional<IndexSpan>& span) {
+  if (!span.has_value() || span->max < span->min) return num_rows * row_stride_bytes;
+  return (span->max - span->min + 1) * row_stride_bytes;
+}
+
+}  // namespace speedtorch

@@ -1,0 +1,50 @@
+// What every GPU route over a table needs: grid sizes, the GPU address of pinned host rows, indices brought to a
+// device, and index validation before anything is launched. Shared by the transfer engine and the fused optimizer.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <cuda_runtime_api.h>
+
+#include <optional>
+
+#include "cpu/index_range_check.h"
+#include "transfer/transfer_policy.h"
+
+namespace speedtorch {
+
+int sm_count(int device);
+// A full machine of resident 256-thread blocks: the grid for kernels over device memory.
+int full_grid(int device);
+// The grid cap for kernels over pinned host memory (transfer_policy.h, uva_blocks_per_sm).
+int uva_max_blocks(int device, const TransferConfig& config);
+
+// The address a GPU kernel uses for element 0 of a pinned host tensor; a clear error when it is not mapped.
+char* mapped_address(const at::Tensor& host, const char* op, const char* arg);
+
+// Indices on `device`, copied asynchronously (through pinned memory) when they are on the host.
+at::Tensor indices_on(const at::Tensor& indices, const at::Device& device);
+
+// Validates host indices (c10::IndexError naming op and value) and returns their span.
+IndexSpan check_host_indices(const at::Tensor& host_indices, int64_t num_rows, const char* op);
+
+// Validates indices before anything is launched and returns their span: on the host for CPU indices; for CUDA
+// indices with one small reduction and a wait for `stream` (the indices come to the host only to name a bad one).
+// Returns nothing in deferred mode or while `stream` is captured into a CUDA graph: no wait is allowed there, the
+// kernels check instead and the error is raised later (cuda/device_index_error.h).
+std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream,
+                                          const char* op);
+
+// Bytes of a table (num_rows rows, row_stride_bytes apart) that a batch touches: the span of its indices when
+// known, else the whole table.
+int64_t touched_bytes(int64_t num_rows, int64_t row_stride_bytes, const std::optional<IndexSpan>& span);
+
+template <typename Fn>
+void with_index_type(const at::Tensor& indices, Fn&& fn) {
+  if (indices.scalar_type() == at::kLong) {
+    fn(indices.const_data_ptr<int64_t>());
+  } else {
+    fn(indices.const_data_ptr<int32_t>());
+  }
+}
+
+}  // namespace speedtorch

@@ -1,0 +1,146 @@
+"""speedtorch::row_optimizer_step_: every optimizer equals torch.optim applied to the touched rows (duplicates'
+gradients summed, each distinct row updated once), on CPU and on the GPU routes; argument errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import speedtorch
+
+# (speedtorch name, options, torch.optim class, its kwargs)
+CASES = [
+    ("sgd", {"lr": 0.1}, torch.optim.SGD, {"lr": 0.1}),
+    ("sgd", {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01}, torch.optim.SGD,
+     {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01}),
+    ("sgd", {"lr": 0.1, "momentum": 0.9, "nesterov": 1}, torch.optim.SGD,
+     {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
+    ("adagrad", {"lr": 0.1, "lr_decay": 0.01, "initial_accumulator_value": 0.1, "weight_decay": 0.01},
+     torch.optim.Adagrad, {"lr": 0.1, "lr_decay": 0.01, "initial_accumulator_value": 0.1, "weight_decay": 0.01}),
+    ("adam", {"lr": 0.01}, torch.optim.Adam, {"lr": 0.01}),
+    ("adam", {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "weight_decay": 0.1, "amsgrad": 1}, torch.optim.Adam,
+     {"lr": 0.01, "betas": (0.8, 0.99), "weight_decay": 0.1, "amsgrad": True}),
+    ("adamw", {"lr": 0.01, "weight_decay": 0.1}, torch.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1}),
+    ("adamw", {"lr": 0.01, "amsgrad": 1}, torch.optim.AdamW, {"lr": 0.01, "amsgrad": True}),
+    ("adamax", {"lr": 0.01, "weight_decay": 0.01}, torch.optim.Adamax, {"lr": 0.01, "weight_decay": 0.01}),
+    ("rmsprop", {"lr": 0.01}, torch.optim.RMSprop, {"lr": 0.01}),
+    ("rmsprop", {"lr": 0.01, "momentum": 0.5, "centered": 1, "weight_decay": 0.01}, torch.optim.RMSprop,
+     {"lr": 0.01, "momentum": 0.5, "centered": True, "weight_decay": 0.01}),
+    ("adadelta", {"lr": 1.0, "weight_decay": 0.01}, torch.optim.Adadelta, {"lr": 1.0, "weight_decay": 0.01}),
+    ("asgd", {"lr": 0.01, "t0": 2}, torch.optim.ASGD, {"lr": 0.01, "t0": 2}),
+    ("rprop", {"lr": 0.01}, torch.optim.Rprop, {"lr": 0.01}),
+]
+IDS = [f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+
+
+def check_against_torch(case, device, table_dtype=torch.float32, steps=5, pinned=False, fraction=None):
+    name, options, cls, kwargs = case
+    n, d = 300, 24
+    if fraction is not None:
+        speedtorch.set_transfer_config(uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0)
+    values = torch.randn(n, d).to(table_dtype)
+    weights = speedtorch.pinned_empty(n, d, dtype=table_dtype) if pinned else torch.empty(n, d, dtype=table_dtype)
+    weights.copy_(values)
+    state = speedtorch.pinned_empty(n, 4 + 3 * d) if pinned else torch.zeros(n, 4 + 3 * d)
+    if device == "cuda" and not pinned:
+        weights, state = weights.cuda(), state.cuda()
+    rows = torch.randperm(n)[:40]
+    reference = torch.nn.Parameter(values[rows].float().clone())
+    opt = cls([reference], **kwargs)
+    for step in range(1, steps + 1):
+        order = torch.randint(0, 40, (90,))  # every touched row several times, in any order
+        order[:40] = torch.arange(40)
+        grad = torch.randn(90, d)
+        torch.ops.speedtorch.row_optimizer_step_(weights, state, rows[order].to(device), grad.to(device), name,
+                                                 options, step)
+        reference.grad = torch.zeros(40, d).index_add_(0, order, grad)
+        opt.step()
+        if table_dtype != torch.float32:  # the table rounds each step; so must the reference
+            with torch.no_grad():
+                reference.copy_(reference.to(table_dtype).float())
+    if device == "cuda":
+        torch.cuda.synchronize()
+    tol = 1e-5 if table_dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(weights.cpu()[rows].float(), reference.detach(), rtol=tol, atol=tol)
+    untouched = torch.ones(n, dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(weights.cpu()[untouched], values[untouched])  # lazy: rows not in the batch never move
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_cpu_matches_torch_optim(case):
+    check_against_torch(case, "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_tables(dtype):
+    check_against_torch(CASES[4], "cpu", table_dtype=dtype)
+
+
+def test_per_row_step_bias_correction():
+    """With per-row steps, a row touched for the first time at table step 10 is corrected as step 1."""
+    n, d = 20, 4
+    w = torch.randn(n, d)
+    state = torch.zeros(n, 4 + 2 * d)
+    for step in range(1, 10):
+        torch.ops.speedtorch.row_optimizer_step_(w, state, torch.tensor([0]), torch.randn(1, d), "adam",
+                                                 {"lr": 0.1, "per_row_step": 1}, step)
+    before = w[5].clone()
+    g = torch.randn(1, d)
+    torch.ops.speedtorch.row_optimizer_step_(w, state, torch.tensor([5]), g, "adam", {"lr": 0.1, "per_row_step": 1},
+                                             10)
+    p = torch.nn.Parameter(before.clone())
+    p.grad = g[0]
+    torch.optim.Adam([p], lr=0.1).step()  # a fresh Adam: its first step
+    torch.testing.assert_close(w[5], p.detach())
+    assert state[5, :1].view(torch.int32).item() == 1 and state[0, :1].view(torch.int32).item() == 9
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        ("adamm", {}, "unknown optimizer 'adamm'"),
+        ("adam", {"momentum": 0.9}, "option 'momentum' does not apply to adam"),
+        ("adam", {"lr": -1.0}, "lr must be >= 0"),
+        ("adam", {"amsgrad": 0.5}, "flag: 0 or 1"),
+        ("sparse_adam", {"weight_decay": 0.1}, "does not apply"),
+        ("sgd", {"nesterov": 1}, "nesterov needs momentum"),
+    ],
+)
+def test_bad_options(name, options, message):
+    w, state = torch.randn(4, 2), torch.zeros(4, 16)
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.speedtorch.row_optimizer_step_(w, state, torch.tensor([0]), torch.randn(1, 2), name, options, 1)
+
+
+def test_bad_arguments():
+    w, state = torch.randn(4, 2), torch.zeros(4, 8)
+    step = torch.ops.speedtorch.row_optimizer_step_
+    with pytest.raises(IndexError, match="holds 4 at flat position 1"):
+        step(w, state, torch.tensor([0, 4]), torch.randn(2, 2), "adam", {}, 1)
+    with pytest.raises(RuntimeError, match=r"state must be float32 \(4, >= 8\)"):
+        step(w, torch.zeros(4, 7), torch.tensor([0]), torch.randn(1, 2), "adam", {}, 1)
+    with pytest.raises(RuntimeError, match="grad must have shape"):
+        step(w, state, torch.tensor([0]), torch.randn(2, 2), "adam", {}, 1)
+    with pytest.raises(RuntimeError, match="step must be >= 1"):
+        step(w, state, torch.tensor([0]), torch.randn(1, 2), "adam", {}, 0)
+    assert torch.count_nonzero(state) == 0  # nothing was touched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("fraction", [1.0, 0.5, 0.0])
+def test_gpu_pinned_table_matches_torch_optim(case, fraction):
+    check_against_torch(case, "cuda", pinned=True, fraction=fraction)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES[4:6], ids=IDS[4:6])
+def test_gpu_resident_table_matches_torch_optim(case):
+    check_against_torch(case, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_half_tables(dtype):
+    check_against_torch(CASES[4], "cuda", table_dtype=dtype, pinned=True, fraction=1.0)
