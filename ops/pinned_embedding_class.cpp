@@ -24,5 +24,15 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
            {torch::arg("low") = -0.05, torch::arg("high") = 0.05, torch::arg("seed") = c10::IValue()})
       .def("normal_", &PinnedEmbedding::normal_, "",
            {torch::arg("mean") = 0.0, torch::arg("std") = 1.0, torch::arg("seed") = c10::IValue()})
-      .def("copy_", &PinnedEmbedding::copy_, "", {torch::arg("src")});
+      .def("copy_", &PinnedEmbedding::copy_, "", {torch::arg("src")})
+      .def("set_optimizer", &PinnedEmbedding::set_optimizer,
+           "Configures the fused optimizer (torch.optim names and options) and allocates its state",
+           {torch::arg("kind"), torch::arg("options"), torch::arg("state_beside_rows") = true})
+      .def("apply_gradients", &PinnedEmbedding::apply_gradients,
+           "One optimizer step on the rows indices name (duplicates' gradients summed)",
+           {torch::arg("indices"), torch::arg("grad")})
+      .def("optimizer", &PinnedEmbedding::optimizer)
+      .def("optimizer_options", &PinnedEmbedding::optimizer_options)
+      .def("state", &PinnedEmbedding::state)
+      .def("step_count", &PinnedEmbedding::step_count);
 }

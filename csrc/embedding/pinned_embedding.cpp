@@ -9,7 +9,9 @@
 #include <mutex>
 
 #include "memory/pinned_host_buffer.h"
+#include "optim/optimizer_config.h"
 #include "row_ops.h"
+#include "row_optimizer_op.h"
 #include "transfer/host_access_tracker.h"
 
 namespace speedtorch {
@@ -34,7 +36,10 @@ PinnedEmbedding::PinnedEmbedding(int64_t num_rows, int64_t dim, c10::ScalarType 
   TORCH_CHECK(num_rows >= 0, "PinnedEmbedding: num_rows must be >= 0, got ", num_rows);
   TORCH_CHECK(dim > 0, "PinnedEmbedding: dim must be > 0, got ", dim);
   check_dtype(dtype);
-  table_ = pinned_empty({num_rows, dim}, dtype);
+  TORCH_CHECK(num_rows <= INT64_MAX / dim / 8, "PinnedEmbedding: ", num_rows, " x ", dim, " rows overflow");
+  const int64_t bytes = num_rows * dim * static_cast<int64_t>(c10::elementSize(dtype));
+  table_buffer_ = std::make_shared<PinnedHostBuffer>(bytes == 0 ? 1 : bytes);
+  table_ = tensor_over(table_buffer_, 0, {num_rows, dim}, {dim, 1}, dtype);
 }
 
 at::Tensor PinnedEmbedding::gather(const at::Tensor& indices, std::optional<at::Device> device) const {
@@ -47,7 +52,54 @@ at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor
 
 bool PinnedEmbedding::is_pinned() const { return is_pinned_host_memory(table_.storage().data()); }
 
-int64_t PinnedEmbedding::nbytes() const { return static_cast<int64_t>(table_.nbytes()); }
+int64_t PinnedEmbedding::nbytes() const {
+  return static_cast<int64_t>(table_buffer_->size() + (state_buffer_ ? state_buffer_->size() : 0));
+}
+
+void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options,
+                                    bool state_beside_rows) {
+  const OptimizerHyper hyper = parse_optimizer(kind, options);  // validates before anything moves
+  const int64_t n = num_rows();
+  const int64_t d = dim();
+  const auto elem = static_cast<int64_t>(table_.element_size());
+  // State rows (and, side by side, whole records) stay 16-byte aligned for the kernels' vector accesses.
+  const int64_t state_floats = (kStateHeaderFloats + state_slots(hyper) * d + 3) / 4 * 4;
+  wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
+  if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kWrite);
+  if (state_beside_rows) {
+    const int64_t weight_bytes = (d * elem + 15) / 16 * 16;
+    const int64_t record = weight_bytes + state_floats * 4;
+    auto buffer = std::make_shared<PinnedHostBuffer>(n == 0 ? 1 : static_cast<std::size_t>(n * record));
+    at::Tensor weights = tensor_over(buffer, 0, {n, d}, {record / elem, 1}, table_.scalar_type());
+    weights.copy_(table_);
+    state_ = tensor_over(buffer, weight_bytes, {n, state_floats}, {record / 4, 1}, at::kFloat);
+    table_ = weights;
+    table_buffer_ = std::move(buffer);
+    state_buffer_.reset();
+  } else {
+    if (table_.stride(0) != d) {  // leaving a side-by-side layout: make the rows dense again
+      auto buffer = std::make_shared<PinnedHostBuffer>(n * d * elem == 0 ? 1 : static_cast<std::size_t>(n * d * elem));
+      at::Tensor weights = tensor_over(buffer, 0, {n, d}, {d, 1}, table_.scalar_type());
+      weights.copy_(table_);
+      table_ = weights;
+      table_buffer_ = std::move(buffer);
+    }
+    state_buffer_ = std::make_shared<PinnedHostBuffer>(n == 0 ? 1 : static_cast<std::size_t>(n * state_floats * 4));
+    state_ = tensor_over(state_buffer_, 0, {n, state_floats}, {state_floats, 1}, at::kFloat);
+  }
+  optimizer_ = optimizer_name(hyper.kind);
+  options_ = options.copy();
+  step_ = 0;
+}
+
+void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tensor& grad) {
+  TORCH_CHECK(state_.defined(), "PinnedEmbedding.apply_gradients: no optimizer; call set_optimizer(kind, options) "
+              "first");
+  at::Tensor weights = table_;
+  at::Tensor state = state_;
+  ops::row_optimizer_step_(weights, state, indices, grad, optimizer_, options_, step_ + 1);
+  ++step_;  // only once the step went through
+}
 
 template <typename Fill>
 void PinnedEmbedding::fill_by_chunks(std::optional<int64_t> seed, Fill&& fill) {

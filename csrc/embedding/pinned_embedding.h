@@ -3,13 +3,18 @@
 // share one object; every row operation goes through the dispatcher's speedtorch::gather / scatter_.
 #pragma once
 
+#include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <torch/custom_class.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
+
+#include "memory/pinned_host_buffer.h"
 
 namespace speedtorch {
 
@@ -26,8 +31,23 @@ class PinnedEmbedding : public torch::CustomClassHolder {
 
   int64_t num_rows() const { return table_.size(0); }
   int64_t dim() const { return table_.size(1); }
-  // Host bytes owned (table; optimizer state joins it later).
+  // Host bytes owned: the table and its optimizer state.
   int64_t nbytes() const;
+
+  // Configures the fused optimizer (names and options as optim/optimizer_config.h: torch.optim's, e.g. "adam",
+  // {"lr": 1e-3}). Allocates its state, zeroed, exact-size in pinned memory: beside each row (one host page walk
+  // per row for weights and state) unless state_beside_rows is false (a table of its own). The weights move into
+  // the new layout (for a moment both layouts exist). Configuring again resets the state and the step count.
+  void set_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options, bool state_beside_rows);
+  // One optimizer step on the rows `indices` name: grad (indices.shape + (dim,), any device) is summed per distinct
+  // row, then rows and state are updated in place (speedtorch::row_optimizer_step_). Needs set_optimizer first.
+  void apply_gradients(const at::Tensor& indices, const at::Tensor& grad);
+  // The optimizer's name ("" when none), options, state (num_rows x state width float32; undefined when none), and
+  // the table-wide step count.
+  std::string optimizer() const { return optimizer_; }
+  c10::Dict<std::string, double> optimizer_options() const { return options_; }
+  at::Tensor state() const { return state_; }
+  int64_t step_count() const { return step_; }
   bool is_pinned() const;
   // The host table itself (shares memory). Host-side reads and writes of it are not ordered after GPU work that
   // is still running: synchronise the stream first.
@@ -45,7 +65,13 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   template <typename Fill>
   void fill_by_chunks(std::optional<int64_t> seed, Fill&& fill);
 
+  std::shared_ptr<PinnedHostBuffer> table_buffer_;
+  std::shared_ptr<PinnedHostBuffer> state_buffer_;  // null when the state sits in table_buffer_ or there is none
   at::Tensor table_;
+  at::Tensor state_;
+  std::string optimizer_;
+  c10::Dict<std::string, double> options_;
+  int64_t step_ = 0;
 };
 
 }  // namespace speedtorch

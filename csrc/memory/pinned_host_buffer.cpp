@@ -2,6 +2,7 @@
 #include "memory/pinned_host_buffer.h"
 
 #include <ATen/ops/from_blob.h>
+#include <c10/util/strides.h>
 #include <c10/util/Exception.h>
 
 #include <sys/mman.h>
@@ -102,9 +103,17 @@ at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype) {
   const std::size_t bytes = count * c10::elementSize(dtype);
   // A zero-size table still gets one page so every table has a valid, pinned base pointer.
   auto buffer = std::make_shared<PinnedHostBuffer>(bytes == 0 ? 1 : bytes);
-  void* data = buffer->data();
+  return tensor_over(buffer, 0, sizes, c10::contiguous_strides(sizes), dtype);
+}
+
+at::Tensor tensor_over(const std::shared_ptr<PinnedHostBuffer>& buffer, int64_t offset_bytes, at::IntArrayRef sizes,
+                       at::IntArrayRef strides, c10::ScalarType dtype) {
+  TORCH_CHECK(offset_bytes >= 0 && static_cast<std::size_t>(offset_bytes) <= buffer->size(),
+              "speedtorch: view offset ", offset_bytes, " outside a buffer of ", buffer->size(), " bytes");
+  void* data = static_cast<char*>(buffer->data()) + offset_bytes;
   return at::from_blob(
-      data, sizes, [buffer](void*) mutable { buffer.reset(); }, at::TensorOptions().dtype(dtype).device(at::kCPU));
+      data, sizes, strides, [keep = buffer](void*) mutable { keep.reset(); },
+      at::TensorOptions().dtype(dtype).device(at::kCPU));
 }
 
 }  // namespace speedtorch

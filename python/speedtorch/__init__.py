@@ -27,6 +27,8 @@ from .ops import (  # noqa: E402
 #: TorchScript (as a module attribute) and C++.
 PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
 
+from . import nn  # noqa: E402  (speedtorch.nn.HostEmbedding)
+
 __version__ = "0.1.0"
 
 
@@ -40,6 +42,7 @@ __all__ = [
     "build_info",
     "check_index_errors",
     "gather",
+    "nn",
     "library_path",
     "pinned_empty",
     "scatter_",

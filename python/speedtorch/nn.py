@@ -1,0 +1,196 @@
+"""``speedtorch.nn.HostEmbedding``: a drop-in for ``nn.Embedding`` / ``nn.EmbeddingBag`` whose table and optimizer
+state live in a :class:`speedtorch.PinnedEmbedding` in pinned host RAM.
+
+Forward gathers the batch's distinct rows to the compute device; backward yields one summed gradient per distinct
+row; the update runs fused on the host-resident rows and their state (``speedtorch::row_optimizer_step_``), either
+inside backward (``update="backward"``, as FBGEMM's TBE does) or at an explicit :meth:`HostEmbedding.step`. The rest
+of the model keeps its ordinary torch optimizer. Only the batch's rows ever occupy GPU memory.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import PinnedEmbedding
+
+__all__ = ["HostEmbedding"]
+
+
+class _HostRows(torch.autograd.Function):
+    """Rows of the table for distinct ids; backward hands their gradient to the module instead of to a leaf."""
+
+    @staticmethod
+    def forward(ctx, anchor, module, unique, rows):
+        ctx.module = module
+        ctx.unique = unique
+        return rows
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        ctx.module._receive_gradient(ctx.unique, grad_rows)
+        return None, None, None, None
+
+
+class HostEmbedding(torch.nn.Module):
+    """An embedding table of ``num_embeddings x embedding_dim`` in pinned host memory, trained by a fused optimizer.
+
+    Args:
+        num_embeddings, embedding_dim: table size.
+        mode: ``None`` for ``nn.Embedding`` behaviour, ``"sum"`` or ``"mean"`` for ``nn.EmbeddingBag``.
+        optimizer: ``"sgd"``, ``"adagrad"``, ``"adam"``, ``"adamw"``, ``"adamax"``, ``"rmsprop"``, ``"adadelta"``,
+            ``"asgd"`` or ``"rprop"`` (torch.optim's math, applied lazily to the touched rows).
+        optimizer_options: torch.optim's hyper-parameters by name (``betas`` as ``beta1``/``beta2``; booleans as
+            0/1), e.g. ``{"lr": 1e-3, "weight_decay": 0.0}``; ``per_row_step=1`` for per-row bias correction.
+        update: ``"step"`` (gradients wait for :meth:`step`) or ``"backward"`` (applied as backward reaches the rows).
+        device: where forward's output lives (default: the current CUDA device when there is one, else the CPU).
+        dtype: table dtype (float32, float16, bfloat16); optimizer state is float32.
+        state_beside_rows: keep each row's optimizer state next to it in host memory (one page walk per row).
+        init_std: the table starts as N(0, init_std^2) (nn.Embedding's N(0, 1) by default).
+        seed: seed of that initialisation (default: from torch's generator).
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        mode: Optional[str] = None,
+        optimizer: str = "adam",
+        optimizer_options: Optional[dict] = None,
+        update: str = "step",
+        device: Optional[torch.device | str] = None,
+        dtype: torch.dtype = torch.float32,
+        state_beside_rows: bool = True,
+        init_std: float = 1.0,
+        seed: Optional[int] = None,
+    ):
+        super().__init__()
+        if mode not in (None, "sum", "mean"):
+            raise ValueError(f"HostEmbedding: mode must be None, 'sum' or 'mean', got {mode!r}")
+        if update not in ("step", "backward"):
+            raise ValueError(f"HostEmbedding: update must be 'step' or 'backward', got {update!r}")
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.mode = mode
+        self.update = update
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.table = PinnedEmbedding(num_embeddings, embedding_dim, dtype)
+        self.table.normal_(0.0, init_std, seed)
+        options = {k: float(v) for k, v in (optimizer_options or {}).items()}
+        self.table.set_optimizer(optimizer, options, state_beside_rows)
+        # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input.
+        self._anchor = torch.zeros(0, requires_grad=True)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._prefetched = None
+        self._updated_since_prefetch: list[torch.Tensor] = []
+        self._side_stream = None
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode}, optimizer={self.table.optimizer()}, "
+                f"update={self.update}, device={self.device}")
+
+    # --- forward / backward -------------------------------------------------------------------------------------
+
+    def forward(self, input: torch.Tensor, offsets: Optional[torch.Tensor] = None,
+                per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.mode is None and (offsets is not None or per_sample_weights is not None):
+            raise ValueError("HostEmbedding: offsets and per_sample_weights need mode='sum' or 'mean'")
+        unique, inverse, rows = self._rows_for(input)
+        if torch.is_grad_enabled():
+            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        if self.mode is None:
+            return F.embedding(inverse, rows)
+        if offsets is not None:
+            offsets = offsets.to(self.device)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(self.device)
+        return F.embedding_bag(inverse, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights)
+
+    def _rows_for(self, input: torch.Tensor):
+        if self._prefetched is not None and self._prefetched[0] is input:
+            return self._take_prefetched()
+        ids = input.to(self.device, non_blocking=True)
+        unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+        return unique, inverse, self.table.gather(unique, self.device)
+
+    def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
+        if self.update == "backward":
+            self._apply(unique, grad_rows)
+        else:
+            self._pending.append((unique, grad_rows))
+
+    def _apply(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
+        self.table.apply_gradients(unique, grad_rows)
+        if self._prefetched is not None:
+            self._updated_since_prefetch.append(unique)
+
+    # --- optimizer -------------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Applies the gradients of every backward since the last step in one fused update (a row reached by several
+        backward passes gets the sum of their gradients). Nothing to do with ``update="backward"``."""
+        if not self._pending:
+            return
+        if len(self._pending) == 1:
+            unique, grad = self._pending[0]
+        else:
+            unique = torch.cat([u for u, _ in self._pending])
+            grad = torch.cat([g for _, g in self._pending])
+        self._pending.clear()
+        self._apply(unique, grad)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
+        """Drops gradients not yet applied by :meth:`step`."""
+        self._pending.clear()
+
+    # --- prefetch -------------------------------------------------------------------------------------------------
+
+    def prefetch(self, next_input: torch.Tensor) -> None:
+        """Starts gathering the rows of the next batch on a side stream while this step computes. Pass the same
+        tensor object to the next forward. Rows that this step's update changes after the prefetch read them are
+        gathered again at that forward, on the current stream, so nothing stale is used."""
+        if self.device.type != "cuda":
+            self._prefetched = (next_input, *self._rows_for(next_input))
+            self._updated_since_prefetch = []
+            return
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(self.device)
+        current = torch.cuda.current_stream(self.device)
+        self._side_stream.wait_stream(current)
+        self._prefetched = None
+        with torch.cuda.stream(self._side_stream):
+            unique, inverse, rows = self._rows_for(next_input)
+            ready = torch.cuda.Event()
+            ready.record(self._side_stream)
+        for t in (unique, inverse, rows):
+            t.record_stream(current)
+        self._prefetched = (next_input, unique, inverse, rows, ready)
+        self._updated_since_prefetch = []
+
+    def _take_prefetched(self):
+        _, unique, inverse, rows, *ready = self._prefetched
+        self._prefetched = None
+        if ready:
+            torch.cuda.current_stream(self.device).wait_event(ready[0])
+        if self._updated_since_prefetch:
+            updated = torch.cat(self._updated_since_prefetch)
+            self._updated_since_prefetch = []
+            stale = torch.isin(unique, updated).nonzero().squeeze(1)
+            if stale.numel():
+                rows = rows.clone()
+                rows[stale] = self.table.gather(unique[stale], self.device)
+        return unique, inverse, rows
+
+    # --- persistence helpers -----------------------------------------------------------------------------------
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The host table (num_embeddings x embedding_dim, pinned; shares memory). Synchronize before reading it
+        while updates may be running."""
+        return self.table.table()

@@ -1,0 +1,162 @@
+"""speedtorch.nn.HostEmbedding and PinnedEmbedding's optimizer: equal to nn.Embedding(sparse=True) + SparseAdam
+(and to nn.EmbeddingBag), per-row gradients, both update modes, prefetch, autocast, TorchScript."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import speedtorch
+from speedtorch.nn import HostEmbedding
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def make_pair(n, d, device, **kwargs):
+    host = HostEmbedding(n, d, device=device, seed=0, **kwargs)
+    ref = torch.nn.Embedding(n, d, sparse=True).to(device)
+    with torch.no_grad():
+        ref.weight.copy_(host.weight)
+    return host, ref
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("update", ["step", "backward"])
+def test_trains_like_sparse_adam(device, update):
+    n, d = 500, 16
+    host, ref = make_pair(n, d, device, optimizer="adam", optimizer_options={"lr": 0.05}, update=update)
+    opt = torch.optim.SparseAdam(ref.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(11)
+    target = torch.randn(d, generator=gen).to(device)
+    for _ in range(6):
+        ids = torch.randint(0, 60, (8, 7), generator=gen)  # skewed: many duplicates
+        loss_h = ((host(ids) - target) ** 2).sum()
+        loss_r = ((ref(ids.to(device)) - target) ** 2).sum()
+        torch.testing.assert_close(loss_h, loss_r, rtol=1e-4, atol=1e-4)
+        loss_h.backward()
+        host.step()
+        opt.zero_grad()
+        loss_r.backward()
+        opt.step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    # SparseAdam adds eps before, Adam after the bias correction of the second moment: equal up to ~1e-5.
+    torch.testing.assert_close(host.weight, ref.weight.detach().cpu(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_modes(mode):
+    n, d = 100, 8
+    host = HostEmbedding(n, d, mode=mode, device="cpu", seed=1, optimizer="sgd", optimizer_options={"lr": 0.5})
+    bag = torch.nn.EmbeddingBag(n, d, mode=mode)
+    with torch.no_grad():
+        bag.weight.copy_(host.weight)
+    ids = torch.randint(0, n, (20,))
+    offsets = torch.tensor([0, 3, 3, 11])
+    out = host(ids, offsets)
+    expected = bag(ids, offsets)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    host.step()
+    with torch.no_grad():
+        bag.weight -= 0.5 * bag.weight.grad
+    torch.testing.assert_close(host.weight, bag.weight.detach())
+
+
+def test_gradient_is_summed_per_distinct_row():
+    host = HostEmbedding(50, 4, device="cpu", seed=2)
+    ids = torch.tensor([[3, 3, 9], [9, 3, 1]])
+    weights = torch.randn(2, 3, 4)
+    (host(ids) * weights).sum().backward()
+    (unique, grad), = host._pending
+    assert unique.tolist() == [1, 3, 9]
+    expected = torch.zeros(50, 4).index_add_(0, ids.reshape(-1), weights.reshape(-1, 4))[unique]
+    torch.testing.assert_close(grad, expected)
+    host.zero_grad()
+    assert not host._pending
+
+
+def test_only_touched_rows_move_and_state_is_counted():
+    host = HostEmbedding(1000, 8, device="cpu", seed=3, optimizer="adam")
+    assert host.table.nbytes() >= 1000 * (8 * 4 + 2 * 8 * 4)
+    before = host.weight.clone()
+    host(torch.tensor([5, 6])).sum().backward()
+    host.step()
+    moved = (host.weight != before).any(1).nonzero().squeeze(1).tolist()
+    assert moved == [5, 6]
+    assert host.table.step_count() == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefetch_sees_the_current_steps_update(device):
+    host = HostEmbedding(200, 8, device=device, seed=4, optimizer="sgd", optimizer_options={"lr": 1.0})
+    first = torch.tensor([1, 2, 3])
+    second = torch.tensor([3, 4])  # row 3 is updated by the first step after the prefetch starts
+    out = host(first)
+    host.prefetch(second)
+    out.sum().backward()
+    host.step()
+    got = host(second)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    torch.testing.assert_close(got.cpu(), host.weight[second])
+
+
+def test_autocast_forward_and_update():
+    host = HostEmbedding(100, 8, device="cpu", seed=5, optimizer="sgd", optimizer_options={"lr": 0.1})
+    lin = torch.nn.Linear(8, 1)
+    before = host.weight.clone()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = lin(host(torch.tensor([1, 2, 3])))
+    out.float().sum().backward()
+    host.step()
+    assert not torch.equal(before[1:4], host.weight[1:4])
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="mode must be"):
+        HostEmbedding(10, 4, mode="max")
+    with pytest.raises(ValueError, match="update must be"):
+        HostEmbedding(10, 4, update="later")
+    with pytest.raises(RuntimeError, match="unknown optimizer"):
+        HostEmbedding(10, 4, optimizer="lamb")
+    e = speedtorch.PinnedEmbedding(10, 4)
+    with pytest.raises(RuntimeError, match="no optimizer"):
+        e.apply_gradients(torch.tensor([1]), torch.randn(1, 4))
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_state_layouts_agree(beside):
+    results = []
+    for layout in (True, beside):
+        e = speedtorch.PinnedEmbedding(64, 6)
+        e.normal_(0.0, 1.0, 9)
+        e.set_optimizer("adamw", {"lr": 0.1}, layout)
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            ids = torch.randint(0, 64, (30,), generator=gen)
+            e.apply_gradients(ids, torch.randn(30, 6, generator=gen))
+        results.append(e.table().clone())
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+
+
+def test_scripted_training_step():
+    @torch.jit.script
+    def train_step(table: torch.classes.speedtorch.PinnedEmbedding, ids: torch.Tensor, target: torch.Tensor):
+        rows = table.gather(ids, None).requires_grad_()
+        loss = ((rows - target) ** 2).sum()
+        grads = torch.autograd.grad([loss], [rows])
+        grad = grads[0]
+        assert grad is not None
+        table.apply_gradients(ids, grad)
+        return loss
+
+    e = speedtorch.PinnedEmbedding(20, 3)
+    e.normal_(0.0, 1.0, 0)
+    e.set_optimizer("sgd", {"lr": 0.25}, True)
+    ids = torch.tensor([2, 5])
+    target = torch.zeros(3)
+    first = float(train_step(e, ids, target))
+    second = float(train_step(e, ids, target))
+    assert second < first
