@@ -1,4 +1,4 @@
-"""Command line: `python -m speedtorch info | demo`."""
+"""Command line: `python -m speedtorch info | demo | transfer-demo`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    usage = "usage: python -m speedtorch {info,demo} [options]  (demo --help for its options)"
+    usage = ("usage: python -m speedtorch {info,demo,transfer-demo} [options]  (demo --help for its options)\n"
+             "  info           versions, build, GPUs and their PCIe links, host RAM, pinned copy bandwidth\n"
+             "  demo           trains a recommender with its user table in pinned host RAM (the main job)\n"
+             "  transfer-demo  gathers/scatters batches of rows, speedtorch against plain torch")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0
@@ -18,9 +21,13 @@ def main(argv: list[str] | None = None) -> int:
         print(report())
         return 0
     if command == "demo":
-        from .transfer_demo import main as demo
+        from .train_demo import main as demo
 
         return demo(rest)
+    if command == "transfer-demo":
+        from .transfer_demo import main as transfer_demo
+
+        return transfer_demo(rest)
     print(f"unknown command {command!r}\n{usage}", file=sys.stderr)
     return 2
 

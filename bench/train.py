@@ -1,0 +1,127 @@
+"""End-to-end training benchmark (design.md §4-5) and the fused optimizer step micro-benchmark, side by side in
+one run, with ratios.
+
+Training: a `--rows` x `--dim` user table trained with Adam, batches of `--batch` Zipf(1.2) user ids, a `--items`
+item table on the GPU, dot product + BCE (speedtorch.recommender), each way of speedtorch.recommender.WAYS timed
+per step (median after warm-up). Fused step: Adam on `--fused-rows` distinct random rows of a pinned table, against
+the PCIe bound (bytes each way / contiguous pinned memcpy rate; the two directions overlap). Scale: the speedtorch
+way again on a table of `--scale-rows` rows (weights + Adam state larger than the GPU's memory when big enough).
+
+    python bench/train.py                        # design workload (GPU; ~60 GB of host RAM across the ways)
+    python bench/train.py --scale-rows 56000000  # plus a table past GPU memory (~87 GB of host RAM)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+import speedtorch  # noqa: E402
+from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: E402
+from speedtorch.recommender import WAYS, make_way, zipf_batches  # noqa: E402
+
+# Measured before this project on the same kind of machine (design.md §4): SpeedTorch is not installable here.
+SPEEDTORCH_2019_MS = 7.57
+
+
+def time_way(way_name, rows, args, batches, device):
+    way = make_way(way_name, rows, args.dim, args.items, device, args.lr)
+    for i in range(args.warmup):
+        way.step(*batches[i % len(batches)])
+    times, losses = [], []
+    for i in range(args.steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = way.step(*batches[i % len(batches)])
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss.detach()))
+    del way
+    gc.collect()
+    torch.cuda.empty_cache()
+    return statistics.median(times) * 1e3, losses[0], losses[-1]
+
+
+def fused_step_bench(args):
+    emb = speedtorch.PinnedEmbedding(args.rows, args.dim)
+    emb.uniform_(-0.1, 0.1, 0)
+    emb.set_optimizer("adam", {"lr": 1e-3}, True)
+    rows = torch.randperm(args.rows)[: args.fused_rows].cuda()
+    grad = torch.randn(args.fused_rows, args.dim, device="cuda")
+    step = median_seconds(lambda: emb.apply_gradients(rows, grad), args.reps)
+    # Per row, each way: weights + header + exp_avg + exp_avg_sq.
+    row_bytes = args.dim * 4 + emb.state().shape[1] * 4
+    host = torch.empty(args.fused_rows * row_bytes // 4, pin_memory=True)
+    dev = torch.empty_like(host, device="cuda")
+    h2d = gbps(host.numel() * 4, median_seconds(lambda: dev.copy_(host, non_blocking=True), args.reps))
+    bound = args.fused_rows * row_bytes / (h2d * 1e9)
+    result = {"rows": args.fused_rows, "ms": step * 1e3, "pcie bound ms": bound * 1e3, "of bound": bound / step,
+              "GB/s each way": gbps(args.fused_rows * row_bytes, step), "memcpy GB/s": h2d}
+    del emb
+    gc.collect()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=65_536)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--ways", type=lambda s: s.split(","), default=list(WAYS))
+    parser.add_argument("--fused-rows", type=int, default=131_072)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--scale-rows", type=int, default=0, help="also train the speedtorch way on this many rows")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/train.py needs a GPU (the CPU path is exercised by `python -m speedtorch demo --cpu`)")
+        return 0
+    device = torch.device("cuda")
+    batches = [tuple(t.to(device) for t in b) for b in zipf_batches(args.rows, args.batch, 8, num_items=args.items)]
+    print(f"threads {torch.get_num_threads()}; user table {args.rows:,} x {args.dim}; batch {args.batch:,}; "
+          f"distinct users per batch ~{len(torch.unique(batches[0][0])):,}", flush=True)
+
+    results = []
+    for way in args.ways:
+        ms, first, last = time_way(way, args.rows, args, batches, device)
+        results.append({"way": way, "rows": args.rows, "ms/step": ms, "first loss": first, "last loss": last})
+        print(results[-1], flush=True)
+    if args.scale_rows:
+        scale_batches = [tuple(t.to(device) for t in b)
+                         for b in zipf_batches(args.scale_rows, args.batch, 8, num_items=args.items)]
+        ms, first, last = time_way("speedtorch", args.scale_rows, args, scale_batches, device)
+        results.append({"way": "speedtorch (scale)", "rows": args.scale_rows, "ms/step": ms, "first loss": first,
+                        "last loss": last})
+        print(results[-1], flush=True)
+    by_way = {r["way"]: r["ms/step"] for r in results}
+    base = by_way.get("speedtorch")
+    for r in results:
+        r["speedtorch speedup"] = r["ms/step"] / base if base else float("nan")
+    print(format_table(results, ["way", "rows", "ms/step", "speedtorch speedup", "first loss", "last loss"]))
+    if base:
+        print(f"speedtorch vs SpeedTorch 2019 ({SPEEDTORCH_2019_MS} ms, design.md §4, not re-run): "
+              f"{SPEEDTORCH_2019_MS / base:.2f}x")
+        if "speedtorch (scale)" in by_way:
+            print(f"scale: {by_way['speedtorch (scale)'] / base:.3f}x the step time of the {args.rows:,}-row table")
+
+    fused = fused_step_bench(args)
+    print(format_table([fused], list(fused.keys())))
+    if args.json:
+        args.json.write_text(json.dumps({"train": results, "fused_step": fused}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
