@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build (sm_90 only, for speed), C++ and Python tests with CUDA, the transfer
-# benchmark, the CPU-path benchmark, and (SANITIZE=1) compute-sanitizer over the GPU tests. Logs and JSON go to $OUT
-# (or bench/out). Usage: bash bench/device_run.sh [bench args...]
+# benchmark, the CPU-path benchmark, and (SANITIZE=1) compute-sanitizer over the GPU tests. TRAIN=1 adds
+# bench/train.py (SCALE_ROWS=N adds its scale run); TRANSFER=0 stops before the transfer benchmarks. Logs and JSON
+# go to $OUT (or bench/out). Usage: bash bench/device_run.sh [transfer bench args...]
 set -u
 OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
@@ -34,6 +35,12 @@ PYTHONPATH=python $PY -m speedtorch info
 step demo
 PYTHONPATH=python $PY -m speedtorch demo --no-progress
 
+if [ "${TRAIN:-0}" = 1 ]; then
+  step train
+  $PY bench/train.py --json "$OUT/train.json" ${SCALE_ROWS:+--scale-rows $SCALE_ROWS} 2>&1 | tee "$OUT/train.log" | tail -20
+fi
+
+[ "${TRANSFER:-1}" = 1 ] || exit 0
 step bench
 $PY bench/transfer.py --torch-pinned-rss --json "$OUT/transfer.json" "$@" 2>&1 | tee "$OUT/transfer.log" | tail -80
 
