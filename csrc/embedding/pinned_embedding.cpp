@@ -71,7 +71,7 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
     const int64_t record = weight_bytes + state_floats * 4;
     auto buffer = std::make_shared<PinnedHostBuffer>(n == 0 ? 1 : static_cast<std::size_t>(n * record));
     at::Tensor weights = tensor_over(buffer, 0, {n, d}, {record / elem, 1}, table_.scalar_type());
-    weights.copy_(table_);
+    move_rows(weights);
     state_ = tensor_over(buffer, weight_bytes, {n, state_floats}, {record / 4, 1}, at::kFloat);
     table_ = weights;
     table_buffer_ = std::move(buffer);
@@ -80,7 +80,7 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
     if (table_.stride(0) != d) {  // leaving a side-by-side layout: make the rows dense again
       auto buffer = std::make_shared<PinnedHostBuffer>(n * d * elem == 0 ? 1 : static_cast<std::size_t>(n * d * elem));
       at::Tensor weights = tensor_over(buffer, 0, {n, d}, {d, 1}, table_.scalar_type());
-      weights.copy_(table_);
+      move_rows(weights);
       table_ = weights;
       table_buffer_ = std::move(buffer);
     }
@@ -90,6 +90,20 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
   optimizer_ = optimizer_name(hyper.kind);
   options_ = options.copy();
   step_ = 0;
+}
+
+void PinnedEmbedding::move_rows(at::Tensor& destination) {
+  // When nothing else shares the old table (no tensor returned by table() is alive), release it chunk by chunk as
+  // the rows move, so a table and its new layout never both exist at full size.
+  const bool sole_owner = table_.storage().use_count() == 1 && table_.is_contiguous();
+  if (sole_owner) table_buffer_->unpin();
+  constexpr int64_t kChunkRows = 1 << 16;
+  const int64_t row_bytes = table_.stride(0) * table_.element_size();
+  for (int64_t first = 0; first < num_rows(); first += kChunkRows) {
+    const int64_t rows = std::min(kChunkRows, num_rows() - first);
+    destination.narrow(0, first, rows).copy_(table_.narrow(0, first, rows));
+    if (sole_owner) table_buffer_->discard(first * row_bytes, rows * row_bytes);
+  }
 }
 
 void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tensor& grad) {

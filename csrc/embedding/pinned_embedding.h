@@ -62,6 +62,9 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   void copy_(const at::Tensor& src);
 
  private:
+  // Copies the rows into `destination` (a new layout), releasing the old table's memory as it goes when possible.
+  void move_rows(at::Tensor& destination);
+
   template <typename Fill>
   void fill_by_chunks(std::optional<int64_t> seed, Fill&& fill);
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 #ifdef SPEEDTORCH_WITH_CUDA
@@ -80,6 +81,25 @@ PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes) : size_(bytes) {
     pinned_ = true;
   }
 #endif
+}
+
+void PinnedHostBuffer::unpin() {
+#ifdef SPEEDTORCH_WITH_CUDA
+  if (pinned_) {
+    C10_CUDA_CHECK(cudaHostUnregister(data_));
+    pinned_ = false;
+  }
+#endif
+}
+
+void PinnedHostBuffer::discard(std::size_t offset, std::size_t bytes) {
+  TORCH_CHECK(!pinned_, "speedtorch: cannot discard pages of page-locked memory; unpin() first");
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t begin = (offset + page - 1) / page * page;
+  const std::size_t end = std::min(offset + bytes, mapped_size_) / page * page;
+  if (end <= begin) return;
+  TORCH_CHECK(madvise(static_cast<char*>(data_) + begin, end - begin, MADV_DONTNEED) == 0,
+              "speedtorch: madvise(MADV_DONTNEED) failed: ", std::strerror(errno));
 }
 
 PinnedHostBuffer::~PinnedHostBuffer() {

@@ -34,6 +34,12 @@ class PinnedHostBuffer {
   // True when registered with CUDA (readable by GPU kernels through UVA).
   bool is_pinned() const { return pinned_; }
 
+  // Unregisters the memory from CUDA (no GPU work may use it any more) so that discard() can release it.
+  void unpin();
+  // Returns the whole pages inside [offset, offset + bytes) to the OS (they read as zero afterwards). Used to
+  // release a table while it is copied into a new layout, so both never exist at full size. Needs unpin() first.
+  void discard(std::size_t offset, std::size_t bytes);
+
  private:
   void* data_ = nullptr;
   std::size_t size_ = 0;

@@ -80,9 +80,10 @@ class HostEmbedding(torch.nn.Module):
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.table = PinnedEmbedding(num_embeddings, embedding_dim, dtype)
-        self.table.normal_(0.0, init_std, seed)
         options = {k: float(v) for k, v in (optimizer_options or {}).items()}
+        # Optimizer first, while the table is still empty: its rows move into the new layout cheaply.
         self.table.set_optimizer(optimizer, options, state_beside_rows)
+        self.table.normal_(0.0, init_std, seed)
         # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input.
         self._anchor = torch.zeros(0, requires_grad=True)
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -109,6 +109,7 @@ class TorchStagedWay(_ItemsMixin):
 
     def step(self, users, items, labels):
         unique, inverse = torch.unique(users, return_inverse=True)
+        unique = unique.cpu()  # the host tables are indexed on the host
         rows = self._fetch(self.table, unique).requires_grad_()
         m, v = self._fetch(self.exp_avg, unique), self._fetch(self.exp_avg_sq, unique)
         loss = self._loss(rows[inverse.to(self.device)], items.to(self.device), labels.to(self.device))

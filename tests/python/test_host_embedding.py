@@ -40,8 +40,9 @@ def test_trains_like_sparse_adam(device, update):
         opt.step()
     if device == "cuda":
         torch.cuda.synchronize()
-    # SparseAdam adds eps before, Adam after the bias correction of the second moment: equal up to ~1e-5.
-    torch.testing.assert_close(host.weight, ref.weight.detach().cpu(), rtol=1e-4, atol=1e-4)
+    # SparseAdam adds eps before the bias correction of the second moment, Adam after it: elements whose gradient
+    # stays near zero may differ by ~lr * 1e-2 (test_row_optimizer.py checks equality with torch.optim.Adam).
+    torch.testing.assert_close(host.weight, ref.weight.detach().cpu(), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
