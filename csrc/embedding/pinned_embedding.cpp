@@ -69,18 +69,22 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
   if (state_beside_rows) {
     const int64_t weight_bytes = (d * elem + 15) / 16 * 16;
     const int64_t record = weight_bytes + state_floats * 4;
-    auto buffer = std::make_shared<PinnedHostBuffer>(n == 0 ? 1 : static_cast<std::size_t>(n * record));
+    // Pinned only once the rows are in: the old table is released as they move, so peak memory stays one table.
+    auto buffer = std::make_shared<PinnedHostBuffer>(n == 0 ? 1 : static_cast<std::size_t>(n * record), false);
     at::Tensor weights = tensor_over(buffer, 0, {n, d}, {record / elem, 1}, table_.scalar_type());
     move_rows(weights);
+    buffer->pin();
     state_ = tensor_over(buffer, weight_bytes, {n, state_floats}, {record / 4, 1}, at::kFloat);
     table_ = weights;
     table_buffer_ = std::move(buffer);
     state_buffer_.reset();
   } else {
     if (table_.stride(0) != d) {  // leaving a side-by-side layout: make the rows dense again
-      auto buffer = std::make_shared<PinnedHostBuffer>(n * d * elem == 0 ? 1 : static_cast<std::size_t>(n * d * elem));
+      auto buffer =
+          std::make_shared<PinnedHostBuffer>(n * d * elem == 0 ? 1 : static_cast<std::size_t>(n * d * elem), false);
       at::Tensor weights = tensor_over(buffer, 0, {n, d}, {d, 1}, table_.scalar_type());
       move_rows(weights);
+      buffer->pin();
       table_ = weights;
       table_buffer_ = std::move(buffer);
     }

@@ -52,7 +52,7 @@ bool is_pinned_host_memory(const void* ptr) {
 #endif
 }
 
-PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes) : size_(bytes) {
+PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes, bool pin_now) : size_(bytes) {
   TORCH_CHECK(bytes > 0, "speedtorch: cannot allocate an empty host buffer");
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   TORCH_CHECK(bytes <= SIZE_MAX - page, "speedtorch: host buffer size ", bytes, " bytes overflows");
@@ -61,25 +61,34 @@ PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes) : size_(bytes) {
   TORCH_CHECK(p != MAP_FAILED, "speedtorch: could not reserve ", bytes, " bytes of host memory (mmap: ",
               std::strerror(errno), "); the table and its optimizer state must fit in host RAM");
   data_ = p;
-#ifdef SPEEDTORCH_WITH_CUDA
-  if (cuda_device_available()) {
-    // PyTorch reports Tensor::is_pinned() only once it has initialised CUDA itself: do it now, so our tables
-    // answer true from the start.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
-    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
-#else
-    at::globalContext().lazyInitCUDA();
-#endif
-    const cudaError_t err = cudaHostRegister(data_, mapped_size_, cudaHostRegisterMapped | cudaHostRegisterPortable);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
+  if (pin_now) {
+    try {
+      pin();
+    } catch (...) {
       munmap(data_, mapped_size_);
       data_ = nullptr;
-      TORCH_CHECK(false, "speedtorch: could not page-lock ", bytes, " bytes of host memory (cudaHostRegister: ",
-                  cudaGetErrorString(err), "); free host RAM or raise the locked-memory limit (ulimit -l)");
+      throw;
     }
-    pinned_ = true;
   }
+}
+
+void PinnedHostBuffer::pin() {
+#ifdef SPEEDTORCH_WITH_CUDA
+  if (pinned_ || !cuda_device_available()) return;
+  // PyTorch reports Tensor::is_pinned() only once it has initialised CUDA itself: do it now, so our tables
+  // answer true from the start.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+#else
+  at::globalContext().lazyInitCUDA();
+#endif
+  const cudaError_t err = cudaHostRegister(data_, mapped_size_, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    TORCH_CHECK(false, "speedtorch: could not page-lock ", size_, " bytes of host memory (cudaHostRegister: ",
+                cudaGetErrorString(err), "); free host RAM or raise the locked-memory limit (ulimit -l)");
+  }
+  pinned_ = true;
 #endif
 }
 

@@ -20,7 +20,7 @@ class PinnedHostBuffer {
  public:
   // Allocates `bytes` (> 0) of zeroed host memory and page-locks it when a CUDA device is present.
   // Throws c10::Error with an actionable message when the memory cannot be had.
-  explicit PinnedHostBuffer(std::size_t bytes);
+  explicit PinnedHostBuffer(std::size_t bytes, bool pin = true);
   ~PinnedHostBuffer();
 
   PinnedHostBuffer(const PinnedHostBuffer&) = delete;
@@ -34,6 +34,8 @@ class PinnedHostBuffer {
   // True when registered with CUDA (readable by GPU kernels through UVA).
   bool is_pinned() const { return pinned_; }
 
+  // Page-locks and registers the memory with CUDA when a device is present (a no-op when already pinned).
+  void pin();
   // Unregisters the memory from CUDA (no GPU work may use it any more) so that discard() can release it.
   void unpin();
   // Returns the whole pages inside [offset, offset + bytes) to the OS (they read as zero afterwards). Used to

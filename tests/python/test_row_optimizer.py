@@ -60,7 +60,7 @@ def check_against_torch(case, device, table_dtype=torch.float32, steps=5, pinned
                 reference.copy_(reference.to(table_dtype).float())
     if device == "cuda":
         torch.cuda.synchronize()
-    tol = 1e-5 if table_dtype == torch.float32 else 1e-2
+    tol = 1e-4 if table_dtype == torch.float32 else 1e-2  # float32 rounding over several steps
     torch.testing.assert_close(weights.cpu()[rows].float(), reference.detach(), rtol=tol, atol=tol)
     untouched = torch.ones(n, dtype=torch.bool)
     untouched[rows] = False
