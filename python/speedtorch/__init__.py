@@ -13,6 +13,7 @@ from ._library import library_path, load_library
 load_library()
 
 from . import _fake  # noqa: E402,F401  (registers fake kernels for torch.compile)
+from .contiguous import ContiguousParams  # noqa: E402
 from .ops import (  # noqa: E402
     check_index_errors,
     gather,
@@ -38,6 +39,7 @@ def build_info() -> str:
 
 
 __all__ = [
+    "ContiguousParams",
     "PinnedEmbedding",
     "build_info",
     "check_index_errors",
