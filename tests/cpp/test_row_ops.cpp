@@ -7,19 +7,12 @@
 
 #include "memory/pinned_host_buffer.h"
 #include "row_ops.h"
+#include "error_text.h"
 
 namespace speedtorch {
 namespace {
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(RowOps, GatherShapesAndValues) {
   at::Tensor table = at::randn({30, 5});
