@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build (sm_90 only, for speed), C++ and Python tests with CUDA, the transfer
 # benchmark, the CPU-path benchmark, and (SANITIZE=1) compute-sanitizer over the GPU tests. TRAIN=1 adds
-# bench/train.py (SCALE_ROWS=N adds its scale run); TRANSFER=0 stops before the transfer benchmarks. Logs and JSON
+# bench/train.py, CONTIG=1 bench/contiguous.py (SCALE_ROWS=N adds its scale run); TRANSFER=0 stops before the transfer benchmarks. Logs and JSON
 # go to $OUT (or bench/out). Usage: bash bench/device_run.sh [transfer bench args...]
 set -u
 OUT=${OUT:-bench/out}
@@ -40,13 +40,6 @@ if [ "${TRAIN:-0}" = 1 ]; then
   $PY bench/train.py --json "$OUT/train.json" ${SCALE_ROWS:+--scale-rows $SCALE_ROWS} 2>&1 | tee "$OUT/train.log" | tail -20
 fi
 
-[ "${TRANSFER:-1}" = 1 ] || exit 0
-step bench
-$PY bench/transfer.py --torch-pinned-rss --json "$OUT/transfer.json" "$@" 2>&1 | tee "$OUT/transfer.log" | tail -80
-
-step cpu-bench
-CUDA_VISIBLE_DEVICES= $PY bench/transfer.py --rows 2000000 --threads 16,2 2>&1 | tail -12
-
 if [ "${SANITIZE:-0}" = 1 ]; then
   step compute-sanitizer
   timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/cpp/speedtorch_cpp_tests \
@@ -56,3 +49,16 @@ if [ "${SANITIZE:-0}" = 1 ]; then
     >"$OUT/memcheck_py.log" 2>&1
   echo "memcheck pytest rc=$?"; tail -4 "$OUT/memcheck_py.log"
 fi
+
+if [ "${CONTIG:-0}" = 1 ]; then
+  step contiguous
+  $PY bench/contiguous.py 2>&1 | tee "$OUT/contiguous.log" | tail -25
+fi
+
+[ "${TRANSFER:-1}" = 1 ] || exit 0
+step bench
+$PY bench/transfer.py --torch-pinned-rss --json "$OUT/transfer.json" "$@" 2>&1 | tee "$OUT/transfer.log" | tail -80
+
+step cpu-bench
+CUDA_VISIBLE_DEVICES= $PY bench/transfer.py --rows 2000000 --threads 16,2 2>&1 | tail -12
+
