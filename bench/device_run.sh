@@ -45,7 +45,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/cpp/speedtorch_cpp_tests \
     --gtest_filter='RowOpsCuda.*' >"$OUT/memcheck_cpp.log" 2>&1; echo "memcheck C++ rc=$?"; tail -3 "$OUT/memcheck_cpp.log"
   timeout ${SANITIZE_PY_SECONDS:-200} compute-sanitizer --tool memcheck --error-exitcode 9 \
-    $PY -m pytest tests/python/test_row_ops_gpu.py -q -x -p no:cacheprovider ${SANITIZE_PY_ARGS:-} \
+    $PY -m pytest tests/python/test_row_ops_gpu.py tests/python/test_row_optimizer.py tests/python/test_host_embedding.py -m gpu -q -x -p no:cacheprovider ${SANITIZE_PY_ARGS:-} \
     >"$OUT/memcheck_py.log" 2>&1
   echo "memcheck pytest rc=$?"; tail -4 "$OUT/memcheck_py.log"
 fi
