@@ -1,0 +1,162 @@
+// JSON request handling for the recommender server (see request_handler.h).
+#include "request_handler.h"
+
+#include <nlohmann/json.hpp>
+
+#include <mutex>
+#include <vector>
+
+namespace speedtorch::serving {
+namespace {
+
+using nlohmann::json;
+
+Response error(int status, const std::string& message) { return {status, json{{"error", message}}.dump()}; }
+
+// Reads a non-empty list of ids in [0, limit) from field `name`; sets `failure` and returns empty otherwise.
+std::vector<int64_t> ids_field(const json& request, const char* name, int64_t limit, int64_t max_batch,
+                               Response& failure) {
+  std::vector<int64_t> ids;
+  if (!request.contains(name) || !request[name].is_array()) {
+    failure = error(400, std::string("field '") + name + "' must be a list of integer ids");
+    return {};
+  }
+  const json& list = request[name];
+  if (list.empty()) {
+    failure = error(400, std::string("field '") + name + "' is empty");
+    return {};
+  }
+  if (static_cast<int64_t>(list.size()) > max_batch) {
+    failure = error(413, std::string("field '") + name + "' names " + std::to_string(list.size()) +
+                             " ids; at most " + std::to_string(max_batch) + " per request");
+    return {};
+  }
+  ids.reserve(list.size());
+  for (const json& v : list) {
+    if (!v.is_number_integer()) {
+      failure = error(400, std::string("field '") + name + "' must hold integers only, got " + v.dump());
+      return {};
+    }
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id >= limit) {
+      failure = error(404, std::string("unknown id ") + std::to_string(id) + " in '" + name + "': ids are in [0, " +
+                               std::to_string(limit) + ")");
+      return {};
+    }
+    ids.push_back(id);
+  }
+  failure.status = 200;
+  return ids;
+}
+
+bool parse(const std::string& body, json& out, Response& failure) {
+  out = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (out.is_discarded() || !out.is_object()) {
+    failure = error(400, "the request body must be a JSON object");
+    return false;
+  }
+  return true;
+}
+
+torch::Tensor to_tensor(const std::vector<int64_t>& ids) {
+  return torch::tensor(ids, torch::TensorOptions().dtype(torch::kLong));
+}
+
+std::vector<std::vector<float>> to_rows(const torch::Tensor& t) {
+  const torch::Tensor rows = t.to(torch::kCPU, torch::kFloat).contiguous();
+  std::vector<std::vector<float>> out(rows.size(0));
+  const float* p = rows.data_ptr<float>();
+  for (int64_t i = 0; i < rows.size(0); ++i) out[i].assign(p + i * rows.size(1), p + (i + 1) * rows.size(1));
+  return out;
+}
+
+}  // namespace
+
+RecommenderService::RecommenderService(torch::jit::Module model, int64_t max_batch)
+    : model_(std::move(model)), max_batch_(max_batch) {
+  TORCH_CHECK(max_batch > 0, "max_batch must be > 0, got ", max_batch);
+  num_users_ = model_.run_method("num_users").toInt();
+  const torch::Tensor items = model_.attr("items").toTensor();
+  num_items_ = items.size(0);
+  dim_ = items.size(1);
+}
+
+Response RecommenderService::lookup(const std::string& body) const {
+  json request;
+  Response failure;
+  if (!parse(body, request, failure)) return failure;
+  const auto ids = ids_field(request, "ids", num_users_, max_batch_, failure);
+  if (failure.status != 200) return failure;
+  std::shared_lock<std::shared_mutex> lock(rows_lock_);
+  const torch::Tensor rows = model_.run_method("lookup", to_tensor(ids)).toTensor();
+  lock.unlock();
+  return {200, json{{"rows", to_rows(rows)}}.dump()};
+}
+
+Response RecommenderService::top_k(const std::string& body) const {
+  json request;
+  Response failure;
+  if (!parse(body, request, failure)) return failure;
+  if (!request.contains("user") || !request["user"].is_number_integer()) return error(400, "'user' must be an id");
+  if (!request.contains("k") || !request["k"].is_number_integer()) return error(400, "'k' must be an integer");
+  const int64_t user = request["user"].get<int64_t>();
+  const int64_t k = request["k"].get<int64_t>();
+  if (user < 0 || user >= num_users_) {
+    return error(404, "unknown user " + std::to_string(user) + ": ids are in [0, " + std::to_string(num_users_) + ")");
+  }
+  if (k < 1 || k > max_batch_) return error(400, "'k' must be in [1, " + std::to_string(max_batch_) + "]");
+  std::shared_lock<std::shared_mutex> lock(rows_lock_);
+  const auto result = model_.run_method("top_k", user, k).toTuple();
+  lock.unlock();
+  const torch::Tensor items = result->elements()[0].toTensor();
+  const torch::Tensor scores = result->elements()[1].toTensor().to(torch::kFloat).contiguous();
+  return {200, json{{"items", std::vector<int64_t>(items.data_ptr<int64_t>(), items.data_ptr<int64_t>() + items.numel())},
+                    {"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
+                   .dump()};
+}
+
+Response RecommenderService::score(const std::string& body) const {
+  json request;
+  Response failure;
+  if (!parse(body, request, failure)) return failure;
+  const auto users = ids_field(request, "users", num_users_, max_batch_, failure);
+  if (failure.status != 200) return failure;
+  const auto items = ids_field(request, "items", num_items_, max_batch_, failure);
+  if (failure.status != 200) return failure;
+  if (users.size() != items.size()) return error(400, "'users' and 'items' must have the same length");
+  std::shared_lock<std::shared_mutex> lock(rows_lock_);
+  const torch::Tensor scores =
+      model_.run_method("score", to_tensor(users), to_tensor(items)).toTensor().to(torch::kFloat).contiguous();
+  lock.unlock();
+  return {200, json{{"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
+                   .dump()};
+}
+
+Response RecommenderService::update(const std::string& body) {
+  json request;
+  Response failure;
+  if (!parse(body, request, failure)) return failure;
+  const auto ids = ids_field(request, "ids", num_users_, max_batch_, failure);
+  if (failure.status != 200) return failure;
+  if (!request.contains("rows") || !request["rows"].is_array() || request["rows"].size() != ids.size()) {
+    return error(400, "'rows' must be a list with one row per id");
+  }
+  std::vector<float> values;
+  values.reserve(ids.size() * dim_);
+  for (const json& row : request["rows"]) {
+    if (!row.is_array() || static_cast<int64_t>(row.size()) != dim_) {
+      return error(400, "every row must be a list of " + std::to_string(dim_) + " numbers");
+    }
+    for (const json& v : row) {
+      if (!v.is_number()) return error(400, "rows must hold numbers only, got " + v.dump());
+      values.push_back(v.get<float>());
+    }
+  }
+  const torch::Tensor rows =
+      torch::from_blob(values.data(), {static_cast<int64_t>(ids.size()), dim_}, torch::kFloat).clone();
+  std::unique_lock<std::shared_mutex> lock(rows_lock_);
+  model_.run_method("update_rows", to_tensor(ids), rows);
+  return {200, json{{"updated", ids.size()}}.dump()};
+}
+
+}  // namespace speedtorch::serving

@@ -1,0 +1,47 @@
+// The recommender service behind the C++ server: JSON requests in, JSON answers out, over a scripted model loaded
+// with torch::jit::load (torchscript_examples/recommender_model.py). Kept apart from the HTTP layer so GoogleTest
+// can drive it directly.
+//
+// Concurrency: any number of lookups, scores and top-k run at once (shared lock); a row update takes the lock
+// exclusively, so a reader sees each row entirely before or entirely after an update, never a mix.
+#pragma once
+
+#include <torch/script.h>
+
+#include <cstdint>
+#include <shared_mutex>
+#include <string>
+
+namespace speedtorch::serving {
+
+struct Response {
+  int status = 200;
+  std::string body;  // JSON
+};
+
+class RecommenderService {
+ public:
+  // max_batch: the most ids one request may name (larger requests get 413).
+  RecommenderService(torch::jit::Module model, int64_t max_batch);
+
+  // POST /lookup {"ids": [int, ...]}              -> {"rows": [[float, ...], ...]}
+  Response lookup(const std::string& body) const;
+  // POST /topk {"user": int, "k": int}            -> {"items": [int, ...], "scores": [float, ...]}
+  Response top_k(const std::string& body) const;
+  // POST /score {"users": [int], "items": [int]}  -> {"scores": [float, ...]}
+  Response score(const std::string& body) const;
+  // POST /update {"ids": [int], "rows": [[float]]} -> {"updated": n}
+  Response update(const std::string& body);
+
+  int64_t num_users() const { return num_users_; }
+
+ private:
+  mutable torch::jit::Module model_;  // its methods do not change the module's structure
+  mutable std::shared_mutex rows_lock_;
+  int64_t max_batch_;
+  int64_t num_users_;
+  int64_t num_items_;
+  int64_t dim_;
+};
+
+}  // namespace speedtorch::serving

@@ -1,0 +1,99 @@
+// speedtorch_server: serves a scripted recommender (recommender_model.py) over HTTP on localhost with no Python:
+// POST /lookup, /topk, /score, /update with JSON bodies (request_handler.h), GET /health. Many requests run at
+// once on a thread pool; a bad request gets a 4xx with a message and never takes the server down.
+//
+//   speedtorch_server MODEL.pt [--host 127.0.0.1] [--port 0] [--threads 8] [--max-batch 4096]
+// With --port 0 the kernel picks a free port; the first line printed is "listening on HOST:PORT".
+#include <httplib.h>
+#include <torch/script.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <string>
+
+#include "request_handler.h"
+
+namespace {
+
+httplib::Server* g_server = nullptr;
+
+void stop(int) {
+  if (g_server != nullptr) g_server->stop();
+}
+
+// Runs a handler; whatever it throws becomes a 500 with the message, not a dead server.
+void respond(httplib::Response& res, const std::function<speedtorch::serving::Response()>& handler) {
+  speedtorch::serving::Response out;
+  try {
+    out = handler();
+  } catch (const std::exception& e) {
+    out = {500, "{\"error\": \"internal error (details in the server log)\"}"};
+    std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
+  }
+  res.status = out.status;
+  res.set_content(out.body, "application/json");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s MODEL.pt [--host H] [--port P] [--threads T] [--max-batch N]\n", argv[0]);
+    return 2;
+  }
+  std::string host = "127.0.0.1";
+  int port = 0;
+  int threads = 8;
+  long max_batch = 4096;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--host") host = argv[i + 1];
+    else if (flag == "--port") port = std::atoi(argv[i + 1]);
+    else if (flag == "--threads") threads = std::atoi(argv[i + 1]);
+    else if (flag == "--max-batch") max_batch = std::atol(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  try {
+    speedtorch::serving::RecommenderService service(torch::jit::load(argv[1]), max_batch);
+    httplib::Server server;
+    g_server = &server;
+    server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    server.set_payload_max_length(64 << 20);
+    server.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+      res.set_content("{\"status\": \"ok\", \"users\": " + std::to_string(service.num_users()) + "}",
+                      "application/json");
+    });
+    server.Post("/lookup", [&](const httplib::Request& req, httplib::Response& res) {
+      respond(res, [&] { return service.lookup(req.body); });
+    });
+    server.Post("/topk", [&](const httplib::Request& req, httplib::Response& res) {
+      respond(res, [&] { return service.top_k(req.body); });
+    });
+    server.Post("/score", [&](const httplib::Request& req, httplib::Response& res) {
+      respond(res, [&] { return service.score(req.body); });
+    });
+    server.Post("/update", [&](const httplib::Request& req, httplib::Response& res) {
+      respond(res, [&] { return service.update(req.body); });
+    });
+    std::signal(SIGTERM, stop);
+    std::signal(SIGINT, stop);
+    if (port == 0) port = server.bind_to_any_port(host);
+    else if (!server.bind_to_port(host, port)) {
+      std::fprintf(stderr, "speedtorch_server: cannot bind %s:%d\n", host.c_str(), port);
+      return 1;
+    }
+    std::printf("listening on %s:%d\n", host.c_str(), port);
+    std::fflush(stdout);
+    server.listen_after_bind();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

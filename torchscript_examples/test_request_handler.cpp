@@ -1,0 +1,109 @@
+// Tests for request_handler (the server's JSON layer) over a recommender module built in C++ with
+// torch::jit::Module::define: the same methods as recommender_model.py, a PinnedEmbedding attribute included.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/custom_class.h>
+#include <torch/script.h>
+
+#include <thread>
+#include <vector>
+
+#include "embedding/pinned_embedding.h"
+#include "request_handler.h"
+
+namespace speedtorch::serving {
+namespace {
+
+using nlohmann::json;
+
+torch::jit::Module make_model(int64_t users, int64_t items, int64_t dim) {
+  torch::jit::Module m("Recommender");
+  auto table = torch::make_custom_class<PinnedEmbedding>(users, dim, at::kFloat);
+  table.toCustomClass<PinnedEmbedding>()->normal_(0.0, 1.0, 3);
+  m.register_attribute("users", c10::getCustomClassType<c10::intrusive_ptr<PinnedEmbedding>>(), table);
+  m.register_parameter("items", torch::randn({items, dim}), false);
+  m.register_parameter("bias", torch::zeros({1}), false);
+  m.define(R"(
+    def num_users(self) -> int:
+        return self.users.num_rows()
+    def lookup(self, ids: Tensor) -> Tensor:
+        return self.users.gather(ids, None)
+    def score(self, users: Tensor, items: Tensor) -> Tensor:
+        return (self.users.gather(users, None) * self.items[items]).sum(-1) + self.bias
+    def top_k(self, user: int, k: int) -> Tuple[Tensor, Tensor]:
+        row = self.users.gather(torch.tensor([user]), None)[0]
+        top = torch.topk(self.items @ row + self.bias, k)
+        return top.indices, top.values
+    def update_rows(self, ids: Tensor, rows: Tensor) -> None:
+        self.users.scatter_(ids, rows)
+  )");
+  return m;
+}
+
+TEST(RequestHandler, LookupMatchesTheTable) {
+  torch::jit::Module model = make_model(50, 10, 4);
+  const at::Tensor table = model.attr("users").toCustomClass<PinnedEmbedding>()->table();
+  RecommenderService service(model, 100);
+  const Response r = service.lookup(R"({"ids": [3, 49, 3]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto rows = json::parse(r.body)["rows"].get<std::vector<std::vector<float>>>();
+  ASSERT_EQ(rows.size(), 3u);
+  for (int j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(rows[1][j], table[49][j].item<float>());
+}
+
+TEST(RequestHandler, TopKAndScoreAgree) {
+  RecommenderService service(make_model(20, 30, 8), 100);
+  const json top = json::parse(service.top_k(R"({"user": 7, "k": 5})").body);
+  ASSERT_EQ(top["items"].size(), 5u);
+  json request{{"users", {7}}, {"items", {top["items"][0]}}};
+  const json scored = json::parse(service.score(request.dump()).body);
+  EXPECT_NEAR(scored["scores"][0].get<float>(), top["scores"][0].get<float>(), 1e-5);
+}
+
+TEST(RequestHandler, BadRequestsGetFourHundreds) {
+  RecommenderService service(make_model(20, 30, 4), 8);
+  EXPECT_EQ(service.lookup("{not json").status, 400);
+  EXPECT_EQ(service.lookup("[1, 2]").status, 400);
+  EXPECT_EQ(service.lookup(R"({"ids": []})").status, 400);
+  EXPECT_EQ(service.lookup(R"({"ids": [1, "x"]})").status, 400);
+  EXPECT_EQ(service.lookup(R"({"ids": [1, 20]})").status, 404);
+  EXPECT_EQ(service.lookup(R"({"ids": [-1]})").status, 404);
+  EXPECT_EQ(service.lookup(R"({"ids": [1,1,1,1,1,1,1,1,1]})").status, 413);
+  EXPECT_EQ(service.top_k(R"({"user": 3, "k": 0})").status, 400);
+  EXPECT_EQ(service.top_k(R"({"user": 99, "k": 2})").status, 404);
+  EXPECT_EQ(service.score(R"({"users": [1, 2], "items": [3]})").status, 400);
+  EXPECT_EQ(service.update(R"({"ids": [1], "rows": [[1, 2]]})").status, 400);
+  const Response bad = service.lookup(R"({"ids": [1, 20]})");
+  EXPECT_NE(bad.body.find("unknown id 20"), std::string::npos) << bad.body;
+}
+
+TEST(RequestHandler, UpdatesAreWholeRowsUnderConcurrentReads) {
+  RecommenderService service(make_model(16, 4, 64), 64);
+  json start{{"ids", {5}}, {"rows", {std::vector<float>(64, 0.0f)}}};
+  ASSERT_EQ(service.update(start.dump()).status, 200);  // from here on row 5 is always constant
+  std::atomic<bool> done{false};
+  std::atomic<int> torn{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&] {
+      while (!done) {
+        const auto rows = json::parse(service.lookup(R"({"ids": [5]})").body)["rows"][0].get<std::vector<float>>();
+        for (float v : rows) {
+          if (v != rows[0]) ++torn;  // a mix of two updates
+        }
+      }
+    });
+  }
+  for (int i = 1; i <= 200; ++i) {
+    json request{{"ids", {5}}, {"rows", {std::vector<float>(64, static_cast<float>(i))}}};
+    ASSERT_EQ(service.update(request.dump()).status, 200);
+  }
+  done = true;
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(torn.load(), 0);
+  const auto last = json::parse(service.lookup(R"({"ids": [5]})").body)["rows"][0].get<std::vector<float>>();
+  EXPECT_EQ(last[63], 200.0f);
+}
+
+}  // namespace
+}  // namespace speedtorch::serving
