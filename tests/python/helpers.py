@@ -21,7 +21,7 @@ def last_wins_reference(table: torch.Tensor, indices: torch.Tensor, src: torch.T
     """table[indices] = src written by a sequential loop: the semantics scatter_ promises for duplicates."""
     out = table.clone()
     flat = indices.reshape(-1).tolist()
-    rows = src.reshape(len(flat), -1)
+    rows = src.reshape(len(flat), src.shape[-1])
     for position, row in enumerate(flat):
         out[row] = rows[position]
     return out
