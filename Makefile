@@ -10,7 +10,7 @@ CMAKE_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 LIB := $(BUILD)/libspeedtorch_ops.so
 
-.PHONY: demo test deps build test-cpp test-python test-package bench clean
+.PHONY: demo test deps build test-cpp test-python test-package sanitize bench clean
 
 demo: build
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) PYTHONPATH=$(abspath python) $(PYTHON) -m speedtorch demo
@@ -44,6 +44,23 @@ test-package:
 	rm -rf $(BUILD)/package-check
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps --target $(BUILD)/package-check .
 	cd /tmp && PYTHONPATH=$(abspath $(BUILD)/package-check) $(PYTHON) -c "import speedtorch; print(speedtorch.library_path(), speedtorch.build_info())"
+
+# The CPU path built with AddressSanitizer and UBSan; the C++ tests and the CPU Python tests run under it (the
+# sanitizer runtime is preloaded into Python; leak checks are off because Python and torch keep memory at exit).
+ASAN_BUILD ?= build-asan
+sanitize: deps
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) -DSPEEDTORCH_CUDA=OFF \
+	  -DSPEEDTORCH_SANITIZE=ON -DSPEEDTORCH_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  LD_PRELOAD="$$($(CXX_FOR_ASAN) -print-file-name=libasan.so) $$($(CXX_FOR_ASAN) -print-file-name=libubsan.so)" \
+	  SPEEDTORCH_LIBRARY=$(abspath $(ASAN_BUILD))/libspeedtorch_ops.so \
+	  $(PYTHON) -m pytest tests/python -q -m "not gpu" -p no:cacheprovider \
+	  --ignore=tests/python/test_compile_export.py --ignore=tests/python/test_torchscript_examples.py
+
+CXX_FOR_ASAN ?= c++
 
 bench: build
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) $(PYTHON) bench/transfer.py
