@@ -1,8 +1,13 @@
 // Registers speedtorch::PinnedEmbedding (csrc/embedding/pinned_embedding.h) as torch.classes.speedtorch
-// .PinnedEmbedding, for Python, TorchScript and C++ alike.
+// .PinnedEmbedding, for Python, TorchScript and C++ alike, with its files (save / load / open) and its pickled form
+// inside torch.jit.save'd models (csrc/embedding/embedding_pickle.h).
+// GCC (12) reports a false -Warray-bounds inside c10's tuple-to-IValue code for the 5-element pickled state.
+#pragma GCC diagnostic ignored "-Warray-bounds"
+
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include "embedding/embedding_pickle.h"
 #include "embedding/pinned_embedding.h"
 
 TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
@@ -34,5 +39,22 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
       .def("optimizer", &PinnedEmbedding::optimizer)
       .def("optimizer_options", &PinnedEmbedding::optimizer_options)
       .def("state", &PinnedEmbedding::state)
-      .def("step_count", &PinnedEmbedding::step_count);
+      .def("step_count", &PinnedEmbedding::step_count)
+      .def("set_step_count", &PinnedEmbedding::set_step_count, "", {torch::arg("step")})
+      .def_static("state_width", &PinnedEmbedding::state_width,
+                  "Floats of optimizer state per row for an optimizer, its options and a row width")
+      .def("save", &PinnedEmbedding::save,
+           "Saves rows, optimizer state and configuration to path (+ .state.npy, .meta.json), atomically",
+           {torch::arg("path")})
+      .def_static("load", &PinnedEmbedding::load, "A table read from save()'s files (or a plain 2-D .npy)")
+      .def_static("open", &PinnedEmbedding::open,
+                  "A table over save()'s files, memory-mapped: mode 'r', 'r+' or 'c' (numpy's mmap_mode)")
+      .def("flush", &PinnedEmbedding::flush, "Writes an 'r+' table back to its files (pages, step count, hashes)")
+      .def("mapping", &PinnedEmbedding::mapping)
+      .def("set_sidecar", &PinnedEmbedding::set_sidecar,
+           "Where torch.jit.save writes this table ('' keeps it inside the model)", {torch::arg("path")})
+      .def("sidecar", &PinnedEmbedding::sidecar)
+      .def_pickle(
+          [](const c10::intrusive_ptr<PinnedEmbedding>& self) { return speedtorch::pickle_embedding(self); },
+          [](speedtorch::PickledEmbedding state) { return speedtorch::unpickle_embedding(std::move(state)); });
 }

@@ -47,7 +47,26 @@ at::Tensor PinnedEmbedding::gather(const at::Tensor& indices, std::optional<at::
 }
 
 at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor& src) {
+  check_writable("scatter_");
   return ops::scatter_(table_, indices, src);
+}
+
+void PinnedEmbedding::check_writable(const char* op) const {
+  TORCH_CHECK(table_buffer_->mapping() != FileMapping::kReadOnly, "PinnedEmbedding.", op, ": the table was opened "
+              "read-only (mode 'r') from ", table_buffer_->path(), "; open it with mode 'r+' (changes reach the "
+              "file) or 'c' (copy-on-write), or load() it");
+}
+
+void PinnedEmbedding::set_step_count(int64_t step) {
+  TORCH_CHECK(step >= 0, "PinnedEmbedding.set_step_count: step must be >= 0, got ", step);
+  step_ = step;
+}
+
+int64_t PinnedEmbedding::state_width(const std::string& kind, const c10::Dict<std::string, double>& options,
+                                     int64_t dim) {
+  TORCH_CHECK(dim > 0, "PinnedEmbedding.state_width: dim must be > 0, got ", dim);
+  // State rows (and, side by side, whole records) stay 16-byte aligned for the kernels' vector accesses.
+  return (kStateHeaderFloats + state_slots(parse_optimizer(kind, options)) * dim + 3) / 4 * 4;
 }
 
 bool PinnedEmbedding::is_pinned() const { return is_pinned_host_memory(table_.storage().data()); }
@@ -58,12 +77,15 @@ int64_t PinnedEmbedding::nbytes() const {
 
 void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options,
                                     bool state_beside_rows) {
+  check_writable("set_optimizer");
   const OptimizerHyper hyper = parse_optimizer(kind, options);  // validates before anything moves
   const int64_t n = num_rows();
   const int64_t d = dim();
   const auto elem = static_cast<int64_t>(table_.element_size());
-  // State rows (and, side by side, whole records) stay 16-byte aligned for the kernels' vector accesses.
-  const int64_t state_floats = (kStateHeaderFloats + state_slots(hyper) * d + 3) / 4 * 4;
+  const int64_t state_floats = state_width(kind, options, d);
+  TORCH_CHECK(!state_beside_rows || table_buffer_->mapping() == FileMapping::kNone, "PinnedEmbedding.set_optimizer: "
+              "the table is mapped from ", table_buffer_->path(), " and its rows stay there; pass "
+              "state_beside_rows=False (the state gets a table of its own)");
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
   if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kWrite);
   if (state_beside_rows) {
@@ -111,6 +133,7 @@ void PinnedEmbedding::move_rows(at::Tensor& destination) {
 }
 
 void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tensor& grad) {
+  check_writable("apply_gradients");
   TORCH_CHECK(state_.defined(), "PinnedEmbedding.apply_gradients: no optimizer; call set_optimizer(kind, options) "
               "first");
   at::Tensor weights = table_;
@@ -137,21 +160,25 @@ void PinnedEmbedding::fill_by_chunks(std::optional<int64_t> seed, Fill&& fill) {
 }
 
 void PinnedEmbedding::zero_() {
+  check_writable("zero_");
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
   table_.zero_();
 }
 
 void PinnedEmbedding::uniform_(double low, double high, std::optional<int64_t> seed) {
+  check_writable("uniform_");
   TORCH_CHECK(low <= high, "PinnedEmbedding.uniform_: low (", low, ") must be <= high (", high, ")");
   fill_by_chunks(seed, [&](at::Tensor& part, at::Generator& gen) { part.uniform_(low, high, gen); });
 }
 
 void PinnedEmbedding::normal_(double mean, double std, std::optional<int64_t> seed) {
+  check_writable("normal_");
   TORCH_CHECK(std >= 0, "PinnedEmbedding.normal_: std must be >= 0, got ", std);
   fill_by_chunks(seed, [&](at::Tensor& part, at::Generator& gen) { part.normal_(mean, std, gen); });
 }
 
 void PinnedEmbedding::copy_(const at::Tensor& src) {
+  check_writable("copy_");
   TORCH_CHECK(src.sizes() == table_.sizes(), "PinnedEmbedding.copy_: src must have shape ", table_.sizes(), ", got ",
               src.sizes());
   TORCH_CHECK(at::isFloatingType(src.scalar_type()), "PinnedEmbedding.copy_: src must be floating point, got ",

@@ -1,6 +1,9 @@
 // PinnedEmbedding: an embedding table of num_rows x dim kept in exact-size pinned host memory, exchanged with GPUs
 // row by row. A torch::CustomClass (registered in ops/pinned_embedding_class.cpp), so Python, TorchScript and C++
 // share one object; every row operation goes through the dispatcher's speedtorch::gather / scatter_.
+//
+// Its files (save / load / open, in pinned_embedding_io.cpp) are those of io/embedding_files.h; how it travels
+// inside a torch.jit.save'd model is embedding/embedding_pickle.h.
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -48,6 +51,11 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   c10::Dict<std::string, double> optimizer_options() const { return options_; }
   at::Tensor state() const { return state_; }
   int64_t step_count() const { return step_; }
+  // Sets the table-wide step count (when restoring a table trained elsewhere).
+  void set_step_count(int64_t step);
+  // The width of the state rows the optimizer `kind` with `options` keeps for rows of `dim` (floats, 16-byte
+  // multiples), as set_optimizer allocates them.
+  static int64_t state_width(const std::string& kind, const c10::Dict<std::string, double>& options, int64_t dim);
   bool is_pinned() const;
   // The host table itself (shares memory). Host-side reads and writes of it are not ordered after GPU work that
   // is still running: synchronise the stream first.
@@ -61,7 +69,34 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // Copies a (num_rows, dim) tensor of any device and floating dtype into the table.
   void copy_(const at::Tensor& src);
 
+  // --- files (pinned_embedding_io.cpp; formats in io/embedding_files.h) ---
+  // Saves the rows, the optimizer's name, options, state and step count to `path` (+ .state.npy, .meta.json),
+  // streamed in chunks, atomically.
+  void save(const std::string& path) const;
+  // A new table read from a save (or from a plain 2-D .npy: rows only) straight into pinned memory. With
+  // `verify`, the data must match the content hashes of the meta file.
+  static c10::intrusive_ptr<PinnedEmbedding> load(const std::string& path, bool verify);
+  // A table over the files themselves, memory-mapped as numpy's mmap_mode: "r" (read-only; writes raise), "r+"
+  // (changes reach the files: call flush() at checkpoints) or "c" (copy-on-write). Nothing is copied; page-locking
+  // reads each page once (see docs/persistence.md for the limits).
+  static c10::intrusive_ptr<PinnedEmbedding> open(const std::string& path, const std::string& mode);
+  // For a table opened with "r+": writes its pages back and rewrites the meta file (step count, content hashes);
+  // an optimizer state configured after open() is written to its file.
+  void flush();
+  // "r", "r+" or "c" for a table over files; "" for a table in anonymous memory.
+  std::string mapping() const;
+
+  // Where torch.jit.save writes this table (a "sidecar", io/embedding_files.h's files) instead of inside the model;
+  // "" (the default) keeps it inline, which tables above SPEEDTORCH_INLINE_MAX_BYTES refuse. A relative path is
+  // resolved against $SPEEDTORCH_SIDECAR_DIR if set, else the current directory, when saving and when loading.
+  void set_sidecar(const std::string& path) { sidecar_ = path; }
+  std::string sidecar() const { return sidecar_; }
+
  private:
+  // Rejects writes to a table opened read-only.
+  void check_writable(const char* op) const;
+  // Where the optimizer's state lives when it does not share the table's buffer (for flush()).
+  bool state_is_mapped() const;
   // Copies the rows into `destination` (a new layout), releasing the old table's memory as it goes when possible.
   void move_rows(at::Tensor& destination);
 
@@ -75,6 +110,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   std::string optimizer_;
   c10::Dict<std::string, double> options_;
   int64_t step_ = 0;
+  std::string sidecar_;
+  std::string files_path_;  // the path open() mapped (for flush())
 };
 
 }  // namespace speedtorch

@@ -1,11 +1,13 @@
-// Exact-size page-locked host memory: anonymous mmap + cudaHostRegister (see pinned_host_buffer.h).
+// Exact-size page-locked host memory: anonymous mmap, or a mapped file, + cudaHostRegister (see pinned_host_buffer.h).
 #include "memory/pinned_host_buffer.h"
 
 #include <ATen/ops/from_blob.h>
 #include <c10/util/strides.h>
 #include <c10/util/Exception.h>
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -72,6 +74,45 @@ PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes, bool pin_now) : size_(byte
   }
 }
 
+PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping, bool pin_now)
+    : mapping_(mapping), path_(path) {
+  TORCH_CHECK(mapping != FileMapping::kNone, "speedtorch: a file-backed buffer needs a mapping mode");
+  const bool writable = mapping != FileMapping::kReadOnly;
+  const int fd = ::open(path.c_str(), (mapping == FileMapping::kReadWrite ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "speedtorch: cannot open ", path, " to map it: ", std::strerror(errno),
+              mapping == FileMapping::kReadWrite && errno == EACCES ? " (mode 'r+' needs write permission)" : "");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+    const int err = errno;
+    ::close(fd);
+    TORCH_CHECK(false, "speedtorch: cannot map ", path, ": ", st.st_size <= 0 ? "the file is empty" : std::strerror(err));
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  mapped_size_ = (size_ + page - 1) / page * page;
+  void* p = mmap(nullptr, mapped_size_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                 mapping == FileMapping::kCopyOnWrite ? MAP_PRIVATE : MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file
+  TORCH_CHECK(p != MAP_FAILED, "speedtorch: could not map ", path, " (mmap: ", std::strerror(err), ")");
+  data_ = p;
+  if (pin_now) {
+    try {
+      pin();
+    } catch (...) {
+      munmap(data_, mapped_size_);
+      data_ = nullptr;
+      throw;
+    }
+  }
+}
+
+void PinnedHostBuffer::flush() {
+  if (mapping_ != FileMapping::kReadWrite) return;
+  TORCH_CHECK(msync(data_, mapped_size_, MS_SYNC) == 0, "speedtorch: writing ", path_, " back (msync) failed: ",
+              std::strerror(errno));
+}
+
 void PinnedHostBuffer::pin() {
 #ifdef SPEEDTORCH_WITH_CUDA
   if (pinned_ || !cuda_device_available()) return;
@@ -82,11 +123,17 @@ void PinnedHostBuffer::pin() {
 #else
   at::globalContext().lazyInitCUDA();
 #endif
-  const cudaError_t err = cudaHostRegister(data_, mapped_size_, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  unsigned flags = cudaHostRegisterMapped | cudaHostRegisterPortable;
+  // A read-only file mapping cannot be pinned for writing: the GPU gets it read-only too.
+  if (mapping_ == FileMapping::kReadOnly) flags |= cudaHostRegisterReadOnly;
+  const cudaError_t err = cudaHostRegister(data_, mapped_size_, flags);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    TORCH_CHECK(false, "speedtorch: could not page-lock ", size_, " bytes of host memory (cudaHostRegister: ",
-                cudaGetErrorString(err), "); free host RAM or raise the locked-memory limit (ulimit -l)");
+    TORCH_CHECK(false, "speedtorch: could not page-lock ", size_, " bytes of host memory",
+                path_.empty() ? "" : " mapped from ", path_, " (cudaHostRegister: ", cudaGetErrorString(err),
+                "); free host RAM or raise the locked-memory limit (ulimit -l)",
+                path_.empty() ? "" : "; some kernels refuse to pin shared file mappings for writing: try mode 'c' "
+                "or load the table instead");
   }
   pinned_ = true;
 #endif
@@ -103,6 +150,7 @@ void PinnedHostBuffer::unpin() {
 
 void PinnedHostBuffer::discard(std::size_t offset, std::size_t bytes) {
   TORCH_CHECK(!pinned_, "speedtorch: cannot discard pages of page-locked memory; unpin() first");
+  TORCH_CHECK(mapping_ == FileMapping::kNone, "speedtorch: cannot discard pages of a file mapping (", path_, ")");
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   const std::size_t begin = (offset + page - 1) / page * page;
   const std::size_t end = std::min(offset + bytes, mapped_size_) / page * page;

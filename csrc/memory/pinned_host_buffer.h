@@ -4,6 +4,9 @@
 // table costs its bytes rounded up to one page. Memory comes from an anonymous mmap (zero-filled by the kernel, so
 // zero-initialised tables are free) and, when a CUDA device is present, is registered with
 // cudaHostRegister(Mapped | Portable): every GPU of the host can read and write it directly over UVA.
+//
+// A buffer can also map a file (a .npy table opened in place): the file's pages are the table, shared with the
+// page cache, read-only, written back to the file, or copy-on-write, as numpy.load's mmap_mode.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,15 +15,28 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace speedtorch {
+
+// How a file-backed buffer maps its file (numpy.load's mmap_mode names in brackets).
+enum class FileMapping {
+  kNone,         // anonymous memory, no file
+  kReadOnly,     // ("r") MAP_SHARED, PROT_READ: writing the memory faults; registered read-only with CUDA
+  kReadWrite,    // ("r+") MAP_SHARED: writes reach the file (the kernel writes dirty pages back; flush() forces it)
+  kCopyOnWrite,  // ("c") MAP_PRIVATE: writes stay in this process's memory, the file never changes
+};
 
 class PinnedHostBuffer {
  public:
   // Allocates `bytes` (> 0) of zeroed host memory and page-locks it when a CUDA device is present.
   // Throws c10::Error with an actionable message when the memory cannot be had.
   explicit PinnedHostBuffer(std::size_t bytes, bool pin = true);
+  // Maps the whole (non-empty) file at `path` as `mapping` says (not kNone), page-locked when `pin` and a CUDA
+  // device is present. Page-locking faults every page in: the file is read once, into the page cache, with no copy;
+  // without it pages are read on first touch, but GPUs cannot reach the memory.
+  PinnedHostBuffer(const std::string& path, FileMapping mapping, bool pin);
   ~PinnedHostBuffer();
 
   PinnedHostBuffer(const PinnedHostBuffer&) = delete;
@@ -42,11 +58,19 @@ class PinnedHostBuffer {
   // release a table while it is copied into a new layout, so both never exist at full size. Needs unpin() first.
   void discard(std::size_t offset, std::size_t bytes);
 
+  // How the memory maps a file (kNone for anonymous memory), and which file.
+  FileMapping mapping() const { return mapping_; }
+  const std::string& path() const { return path_; }
+  // For kReadWrite mappings: writes the dirty pages to the file and waits for the disk (msync). A no-op otherwise.
+  void flush();
+
  private:
   void* data_ = nullptr;
   std::size_t size_ = 0;
   std::size_t mapped_size_ = 0;
   bool pinned_ = false;
+  FileMapping mapping_ = FileMapping::kNone;
+  std::string path_;
 };
 
 // A tensor of `sizes` and `dtype` whose storage is a fresh PinnedHostBuffer (zero-filled). The buffer lives as

@@ -1,0 +1,163 @@
+// A PinnedEmbedding's pickled state inside saved models: inline tensors or a sidecar (see embedding_pickle.h).
+#include "embedding/embedding_pickle.h"
+
+#include <c10/util/Exception.h>
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+
+#include "io/embedding_files.h"
+#include "transfer/host_access_tracker.h"
+
+namespace speedtorch {
+namespace {
+
+constexpr int64_t kDefaultInlineMaxBytes = int64_t{64} << 20;
+
+const std::string& text_field(const c10::Dict<std::string, std::string>& d, const std::string& key) {
+  const auto it = d.find(key);
+  TORCH_CHECK(it != d.end(), "PinnedEmbedding: the saved model's table lacks '", key, "' (a corrupt archive?)");
+  return it->value();
+}
+
+int64_t int_field(const c10::Dict<std::string, int64_t>& d, const std::string& key) {
+  const auto it = d.find(key);
+  TORCH_CHECK(it != d.end(), "PinnedEmbedding: the saved model's table lacks '", key, "' (a corrupt archive?)");
+  return it->value();
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string how_resolved(const std::string& path) {
+  if (!path.empty() && path[0] == '/') return "an absolute path";
+  const char* dir = std::getenv("SPEEDTORCH_SIDECAR_DIR");
+  return dir != nullptr && *dir != '\0' ? std::string("under SPEEDTORCH_SIDECAR_DIR=") + dir
+                                        : std::string("relative to the current directory; set SPEEDTORCH_SIDECAR_DIR "
+                                                      "to the directory that holds it");
+}
+
+}  // namespace
+
+int64_t inline_max_bytes() {
+  const char* env = std::getenv("SPEEDTORCH_INLINE_MAX_BYTES");
+  if (env == nullptr || *env == '\0') return kDefaultInlineMaxBytes;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  TORCH_CHECK(end != env && *end == '\0' && v >= 0, "SPEEDTORCH_INLINE_MAX_BYTES must be a number of bytes, got '",
+              env, "'");
+  return static_cast<int64_t>(v);
+}
+
+std::string resolve_sidecar_path(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  const char* dir = std::getenv("SPEEDTORCH_SIDECAR_DIR");
+  if (dir == nullptr || *dir == '\0') return path;
+  std::string base(dir);
+  if (base.back() != '/') base.push_back('/');
+  return base + path;
+}
+
+PickledEmbedding pickle_embedding(const c10::intrusive_ptr<PinnedEmbedding>& e) {
+  const at::Tensor table = e->table();
+  const at::Tensor state = e->state();
+  c10::Dict<std::string, std::string> text;
+  c10::Dict<std::string, int64_t> ints;
+  text.insert("dtype", io::dtype_name(table.scalar_type()));
+  text.insert("optimizer", e->optimizer());
+  ints.insert("num_rows", e->num_rows());
+  ints.insert("dim", e->dim());
+  ints.insert("step", e->step_count());
+  ints.insert("state_width", state.defined() ? state.size(1) : 0);
+  // Side by side, a row's stride spans its weights and its state.
+  ints.insert("state_beside_rows", state.defined() && table.stride(0) != e->dim() ? 1 : 0);
+  std::vector<at::Tensor> tensors;
+  const std::string sidecar = e->sidecar();
+  if (!sidecar.empty()) {
+    const std::string resolved = resolve_sidecar_path(sidecar);
+    e->save(resolved);
+    const io::EmbeddingMeta meta = io::read_embedding_meta(resolved);
+    text.insert("sidecar", sidecar);
+    text.insert("table_hash", meta.table_hash);
+    text.insert("state_hash", meta.state_hash);
+  } else {
+    TORCH_CHECK(e->nbytes() <= inline_max_bytes(), "PinnedEmbedding: this table and its optimizer state take ",
+                e->nbytes(), " bytes, more than the ", inline_max_bytes(), " kept inside a saved model "
+                "(SPEEDTORCH_INLINE_MAX_BYTES). Call set_sidecar(\"users.npy\") on it before torch.jit.save so "
+                "the table goes to that file, or raise SPEEDTORCH_INLINE_MAX_BYTES");
+    // Rows a GPU kernel is still writing must land before they are copied.
+    wait_for_uva_conflicts(table.storage().data(), UvaAccess::kRead);
+    if (state.defined()) wait_for_uva_conflicts(state.storage().data(), UvaAccess::kRead);
+    text.insert("sidecar", "");
+    text.insert("table_hash", "");
+    text.insert("state_hash", "");
+    tensors.push_back(table.clone(at::MemoryFormat::Contiguous));
+    if (state.defined()) tensors.push_back(state.clone(at::MemoryFormat::Contiguous));
+  }
+  c10::Dict<std::string, double> options = e->optimizer_options().copy();
+  return {kPickleVersion, std::move(text), std::move(ints), std::move(options), std::move(tensors)};
+}
+
+c10::intrusive_ptr<PinnedEmbedding> unpickle_embedding(PickledEmbedding state) {
+  const int64_t version = std::get<0>(state);
+  TORCH_CHECK(version == kPickleVersion, "PinnedEmbedding: the saved model holds a table in format version ", version,
+              "; this speedtorch reads version ", kPickleVersion, " (saved by a newer speedtorch? upgrade it)");
+  const auto& text = std::get<1>(state);
+  const auto& ints = std::get<2>(state);
+  const auto& options = std::get<3>(state);
+  const auto& tensors = std::get<4>(state);
+  const int64_t num_rows = int_field(ints, "num_rows");
+  const int64_t dim = int_field(ints, "dim");
+  const int64_t step = int_field(ints, "step");
+  const int64_t width = int_field(ints, "state_width");
+  const c10::ScalarType dtype = io::dtype_from_name(text_field(text, "dtype"));
+  const std::string& optimizer = text_field(text, "optimizer");
+  const std::string& sidecar = text_field(text, "sidecar");
+
+  if (!sidecar.empty()) {
+    const std::string resolved = resolve_sidecar_path(sidecar);
+    const io::EmbeddingPaths paths = io::embedding_paths(resolved);
+    TORCH_CHECK(exists(paths.table) && exists(paths.meta), "PinnedEmbedding: the model's table lives in the sidecar '",
+                sidecar, "', looked for as ", paths.table, " and ", paths.meta, " (", how_resolved(sidecar),
+                "), which do not exist; copy the sidecar files (.npy, .state.npy, .meta.json) there");
+    const io::EmbeddingMeta meta = io::read_embedding_meta(resolved);  // headers checked: truncation shows here
+    TORCH_CHECK(meta.num_rows == num_rows && meta.dim == dim && meta.dtype == dtype && meta.optimizer == optimizer,
+                "PinnedEmbedding: the sidecar ", paths.table, " holds a ", meta.num_rows, " x ", meta.dim, " ",
+                io::dtype_name(meta.dtype), " table (optimizer '", meta.optimizer, "'); the model was saved with a ",
+                num_rows, " x ", dim, " ", io::dtype_name(dtype), " table (optimizer '", optimizer, "')");
+    TORCH_CHECK(meta.table_hash == text_field(text, "table_hash") && meta.state_hash == text_field(text, "state_hash"),
+                "PinnedEmbedding: the sidecar ", paths.table, " is not the table this model was saved with (content "
+                "hash ", meta.table_hash, ", the model expects ", text_field(text, "table_hash"), "): it was "
+                "overwritten by a later save, or belongs to another model");
+    auto e = PinnedEmbedding::load(resolved, /*verify=*/true);  // the data itself against those hashes
+    e->set_step_count(step);
+    e->set_sidecar(sidecar);
+    return e;
+  }
+
+  const std::size_t expected = optimizer.empty() ? 1 : 2;
+  TORCH_CHECK(tensors.size() == expected, "PinnedEmbedding: the saved model's table has ", tensors.size(),
+              " tensors, expected ", expected, " (a corrupt archive?)");
+  TORCH_CHECK(tensors[0].dim() == 2 && tensors[0].size(0) == num_rows && tensors[0].size(1) == dim &&
+                  tensors[0].scalar_type() == dtype,
+              "PinnedEmbedding: the saved model's rows are ", tensors[0].scalar_type(), " ", tensors[0].sizes(),
+              ", its record says ", io::dtype_name(dtype), " (", num_rows, ", ", dim, ") (a corrupt archive?)");
+  auto e = c10::make_intrusive<PinnedEmbedding>(num_rows, dim, dtype);
+  if (!optimizer.empty()) {
+    e->set_optimizer(optimizer, options, int_field(ints, "state_beside_rows") != 0);
+    at::Tensor dst = e->state();
+    TORCH_CHECK(dst.size(1) == width && tensors[1].dim() == 2 && tensors[1].size(0) == num_rows &&
+                    tensors[1].size(1) == width && tensors[1].scalar_type() == at::kFloat,
+                "PinnedEmbedding: the saved model's optimizer state is ", tensors[1].scalar_type(), " ",
+                tensors[1].sizes(), "; ", optimizer, " here keeps float32 (", num_rows, ", ", dst.size(1), ")");
+    dst.copy_(tensors[1]);
+  }
+  e->copy_(tensors[0]);
+  e->set_step_count(step);
+  return e;
+}
+
+}  // namespace speedtorch

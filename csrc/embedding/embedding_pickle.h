@@ -1,0 +1,45 @@
+// How a PinnedEmbedding travels inside a torch.jit.save'd model (def_pickle in ops/pinned_embedding_class.cpp), so
+// torch.jit.load in Python and torch::jit::load in C++ get the same table, optimizer state and configuration back.
+//
+// The pickled state (version 1) is a tuple:
+//   (int version,
+//    Dict[str, str]   {"dtype", "optimizer", "sidecar", "table_hash", "state_hash"},
+//    Dict[str, int]   {"num_rows", "dim", "step", "state_width", "state_beside_rows"},
+//    Dict[str, float] the optimizer's options,
+//    Tensor[]         [table] or [table, state] when inline; [] when in a sidecar)
+//
+// Inline: the rows (and state) are tensors of the model archive. Sidecar: when set_sidecar(path) was called, the
+// table is saved to that path (PinnedEmbedding::save, atomically) as the model is saved, and the model records the
+// path as given plus the files' content hashes. At load, a relative path is resolved against $SPEEDTORCH_SIDECAR_DIR
+// if set, else the process's current directory; a missing, truncated or different sidecar (hash mismatch) is an
+// error naming the file. Tables above SPEEDTORCH_INLINE_MAX_BYTES (default 64 MiB, weights + state) without a
+// sidecar refuse to be saved, rather than doubling the host memory of a huge table inside the archive.
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "embedding/pinned_embedding.h"
+
+namespace speedtorch {
+
+using PickledEmbedding = std::tuple<int64_t, c10::Dict<std::string, std::string>, c10::Dict<std::string, int64_t>,
+                                    c10::Dict<std::string, double>, std::vector<at::Tensor>>;
+
+constexpr int64_t kPickleVersion = 1;
+
+PickledEmbedding pickle_embedding(const c10::intrusive_ptr<PinnedEmbedding>& embedding);
+c10::intrusive_ptr<PinnedEmbedding> unpickle_embedding(PickledEmbedding state);
+
+// The bytes above which a table needs a sidecar ($SPEEDTORCH_INLINE_MAX_BYTES, default 64 MiB).
+int64_t inline_max_bytes();
+// A sidecar path as the loader (and the saver) uses it: absolute paths as they are, relative ones under
+// $SPEEDTORCH_SIDECAR_DIR when set, else as they are (relative to the current directory).
+std::string resolve_sidecar_path(const std::string& path);
+
+}  // namespace speedtorch

@@ -1,0 +1,135 @@
+// PinnedEmbedding's files: save, load, open (memory-mapped) and flush (see pinned_embedding.h; the file formats are
+// io/embedding_files.h's).
+#include <c10/util/Exception.h>
+
+#include <climits>
+#include <cstdlib>
+
+#include "embedding/pinned_embedding.h"
+#include "io/embedding_files.h"
+#include "io/npy_file.h"
+#include "optim/optimizer_config.h"
+#include "transfer/host_access_tracker.h"
+
+namespace speedtorch {
+namespace {
+
+FileMapping mapping_of_mode(const std::string& mode) {
+  if (mode == "r") return FileMapping::kReadOnly;
+  if (mode == "r+") return FileMapping::kReadWrite;
+  if (mode == "c") return FileMapping::kCopyOnWrite;
+  TORCH_CHECK(false, "PinnedEmbedding.open: mode must be 'r' (read-only), 'r+' (changes reach the file) or 'c' "
+              "(copy-on-write), as numpy.load's mmap_mode; got '", mode, "'");
+}
+
+// Whether two paths name the same existing file.
+bool same_file(const std::string& a, const std::string& b) {
+  char ra[PATH_MAX];
+  char rb[PATH_MAX];
+  return realpath(a.c_str(), ra) != nullptr && realpath(b.c_str(), rb) != nullptr && std::string(ra) == rb;
+}
+
+}  // namespace
+
+std::string PinnedEmbedding::mapping() const {
+  switch (table_buffer_->mapping()) {
+    case FileMapping::kReadOnly: return "r";
+    case FileMapping::kReadWrite: return "r+";
+    case FileMapping::kCopyOnWrite: return "c";
+    case FileMapping::kNone: break;
+  }
+  return "";
+}
+
+bool PinnedEmbedding::state_is_mapped() const {
+  return state_buffer_ != nullptr && state_buffer_->mapping() != FileMapping::kNone;
+}
+
+void PinnedEmbedding::save(const std::string& path) const {
+  // Saving an 'r+' table onto its own files would rename new files over the mapped ones: flush them instead.
+  if (table_buffer_->mapping() == FileMapping::kReadWrite &&
+      same_file(io::embedding_paths(path).table, io::embedding_paths(files_path_).table)) {
+    const_cast<PinnedEmbedding*>(this)->flush();
+    return;
+  }
+  // GPU kernels still writing rows or state must finish before the files are written.
+  wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kRead);
+  if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kRead);
+  io::save_embedding_files(path, table_, state_, optimizer_, options_, step_,
+                           state_.defined() && state_buffer_ == nullptr);
+}
+
+c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::load(const std::string& path, bool verify) {
+  const io::EmbeddingMeta meta = io::read_embedding_meta(path);
+  auto e = c10::make_intrusive<PinnedEmbedding>(meta.num_rows, meta.dim, meta.dtype);
+  if (!meta.optimizer.empty()) {
+    // Configured while the table is still empty, so the rows are then read straight into their final layout.
+    e->set_optimizer(meta.optimizer, meta.options, meta.state_beside_rows);
+    TORCH_CHECK(e->state_.size(1) == meta.state_width, "PinnedEmbedding.load: ", path, ": ", meta.optimizer,
+                " with these options keeps ", e->state_.size(1), " floats of state per row, the state file holds ",
+                meta.state_width, " (written by another speedtorch version?)");
+  }
+  io::load_embedding_files(path, meta, e->table_, e->state_, verify);
+  e->step_ = meta.step;
+  return e;
+}
+
+c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::open(const std::string& path, const std::string& mode) {
+  const FileMapping mapping = mapping_of_mode(mode);
+  const io::EmbeddingMeta meta = io::read_embedding_meta(path);
+  const io::EmbeddingPaths paths = io::embedding_paths(path);
+  const io::NpyHeader header = io::read_npy_header(paths.table);
+  TORCH_CHECK(header.dtype == meta.dtype || (header.dtype == at::kUInt16 && meta.dtype == at::kBFloat16),
+              "PinnedEmbedding.open: ", paths.table, " holds ", header.descr, " data; a mapped table is used as the "
+              "file stores it, and tables are float32, float16 or bfloat16. load() converts it, or save the array "
+              "as float32");
+  auto e = c10::make_intrusive<PinnedEmbedding>(int64_t{0}, meta.dim, meta.dtype);
+  auto table_buffer = std::make_shared<PinnedHostBuffer>(paths.table, mapping, /*pin=*/true);
+  e->table_ = tensor_over(table_buffer, header.data_offset, {meta.num_rows, meta.dim}, {meta.dim, 1}, meta.dtype);
+  e->table_buffer_ = std::move(table_buffer);
+  if (!meta.optimizer.empty()) {
+    const int64_t width = state_width(meta.optimizer, meta.options, meta.dim);  // validates name and options
+    TORCH_CHECK(width == meta.state_width, "PinnedEmbedding.open: ", paths.state, " holds ", meta.state_width,
+                " floats of state per row; ", meta.optimizer, " with these options keeps ", width);
+    const io::NpyHeader state_header = io::read_npy_header(paths.state);
+    auto state_buffer = std::make_shared<PinnedHostBuffer>(paths.state, mapping, /*pin=*/true);
+    e->state_ = tensor_over(state_buffer, state_header.data_offset, {meta.num_rows, width}, {width, 1}, at::kFloat);
+    e->state_buffer_ = std::move(state_buffer);
+    e->optimizer_ = meta.optimizer;
+    e->options_ = meta.options.copy();
+    e->step_ = meta.step;
+  }
+  e->files_path_ = path;
+  return e;
+}
+
+void PinnedEmbedding::flush() {
+  TORCH_CHECK(table_buffer_->mapping() == FileMapping::kReadWrite, "PinnedEmbedding.flush: only a table opened with "
+              "mode 'r+' writes back to its files; this one is ", mapping().empty() ? "in memory" : "mapped with '" +
+              mapping() + "'", "; use save(path)");
+  wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kRead);
+  if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kRead);
+  table_buffer_->flush();
+  if (state_.defined()) {
+    if (state_is_mapped()) {
+      state_buffer_->flush();
+    } else {  // an optimizer configured after open(): its state gets its file now
+      io::NpyWriter writer(io::embedding_paths(files_path_).state, at::kFloat, state_.sizes().vec());
+      writer.write(state_);
+      writer.finish();
+      writer.commit();
+    }
+  }
+  io::EmbeddingMeta meta;
+  meta.num_rows = num_rows();
+  meta.dim = dim();
+  meta.dtype = table_.scalar_type();
+  meta.optimizer = optimizer_;
+  meta.options = options_.copy();
+  meta.step = step_;
+  meta.state_width = state_.defined() ? state_.size(1) : 0;
+  meta.state_beside_rows = false;
+  io::write_embedding_meta(files_path_, meta, table_, state_);
+}
+
+}  // namespace speedtorch

@@ -1,0 +1,41 @@
+// A file written so that readers see the old version or the new one, never a mix: the bytes go to a temporary
+// beside the target, finish() flushes it to disk, commit() renames it over the target and flushes the directory. A
+// crash, an error or destruction before commit() leaves the target untouched (the temporary is removed when this
+// object is destroyed).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace speedtorch::io {
+
+class AtomicFile {
+ public:
+  // `what` names the operation in errors ("speedtorch.save_npy").
+  AtomicFile(std::string path, std::string what);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, std::size_t size);
+  // fsync + close the temporary.
+  void finish();
+  // Renames the finished temporary over the target and fsyncs the directory.
+  void commit();
+
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_path_; }
+
+ private:
+  std::string path_;
+  std::string what_;
+  std::string temp_path_;
+  int fd_ = -1;
+  bool finished_ = false;
+  bool committed_ = false;
+};
+
+// Writes `bytes` to `path` atomically (AtomicFile, finished and committed).
+void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what);
+
+}  // namespace speedtorch::io

@@ -1,0 +1,268 @@
+// A table and its optimizer state as .npy files plus a JSON meta file (see embedding_files.h).
+#include "io/embedding_files.h"
+
+#include <c10/util/Exception.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "io/atomic_file.h"
+#include "io/content_hash.h"
+#include "io/json_value.h"
+#include "io/npy_file.h"
+
+namespace speedtorch::io {
+namespace {
+
+constexpr const char* kFormat = "speedtorch.embedding";
+constexpr int64_t kVersion = 1;
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+std::string base_name(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), "speedtorch: cannot read ", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A member of the meta object, with an error naming the file and the member when it is missing or mistyped.
+const JsonValue& member(const JsonValue& meta, const std::string& key, JsonValue::Kind kind, const std::string& file) {
+  const JsonValue* v = meta.find(key);
+  TORCH_CHECK(v != nullptr, "speedtorch: ", file, " lacks \"", key, "\"; it was not written by speedtorch's save()");
+  TORCH_CHECK(v->kind == kind, "speedtorch: ", file, ": \"", key, "\" has the wrong type");
+  return *v;
+}
+
+int64_t integer(const JsonValue& meta, const std::string& key, const std::string& file) {
+  const double v = member(meta, key, JsonValue::Kind::kNumber, file).number;
+  TORCH_CHECK(v >= 0 && v == std::floor(v) && v < 9.007199254740992e15, "speedtorch: ", file, ": \"", key,
+              "\" must be a non-negative integer, got ", v);
+  return static_cast<int64_t>(v);
+}
+
+// The descr a table of `dtype` is stored with must be the file's (bfloat16 travels as raw uint16 bits).
+void check_table_header(const NpyHeader& h, const EmbeddingMeta& meta, const std::string& file,
+                        const std::string& meta_file) {
+  const std::vector<int64_t> want = {meta.num_rows, meta.dim};
+  TORCH_CHECK(h.shape == want, "speedtorch: ", file, " holds an array of shape ", c10::IntArrayRef(h.shape), " but ",
+              meta_file, " describes a ", meta.num_rows, " x ", meta.dim, " table (files from different saves?)");
+  TORCH_CHECK(h.descr.substr(1) == npy_descr(meta.dtype).substr(1), "speedtorch: ", file, " holds ", h.descr,
+              " data but ", meta_file, " describes a ", dtype_name(meta.dtype), " table (stored as ",
+              npy_descr(meta.dtype), ")");
+}
+
+void check_state_header(const NpyHeader& h, const EmbeddingMeta& meta, const std::string& file) {
+  const std::vector<int64_t> want = {meta.num_rows, meta.state_width};
+  TORCH_CHECK(h.shape == want && h.dtype == at::kFloat, "speedtorch: ", file, " holds ", h.descr, " data of shape ",
+              c10::IntArrayRef(h.shape), "; the optimizer state of this table is float32 of shape (", meta.num_rows,
+              ", ", meta.state_width, ") (files from different saves?)");
+}
+
+JsonValue meta_json(const EmbeddingMeta& meta, const EmbeddingPaths& paths) {
+  JsonValue j = JsonValue::object();
+  j.set("format", JsonValue::of(std::string(kFormat)));
+  j.set("version", JsonValue::of(static_cast<double>(kVersion)));
+  j.set("num_rows", JsonValue::of(static_cast<double>(meta.num_rows)));
+  j.set("dim", JsonValue::of(static_cast<double>(meta.dim)));
+  j.set("dtype", JsonValue::of(dtype_name(meta.dtype)));
+  j.set("table_file", JsonValue::of(base_name(paths.table)));
+  j.set("table_hash", JsonValue::of(meta.table_hash));
+  j.set("optimizer", JsonValue::of(meta.optimizer));
+  JsonValue options = JsonValue::object();
+  for (const auto& entry : meta.options) options.set(entry.key(), JsonValue::of(entry.value()));
+  j.set("options", std::move(options));
+  j.set("step", JsonValue::of(static_cast<double>(meta.step)));
+  if (!meta.optimizer.empty()) {
+    j.set("state_file", JsonValue::of(base_name(paths.state)));
+    j.set("state_hash", JsonValue::of(meta.state_hash));
+    j.set("state_width", JsonValue::of(static_cast<double>(meta.state_width)));
+    j.set("state_beside_rows", JsonValue::of(meta.state_beside_rows ? 1.0 : 0.0));
+  }
+  return j;
+}
+
+void check_hash(const std::string& got, const std::string& expected, const std::string& file,
+                const std::string& meta_file) {
+  TORCH_CHECK(got == expected, "speedtorch: ", file, " does not match ", meta_file, " (content hash ", got,
+              ", expected ", expected, "): the files come from different saves, e.g. a save interrupted between "
+              "its renames, a file copied from another checkpoint, or a table opened with mode 'r+' and changed "
+              "without flush(). Load with verify=False to accept the files as they are.");
+}
+
+}  // namespace
+
+std::string dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    default: TORCH_CHECK(false, "speedtorch: tables are float32, float16 or bfloat16, got ", dtype);
+  }
+}
+
+c10::ScalarType dtype_from_name(const std::string& name) {
+  if (name == "float32") return c10::ScalarType::Float;
+  if (name == "float16") return c10::ScalarType::Half;
+  if (name == "bfloat16") return c10::ScalarType::BFloat16;
+  TORCH_CHECK(false, "speedtorch: unknown table dtype '", name, "' (float32, float16 or bfloat16)");
+}
+
+EmbeddingPaths embedding_paths(const std::string& path) {
+  TORCH_CHECK(!path.empty(), "speedtorch: the path of a table's files is empty");
+  const std::string stem = ends_with(path, ".npy") ? path.substr(0, path.size() - 4) : path;
+  TORCH_CHECK(!stem.empty() && stem.back() != '/', "speedtorch: '", path, "' names a directory, not a table file");
+  return {stem + ".npy", stem + ".state.npy", stem + ".meta.json"};
+}
+
+std::string content_hash_of(const at::Tensor& tensor) {
+  TORCH_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
+              "speedtorch: content_hash_of needs a dense host tensor");
+  ContentHasher hasher;
+  hasher.update(tensor.data_ptr(), static_cast<std::size_t>(tensor.nbytes()));
+  return hash_to_hex(hasher.digest());
+}
+
+EmbeddingMeta save_embedding_files(const std::string& path, const at::Tensor& table, const at::Tensor& state,
+                                   const std::string& optimizer, const c10::Dict<std::string, double>& options,
+                                   int64_t step, bool state_beside_rows) {
+  TORCH_CHECK(table.defined() && table.dim() == 2, "speedtorch.save: the table must be 2-D, got ",
+              table.defined() ? table.sizes() : c10::IntArrayRef{});
+  const EmbeddingPaths paths = embedding_paths(path);
+  EmbeddingMeta meta;
+  meta.num_rows = table.size(0);
+  meta.dim = table.size(1);
+  meta.dtype = table.scalar_type();
+  (void)dtype_name(meta.dtype);  // float32, float16 or bfloat16 only
+  meta.optimizer = optimizer;
+  meta.options = options.copy();
+  meta.step = step;
+  meta.state_beside_rows = state_beside_rows;
+  TORCH_CHECK(step >= 0, "speedtorch.save: step must be >= 0, got ", step);
+  TORCH_CHECK(optimizer.empty() == !state.defined(), "speedtorch.save: an optimizer name needs its state and the "
+              "state its name (got optimizer '", optimizer, "', state ", state.defined() ? "given" : "undefined", ")");
+  if (state.defined()) {
+    TORCH_CHECK(state.dim() == 2 && state.size(0) == meta.num_rows && state.scalar_type() == at::kFloat,
+                "speedtorch.save: the optimizer state must be float32 of shape (", meta.num_rows, ", width), got ",
+                state.scalar_type(), " ", state.sizes());
+    meta.state_width = state.size(1);
+  }
+  // Every file reaches the disk under a temporary name before any is renamed; the meta goes last.
+  NpyWriter table_writer(paths.table, meta.dtype, table.sizes().vec());
+  table_writer.write(table);
+  meta.table_hash = hash_to_hex(table_writer.finish());
+  std::optional<NpyWriter> state_writer;
+  if (state.defined()) {
+    state_writer.emplace(paths.state, at::kFloat, state.sizes().vec());
+    state_writer->write(state);
+    meta.state_hash = hash_to_hex(state_writer->finish());
+  }
+  AtomicFile meta_file(paths.meta, "speedtorch.save");
+  const std::string text = to_json(meta_json(meta, paths));
+  meta_file.write(text.data(), text.size());
+  meta_file.finish();
+  table_writer.commit();
+  if (state_writer) state_writer->commit();
+  meta_file.commit();
+  if (!state.defined() && file_exists(paths.state)) ::unlink(paths.state.c_str());  // a stale state of an older save
+  meta.has_meta_file = true;
+  return meta;
+}
+
+EmbeddingMeta read_embedding_meta(const std::string& path) {
+  const EmbeddingPaths paths = embedding_paths(path);
+  EmbeddingMeta meta;
+  if (!file_exists(paths.meta)) {
+    // A plain .npy: rows only.
+    TORCH_CHECK(file_exists(paths.table), "speedtorch: no table at ", paths.table, " (and no ", paths.meta, ")");
+    const NpyHeader h = read_npy_header(paths.table);
+    TORCH_CHECK(h.shape.size() == 2, "speedtorch: ", paths.table, " holds an array of shape ",
+                c10::IntArrayRef(h.shape), "; a table is 2-D (num_rows, dim)");
+    TORCH_CHECK(h.dtype != at::kUInt16, "speedtorch: ", paths.table, " holds uint16 data; a bfloat16 table saved by "
+                "speedtorch has its meta file ", paths.meta, " beside it: is it missing?");
+    TORCH_CHECK(at::isFloatingType(h.dtype), "speedtorch: ", paths.table, " holds ", h.descr,
+                " data; a table is floating point");
+    meta.num_rows = h.shape[0];
+    meta.dim = h.shape[1];
+    meta.dtype = h.dtype == at::kDouble ? at::kFloat : h.dtype;  // float64 rows become float32
+    return meta;
+  }
+  const JsonValue j = parse_json(read_text(paths.meta), paths.meta);
+  TORCH_CHECK(j.kind == JsonValue::Kind::kObject, "speedtorch: ", paths.meta, " is not a JSON object");
+  TORCH_CHECK(member(j, "format", JsonValue::Kind::kString, paths.meta).text == kFormat, "speedtorch: ", paths.meta,
+              " is not a speedtorch table's meta file (format '", j.find("format")->text, "')");
+  const int64_t version = integer(j, "version", paths.meta);
+  TORCH_CHECK(version == kVersion, "speedtorch: ", paths.meta, " has format version ", version, "; this speedtorch "
+              "reads version ", kVersion, " (written by a newer speedtorch? upgrade it)");
+  meta.has_meta_file = true;
+  meta.num_rows = integer(j, "num_rows", paths.meta);
+  meta.dim = integer(j, "dim", paths.meta);
+  meta.dtype = dtype_from_name(member(j, "dtype", JsonValue::Kind::kString, paths.meta).text);
+  meta.table_hash = member(j, "table_hash", JsonValue::Kind::kString, paths.meta).text;
+  meta.optimizer = member(j, "optimizer", JsonValue::Kind::kString, paths.meta).text;
+  for (const auto& m : member(j, "options", JsonValue::Kind::kObject, paths.meta).members) {
+    TORCH_CHECK(m.second.kind == JsonValue::Kind::kNumber, "speedtorch: ", paths.meta, ": option '", m.first,
+                "' must be a number");
+    meta.options.insert(m.first, m.second.number);
+  }
+  meta.step = integer(j, "step", paths.meta);
+  TORCH_CHECK(file_exists(paths.table), "speedtorch: ", paths.meta, " describes a table whose rows file ",
+              paths.table, " is missing");
+  check_table_header(read_npy_header(paths.table), meta, paths.table, paths.meta);
+  if (!meta.optimizer.empty()) {
+    meta.state_hash = member(j, "state_hash", JsonValue::Kind::kString, paths.meta).text;
+    meta.state_width = integer(j, "state_width", paths.meta);
+    meta.state_beside_rows = integer(j, "state_beside_rows", paths.meta) != 0;
+    TORCH_CHECK(file_exists(paths.state), "speedtorch: ", paths.meta, " describes a table trained with ",
+                meta.optimizer, " whose optimizer state file ", paths.state, " is missing");
+    check_state_header(read_npy_header(paths.state), meta, paths.state);
+  }
+  return meta;
+}
+
+void load_embedding_files(const std::string& path, const EmbeddingMeta& meta, const at::Tensor& table,
+                          const at::Tensor& state, bool verify) {
+  const EmbeddingPaths paths = embedding_paths(path);
+  TORCH_CHECK(table.defined() && table.dim() == 2 && table.size(0) == meta.num_rows && table.size(1) == meta.dim,
+              "speedtorch.load: the destination table must be ", meta.num_rows, " x ", meta.dim);
+  NpyReader table_reader(paths.table);
+  table_reader.read(table);
+  if (verify && !meta.table_hash.empty()) {
+    check_hash(hash_to_hex(table_reader.hash()), meta.table_hash, paths.table, paths.meta);
+  }
+  if (meta.optimizer.empty()) return;
+  TORCH_CHECK(state.defined() && state.dim() == 2 && state.size(0) == meta.num_rows &&
+                  state.size(1) == meta.state_width,
+              "speedtorch.load: the destination state must be ", meta.num_rows, " x ", meta.state_width);
+  NpyReader state_reader(paths.state);
+  state_reader.read(state);
+  if (verify) check_hash(hash_to_hex(state_reader.hash()), meta.state_hash, paths.state, paths.meta);
+}
+
+void write_embedding_meta(const std::string& path, EmbeddingMeta meta, const at::Tensor& table,
+                          const at::Tensor& state) {
+  const EmbeddingPaths paths = embedding_paths(path);
+  meta.table_hash = content_hash_of(table);
+  if (state.defined()) meta.state_hash = content_hash_of(state);
+  write_file_atomically(paths.meta, to_json(meta_json(meta, paths)), "speedtorch.flush");
+}
+
+}  // namespace speedtorch::io

@@ -1,0 +1,95 @@
+// The .npy operators (csrc/io): saving and loading tensors and tables with their optimizer state, from Python,
+// TorchScript and C++ alike. They read and write files, not tensors' autograd history: kernels are catch-all (any
+// device), schemas live here with their functions as library_settings.cpp does.
+#include <c10/util/strides.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "io/content_hash.h"
+#include "io/embedding_files.h"
+#include "io/npy_file.h"
+#include "memory/pinned_host_buffer.h"
+
+namespace speedtorch::ops {
+namespace {
+
+std::string save_npy_op(const at::Tensor& tensor, const std::string& path) {
+  return io::hash_to_hex(io::save_npy(tensor, path));
+}
+
+at::Tensor load_npy_op(const std::string& path, bool pinned) { return io::load_npy(path, pinned); }
+
+void load_npy_into_op(const at::Tensor& tensor, const std::string& path) { (void)io::load_npy_into(tensor, path); }
+
+std::tuple<std::string, std::vector<int64_t>> npy_header_op(const std::string& path) {
+  const io::NpyHeader h = io::read_npy_header(path);
+  return {h.descr, h.shape};
+}
+
+at::Tensor map_npy_op(const std::string& path, const std::string& mode, bool pin) {
+  FileMapping mapping = FileMapping::kNone;
+  if (mode == "r") mapping = FileMapping::kReadOnly;
+  else if (mode == "r+") mapping = FileMapping::kReadWrite;
+  else if (mode == "c") mapping = FileMapping::kCopyOnWrite;
+  TORCH_CHECK(mapping != FileMapping::kNone, "speedtorch.map_npy: mode must be 'r', 'r+' or 'c' (numpy.load's "
+              "mmap_mode), got '", mode, "'");
+  const io::NpyHeader h = io::read_npy_header(path);
+  TORCH_CHECK(h.data_bytes() > 0, "speedtorch.map_npy: ", path, " holds no data (shape ",
+              c10::IntArrayRef(h.shape), "); load it instead");
+  auto buffer = std::make_shared<PinnedHostBuffer>(path, mapping, pin);
+  return tensor_over(buffer, h.data_offset, h.shape, c10::contiguous_strides(h.shape), h.dtype);
+}
+
+void save_embedding_files_op(const at::Tensor& table, const std::optional<at::Tensor>& state,
+                             const std::string& optimizer, const c10::Dict<std::string, double>& options,
+                             int64_t step, const std::string& path) {
+  (void)io::save_embedding_files(path, table, state.value_or(at::Tensor()), optimizer, options, step,
+                                 /*state_beside_rows=*/true);
+}
+
+std::tuple<std::vector<int64_t>, std::string, std::string, c10::Dict<std::string, double>, int64_t, int64_t>
+read_embedding_meta_op(const std::string& path) {
+  const io::EmbeddingMeta m = io::read_embedding_meta(path);
+  return {std::vector<int64_t>{m.num_rows, m.dim}, io::dtype_name(m.dtype), m.optimizer, m.options.copy(), m.step,
+          m.state_width};
+}
+
+void load_embedding_files_op(const at::Tensor& table, const std::optional<at::Tensor>& state,
+                             const std::string& path, bool verify) {
+  const io::EmbeddingMeta meta = io::read_embedding_meta(path);
+  TORCH_CHECK(meta.optimizer.empty() || state.has_value(), "speedtorch.load_embedding_files_: ", path, " holds ",
+              meta.optimizer, " state; pass a (", meta.num_rows, ", ", meta.state_width, ") float32 state tensor");
+  io::load_embedding_files(path, meta, table, state.value_or(at::Tensor()), verify);
+}
+
+}  // namespace
+}  // namespace speedtorch::ops
+
+TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
+  using namespace speedtorch::ops;
+  // `tensor` (any shape, device, strides) to a .npy file, streamed in chunks, atomically; returns the data's
+  // content hash (16 hex digits).
+  m.def("save_npy(Tensor tensor, str path) -> str", &save_npy_op);
+  // A new tensor holding a .npy file, read straight into exact-size pinned memory (pinned=True) or ordinary memory.
+  m.def("load_npy(str path, bool pinned=True) -> Tensor", &load_npy_op);
+  // A .npy file into an existing tensor of its shape (any device, strides; floating types convert).
+  m.def("load_npy_into_(Tensor(a!) tensor, str path) -> ()", &load_npy_into_op);
+  // A .npy file's dtype string and shape, validated (truncation included).
+  m.def("npy_header(str path) -> (str, int[])", &npy_header_op);
+  // A tensor over the .npy file itself, memory-mapped: mode 'r', 'r+' (writes reach the file) or 'c'
+  // (copy-on-write); page-locked when pin and a GPU is present.
+  m.def("map_npy(str path, str mode='r', bool pin=True) -> Tensor", &map_npy_op);
+  // A table and its optimizer state (any device) as PinnedEmbedding.save writes them (csrc/io/embedding_files.h).
+  m.def("save_embedding_files(Tensor table, Tensor? state, str optimizer, Dict(str, float) options, int step, "
+        "str path) -> ()",
+        &save_embedding_files_op);
+  // What save_embedding_files wrote: ([num_rows, dim], dtype, optimizer, options, step, state_width).
+  m.def("read_embedding_meta(str path) -> (int[], str, str, Dict(str, float), int, int)", &read_embedding_meta_op);
+  // Those files into existing tensors (any device), checking the content hashes when verify.
+  m.def("load_embedding_files_(Tensor(a!) table, Tensor(b!)? state, str path, bool verify=True) -> ()",
+        &load_embedding_files_op);
+}

@@ -1,0 +1,82 @@
+"""TorchScript end to end: a recommender with a PinnedEmbedding attribute scripted, saved and loaded (Python and the
+C++ programs of torchscript_examples/); the scripted training loop run from Python and, unchanged, by the C++
+trainer with the same result; the C++ server under concurrent load and bad requests. The C++ programs come from the
+CMake build (build/torchscript_examples, or $SPEEDTORCH_BUILD_DIR/torchscript_examples)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "torchscript_examples"))
+import load_test  # noqa: E402
+import recommender_model  # noqa: E402
+
+BUILD = Path(os.environ.get("SPEEDTORCH_BUILD_DIR", ROOT / "build")) / "torchscript_examples"
+
+
+def binary(name: str) -> str:
+    path = BUILD / name
+    if not path.exists():
+        pytest.skip(f"{path} not built")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ts")
+    model = torch.jit.script(recommender_model.Recommender(3000, 200, 16))
+    torch.jit.save(model, str(folder / "model.pt"))
+    batches = torch.jit.script(recommender_model.make_batches(3000, 200, 6, 128))
+    torch.jit.save(batches, str(folder / "batches.pt"))
+    return folder, model
+
+
+def test_round_trip_gives_identical_outputs(saved):
+    folder, model = saved
+    loaded = torch.jit.load(str(folder / "model.pt"))
+    users, items = torch.randint(0, 3000, (50,)), torch.randint(0, 200, (50,))
+    torch.testing.assert_close(loaded.score(users, items), model.score(users, items), rtol=0, atol=0)
+    torch.testing.assert_close(loaded.lookup(users), model.lookup(users), rtol=0, atol=0)
+    assert loaded.users.optimizer() == "adam" and loaded.users.optimizer_options() == {"lr": 0.05}
+
+
+def test_cpp_trainer_matches_python(saved, tmp_path):
+    folder, _ = saved
+    steps, lr = 12, 0.5
+    out = subprocess.run([binary("speedtorch_trainer"), str(folder / "model.pt"), str(folder / "batches.pt"),
+                          str(steps), str(lr), str(tmp_path / "trained.pt")], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    cpp_losses = [float(x) for x in out.stdout.split()]
+    model = torch.jit.load(str(folder / "model.pt"))
+    batches = torch.jit.load(str(folder / "batches.pt"))
+    py_losses = [float(model.train_step(*batches(i % 6), lr)) for i in range(steps)]
+    assert cpp_losses == pytest.approx(py_losses, rel=1e-5)
+    assert sum(py_losses[-3:]) < sum(py_losses[:3])  # the loss falls
+    trained = torch.jit.load(str(tmp_path / "trained.pt"))
+    assert trained.users.step_count() == steps
+    ids = torch.arange(3000)
+    torch.testing.assert_close(trained.lookup(ids), model.lookup(ids), rtol=1e-5, atol=1e-6)
+
+
+def test_server_under_load_and_bad_requests(saved):
+    folder, model = saved
+    with load_test.Server(binary("speedtorch_server"), str(folder / "model.pt"), threads=4, max_batch=256) as srv:
+        result = load_test.run(srv, model, clients=4, requests=40)
+        assert result["failures"] == [] and result["requests"] == 160
+        assert srv.post("/lookup", b"{oops", raw=True)[0] == 400
+        assert srv.post("/lookup", {"ids": [1, 3000]}) == (404, {"error": "unknown id 3000 in 'ids': ids are in "
+                                                                          "[0, 3000)"})
+        assert srv.post("/lookup", {"ids": list(range(257))})[0] == 413
+        assert srv.post("/topk", {"user": "x", "k": 3})[0] == 400
+        status, body = srv.post("/update", {"ids": [7], "rows": [[0.5] * 16]})
+        assert status == 200 and body == {"updated": 1}
+        assert srv.post("/lookup", {"ids": [7]})[1]["rows"] == [[0.5] * 16]
+        assert srv.proc.poll() is None  # still serving
