@@ -28,7 +28,7 @@ from .ops import (  # noqa: E402
 #: TorchScript (as a module attribute) and C++.
 PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
 
-from . import nn  # noqa: E402  (speedtorch.nn.HostEmbedding)
+from . import data, nn, placement  # noqa: E402  (.npy files; HostEmbedding; gpu / hybrid placement)
 
 __version__ = "0.1.0"
 
@@ -43,10 +43,12 @@ __all__ = [
     "PinnedEmbedding",
     "build_info",
     "check_index_errors",
+    "data",
     "gather",
     "nn",
     "library_path",
     "pinned_empty",
+    "placement",
     "scatter_",
     "set_deferred_index_checks",
     "set_transfer_config",

@@ -1,5 +1,6 @@
 """``speedtorch.nn.HostEmbedding``: a drop-in for ``nn.Embedding`` / ``nn.EmbeddingBag`` whose table and optimizer
-state live in a :class:`speedtorch.PinnedEmbedding` in pinned host RAM.
+state live in a :class:`speedtorch.PinnedEmbedding` in pinned host RAM (or, by ``placement``, in GPU memory, or split:
+the hottest rows on the GPU and the rest in host RAM; speedtorch/placement.py).
 
 Forward gathers the batch's distinct rows to the compute device; backward yields one summed gradient per distinct
 row; the update runs fused on the host-resident rows and their state (``speedtorch::row_optimizer_step_``), either
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from . import PinnedEmbedding
+from .placement import DeviceTable, HybridTable
 
 __all__ = ["HostEmbedding"]
 
@@ -49,7 +51,16 @@ class HostEmbedding(torch.nn.Module):
         dtype: table dtype (float32, float16, bfloat16); optimizer state is float32.
         state_beside_rows: keep each row's optimizer state next to it in host memory (one page walk per row).
         init_std: the table starts as N(0, init_std^2) (nn.Embedding's N(0, 1) by default).
-        seed: seed of that initialisation (default: from torch's generator).
+        seed: seed of that initialisation (default: from torch's generator). The values depend on the placement.
+        placement: ``"host"`` (pinned host RAM, the default), ``"gpu"`` (table and state in ``device`` memory: the
+            fastest when they fit) or ``"hybrid"`` (the hottest rows and their state in ``device`` memory, every row
+            in pinned host RAM). The API and the math are the same for all three.
+        hot_rows: for ``"hybrid"``: the ids kept on the device (fixed until :meth:`set_hot_rows`).
+        hot_fraction: for ``"hybrid"`` without ``hot_rows``: the share of rows kept on the device, chosen as the rows
+            updated most often, re-chosen every ``hot_refresh`` updates and at :meth:`update_hot_rows`.
+        table: an existing table to wrap instead of a new one (a :class:`speedtorch.PinnedEmbedding`, e.g. from
+            :meth:`PinnedEmbedding.load` or :meth:`PinnedEmbedding.open`, or a placement table); its optimizer, if
+            configured, is kept, and it is not re-initialised.
     """
 
     def __init__(
@@ -66,8 +77,15 @@ class HostEmbedding(torch.nn.Module):
         state_beside_rows: bool = True,
         init_std: float = 1.0,
         seed: Optional[int] = None,
+        placement: str = "host",
+        hot_rows: Optional[torch.Tensor] = None,
+        hot_fraction: Optional[float] = None,
+        hot_refresh: int = 1000,
+        table=None,
     ):
         super().__init__()
+        if placement not in ("host", "gpu", "hybrid"):
+            raise ValueError(f"HostEmbedding: placement must be 'host', 'gpu' or 'hybrid', got {placement!r}")
         if mode not in (None, "sum", "mean"):
             raise ValueError(f"HostEmbedding: mode must be None, 'sum' or 'mean', got {mode!r}")
         if update not in ("step", "backward"):
@@ -79,11 +97,29 @@ class HostEmbedding(torch.nn.Module):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.table = PinnedEmbedding(num_embeddings, embedding_dim, dtype)
-        options = {k: float(v) for k, v in (optimizer_options or {}).items()}
-        # Optimizer first, while the table is still empty: its rows move into the new layout cheaply.
-        self.table.set_optimizer(optimizer, options, state_beside_rows)
-        self.table.normal_(0.0, init_std, seed)
+        self.placement = placement
+        if table is not None:
+            if (table.num_rows(), table.dim()) != (num_embeddings, embedding_dim):
+                raise ValueError(f"HostEmbedding: the table is {table.num_rows()} x {table.dim()}, expected "
+                                 f"{num_embeddings} x {embedding_dim}")
+            if placement == "gpu" and not isinstance(table, DeviceTable):
+                raise ValueError("HostEmbedding: placement='gpu' wraps a speedtorch.placement.DeviceTable")
+            self.table = table
+            if not table.optimizer():
+                table.set_optimizer(optimizer, {k: float(v) for k, v in (optimizer_options or {}).items()},
+                                    state_beside_rows and table.mapping() == "")
+        else:
+            if placement == "gpu":
+                self.table = DeviceTable(num_embeddings, embedding_dim, dtype, self.device)
+            else:
+                self.table = PinnedEmbedding(num_embeddings, embedding_dim, dtype)
+            options = {k: float(v) for k, v in (optimizer_options or {}).items()}
+            # Optimizer first, while the table is still empty: its rows move into the new layout cheaply.
+            self.table.set_optimizer(optimizer, options, state_beside_rows)
+            self.table.normal_(0.0, init_std, seed)
+        if placement == "hybrid" and not isinstance(self.table, HybridTable):
+            num_hot = HybridTable.hot_count(num_embeddings, hot_rows, hot_fraction)
+            self.table = HybridTable(self.table, self.device, num_hot, hot_rows, hot_refresh)
         # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input.
         self._anchor = torch.zeros(0, requires_grad=True)
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -93,7 +129,7 @@ class HostEmbedding(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode}, optimizer={self.table.optimizer()}, "
-                f"update={self.update}, device={self.device}")
+                f"update={self.update}, device={self.device}, placement={self.placement}")
 
     # --- forward / backward -------------------------------------------------------------------------------------
 
@@ -188,10 +224,51 @@ class HostEmbedding(torch.nn.Module):
                 rows[stale] = self.table.gather(unique[stale], self.device)
         return unique, inverse, rows
 
-    # --- persistence helpers -----------------------------------------------------------------------------------
+    # --- placement ---------------------------------------------------------------------------------------------
+
+    def update_hot_rows(self) -> None:
+        """``placement="hybrid"`` by frequency: re-chooses the device-resident rows from the update counts now."""
+        self._hybrid("update_hot_rows").update_hot_rows()
+
+    def set_hot_rows(self, ids: torch.Tensor) -> None:
+        """``placement="hybrid"``: makes ``ids`` the device-resident rows (moving rows and their state)."""
+        self._hybrid("set_hot_rows").set_hot_rows(ids)
+
+    def _hybrid(self, what: str) -> HybridTable:
+        if not isinstance(self.table, HybridTable):
+            raise RuntimeError(f"HostEmbedding.{what}: only for placement='hybrid' (this one is {self.placement!r})")
+        return self.table
+
+    # --- persistence -------------------------------------------------------------------------------------------
 
     @property
     def weight(self) -> torch.Tensor:
-        """The host table (num_embeddings x embedding_dim, pinned; shares memory). Synchronize before reading it
-        while updates may be running."""
+        """The table (num_embeddings x embedding_dim; shares memory): pinned host memory for ``"host"`` and
+        ``"hybrid"`` (the device-resident rows written back first), device memory for ``"gpu"``. Synchronize before
+        reading it on the host while updates may be running."""
         return self.table.table()
+
+    def save(self, path: str) -> None:
+        """Writes the rows, the optimizer state and its configuration to ``path`` (+ ``.state.npy`` and
+        ``.meta.json``; docs/persistence.md), whatever the placement: files NumPy reads, written atomically.
+        Gradients waiting for :meth:`step` are not part of it."""
+        self.table.save(str(path))
+
+    @classmethod
+    def load(cls, path: str, *, mmap_mode: Optional[str] = None, verify: bool = True, placement: str = "host",
+             **kwargs) -> "HostEmbedding":
+        """A HostEmbedding over the files of :meth:`save` (or :meth:`PinnedEmbedding.save`, or a plain 2-D .npy of
+        rows), with their optimizer, options, state and step count; ``kwargs`` as the constructor's (mode, update,
+        device, hot_rows, ...). ``mmap_mode`` (``"r"``, ``"r+"``, ``"c"``; host placement) maps the files instead of
+        reading them (:meth:`PinnedEmbedding.open`)."""
+        path = str(path)
+        if placement == "gpu":
+            if mmap_mode is not None:
+                raise ValueError("HostEmbedding.load: mmap_mode needs placement='host' or 'hybrid'")
+            device = kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+            table = DeviceTable.load(path, device, verify)
+        elif mmap_mode is not None:
+            table = PinnedEmbedding.open(path, mmap_mode)
+        else:
+            table = PinnedEmbedding.load(path, verify)
+        return cls(table.num_rows(), table.dim(), table=table, placement=placement, **kwargs)

@@ -5,6 +5,9 @@ cross-entropy on Zipf-skewed user ids.
 Ways (each a class with ``step(users, items, labels) -> loss``):
 
 - ``speedtorch``: users in a :class:`speedtorch.nn.HostEmbedding` (table + Adam state in pinned host RAM).
+- ``speedtorch_gpu``: the same module with ``placement="gpu"`` (table + state in GPU memory, when they fit).
+- ``speedtorch_hybrid``: ``placement="hybrid"``: the hottest users (``HOT_FRACTION`` of the table: the Zipf ranks
+  that are hottest, a caller-given set) on the GPU, every row in pinned host RAM.
 - ``gpu_sparse_adam``: the whole user table on the GPU, ``nn.Embedding(sparse=True)`` + ``SparseAdam``.
 - ``torch_staged``: user rows and their Adam state in pinned host tensors, swapped with torch ops each step (unique
   ids, ``index_select`` into staging, copies up; ``index_copy_`` back), Adam applied on the GPU to the swapped rows.
@@ -22,7 +25,18 @@ import torch.nn.functional as F
 
 from .nn import HostEmbedding
 
-WAYS = ("speedtorch", "gpu_sparse_adam", "torch_staged", "cpu_sparse_adam")
+WAYS = ("speedtorch", "speedtorch_gpu", "speedtorch_hybrid", "gpu_sparse_adam", "torch_staged", "cpu_sparse_adam")
+#: The share of users the hybrid way keeps on the GPU.
+HOT_FRACTION = 0.01
+
+# zipf_batches spreads Zipf ranks over the table with this multiplicative hash.
+_SPREAD = 2654435761
+
+
+def hottest_users(num_rows: int, count: int) -> torch.Tensor:
+    """The ids zipf_batches gives the `count` most frequent Zipf ranks (ranks 0 .. count-1)."""
+    ranks = torch.arange(count, dtype=torch.int64)
+    return torch.unique(ranks % num_rows * _SPREAD % num_rows)
 
 
 def zipf_batches(num_rows: int, batch: int, count: int, exponent: float = 1.2, num_items: int = 100_000,
@@ -36,7 +50,7 @@ def zipf_batches(num_rows: int, batch: int, count: int, exponent: float = 1.2, n
     out = []
     for _ in range(count):
         ranks = rng.zipf(exponent, batch).astype(np.int64) - 1
-        users = (ranks % num_rows) * 2654435761 % num_rows
+        users = (ranks % num_rows) * _SPREAD % num_rows
         items = rng.integers(0, num_items, batch)
         labels = rng.integers(0, 2, batch).astype(np.float32)
         out.append((torch.from_numpy(users), torch.from_numpy(items), torch.from_numpy(labels)))
@@ -57,9 +71,10 @@ class _ItemsMixin:
 
 
 class SpeedtorchWay(_ItemsMixin):
-    def __init__(self, num_rows, dim, num_items, device, lr=1e-3):
+    def __init__(self, num_rows, dim, num_items, device, lr=1e-3, placement="host"):
+        hot = hottest_users(num_rows, max(1, int(HOT_FRACTION * num_rows))) if placement == "hybrid" else None
         self.users = HostEmbedding(num_rows, dim, device=device, optimizer="adam", optimizer_options={"lr": lr},
-                                   init_std=0.1, seed=0)
+                                   init_std=0.1, seed=0, placement=placement, hot_rows=hot)
         self._init_items(num_items, dim, device, lr)
 
     def step(self, users, items, labels):
@@ -131,6 +146,10 @@ class TorchStagedWay(_ItemsMixin):
 def make_way(way: str, num_rows: int, dim: int, num_items: int, device, lr: float = 1e-3):
     if way == "speedtorch":
         return SpeedtorchWay(num_rows, dim, num_items, device, lr)
+    if way == "speedtorch_gpu":
+        return SpeedtorchWay(num_rows, dim, num_items, device, lr, placement="gpu")
+    if way == "speedtorch_hybrid":
+        return SpeedtorchWay(num_rows, dim, num_items, device, lr, placement="hybrid")
     if way == "gpu_sparse_adam":
         return SparseAdamWay(num_rows, dim, num_items, device, device, lr)
     if way == "cpu_sparse_adam":

@@ -1,0 +1,93 @@
+"""``.npy`` files and NumPy views: thin Python functions over the C++ codec (csrc/io, ``torch.ops.speedtorch``), so a
+C++ process reads and writes the same files. docs/persistence.md describes the formats and guarantees.
+
+- :func:`save_npy` / :func:`load_npy` / :func:`load_npy_into_`: any tensor to and from a ``.npy`` file, streamed in
+  chunks (never a second tensor-sized copy in RAM or on the GPU), straight into pinned memory, saves atomic.
+- :func:`open_npy`: a tensor over the file itself (memory-mapped, page-locked), as ``numpy.load(mmap_mode=...)``.
+- :func:`load_embedding` / :func:`open_embedding`: a :class:`speedtorch.PinnedEmbedding` from its saved files.
+- :func:`numpy`: a zero-copy NumPy view of a host table.
+
+A progress line appears on stderr for runs longer than a second (``SPEEDTORCH_PROGRESS=0`` silences it, ``=1``
+shows it always).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+import torch
+
+from . import PinnedEmbedding
+
+__all__ = ["save_npy", "load_npy", "load_npy_into_", "npy_info", "open_npy", "load_embedding", "open_embedding",
+           "numpy"]
+
+PathLike = Union[str, os.PathLike]
+
+_DESCR_DTYPES = {
+    "f2": torch.float16, "f4": torch.float32, "f8": torch.float64, "i1": torch.int8, "i2": torch.int16,
+    "i4": torch.int32, "i8": torch.int64, "u1": torch.uint8, "u2": torch.uint16, "b1": torch.bool,
+}
+
+
+def save_npy(tensor: torch.Tensor, path: PathLike) -> str:
+    """Writes ``tensor`` (any shape, device and strides) to ``path`` as a ``.npy`` file NumPy reads, in chunks,
+    atomically (a crash mid-save leaves the old file). bfloat16 is stored as its raw bits (``'<u2'``). Returns the
+    data's content hash (16 hex digits)."""
+    return torch.ops.speedtorch.save_npy(tensor, os.fspath(path))
+
+
+def load_npy(path: PathLike, *, pinned: bool = True) -> torch.Tensor:
+    """A new host tensor holding a ``.npy`` file, read straight into exact-size pinned memory (``pinned=True``) or
+    ordinary memory. The header is validated (dtype, shape, byte order, Fortran order, truncation)."""
+    return torch.ops.speedtorch.load_npy(os.fspath(path), pinned)
+
+
+def load_npy_into_(tensor: torch.Tensor, path: PathLike) -> torch.Tensor:
+    """Reads a ``.npy`` file into ``tensor`` (its shape; any device or strides), chunk by chunk through one staging
+    buffer; floating types convert (a float64 file into a float32 table). Returns ``tensor``."""
+    with torch.no_grad():
+        torch.ops.speedtorch.load_npy_into_(tensor, os.fspath(path))
+    return tensor
+
+
+def npy_info(path: PathLike) -> tuple[torch.dtype, tuple[int, ...]]:
+    """The dtype and shape a ``.npy`` file holds (validated; reads only the header)."""
+    descr, shape = torch.ops.speedtorch.npy_header(os.fspath(path))
+    return _DESCR_DTYPES[descr[1:]], tuple(shape)
+
+
+def open_npy(path: PathLike, mode: str = "r", *, pin: bool = True) -> torch.Tensor:
+    """A tensor over the ``.npy`` file itself, memory-mapped with ``mode`` as numpy.load's ``mmap_mode``: ``"r"``
+    (read-only: writing it crashes the process, as with NumPy), ``"r+"`` (writes reach the file) or ``"c"``
+    (copy-on-write). Page-locked when ``pin`` and a GPU is present, so GPUs read it directly; that reads every page
+    once. See docs/persistence.md for the limits."""
+    return torch.ops.speedtorch.map_npy(os.fspath(path), mode, pin)
+
+
+def load_embedding(path: PathLike, *, verify: bool = True) -> PinnedEmbedding:
+    """A :class:`PinnedEmbedding` read from the files of ``PinnedEmbedding.save`` (rows, optimizer state and
+    configuration), or from a plain 2-D ``.npy`` (rows only), checking content hashes when ``verify``."""
+    return PinnedEmbedding.load(os.fspath(path), verify)
+
+
+def open_embedding(path: PathLike, mode: str = "r") -> PinnedEmbedding:
+    """A :class:`PinnedEmbedding` over those files, memory-mapped (``"r"``, ``"r+"`` or ``"c"``) instead of read:
+    usable at once, whatever the table's size. ``"r+"`` tables write back at :meth:`PinnedEmbedding.flush`."""
+    return PinnedEmbedding.open(os.fspath(path), mode)
+
+
+def numpy(table):
+    """A NumPy array sharing memory with a host table: a tensor, a :class:`PinnedEmbedding` or a
+    :class:`speedtorch.nn.HostEmbedding` (its ``weight``). bfloat16 rows come as their uint16 bits; a table on a GPU
+    is copied to the host. Synchronize before reading rows that GPU work may still be writing."""
+    if hasattr(table, "weight") and isinstance(table, torch.nn.Module):
+        table = table.weight
+    elif not isinstance(table, torch.Tensor):
+        table = table.table()
+    if table.device.type != "cpu":
+        table = table.cpu()
+    if table.dtype == torch.bfloat16:
+        table = table.view(torch.uint16)
+    return table.detach().numpy()

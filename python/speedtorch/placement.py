@@ -1,0 +1,282 @@
+"""Where a :class:`speedtorch.nn.HostEmbedding` keeps its rows and optimizer state: the placements besides the
+default pinned host table (a :class:`speedtorch.PinnedEmbedding`).
+
+- :class:`DeviceTable` (``placement="gpu"``): table and state in device memory (the fastest when they fit).
+- :class:`HybridTable` (``placement="hybrid"``): the hottest rows (by training frequency, or a caller-given set) and
+  their state in device memory, all rows in a pinned host table; a ``num_rows`` remap on the device routes each id.
+
+Both offer the part of PinnedEmbedding's API that HostEmbedding uses (``gather``, ``apply_gradients``, ``table``,
+``state``, ``optimizer``, ``optimizer_options``, ``step_count``, ``save``, ``copy_``), so the module's code is the
+same for all three placements. Updates are the fused ``speedtorch::row_optimizer_step_`` on whichever memory holds a
+row, with one table-wide step count: a row gets the same update wherever it lives.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from . import PinnedEmbedding
+
+__all__ = ["DeviceTable", "HybridTable"]
+
+
+def _sync_stream(device: torch.device) -> None:
+    # Host-side work on the pinned table must not race copies the stream still runs into it (one stream, not the
+    # whole device).
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+class DeviceTable:
+    """A ``num_rows x dim`` table and its optimizer state in ``device`` memory (a CUDA device, or the CPU)."""
+
+    def __init__(self, num_rows: int, dim: int, dtype: torch.dtype = torch.float32, device="cuda"):
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"DeviceTable: dtype must be float32, float16 or bfloat16, got {dtype}")
+        self.device = torch.device(device)
+        self._table = torch.zeros(num_rows, dim, dtype=dtype, device=self.device)
+        self._state: Optional[torch.Tensor] = None
+        self._optimizer = ""
+        self._options: dict[str, float] = {}
+        self._step = 0
+
+    # --- PinnedEmbedding's API ---------------------------------------------------------------------------------
+
+    def num_rows(self) -> int:
+        return self._table.shape[0]
+
+    def dim(self) -> int:
+        return self._table.shape[1]
+
+    def nbytes(self) -> int:
+        state = 0 if self._state is None else self._state.numel() * 4
+        return self._table.numel() * self._table.element_size() + state
+
+    def table(self) -> torch.Tensor:
+        return self._table
+
+    def mapping(self) -> str:
+        return ""
+
+    def state(self) -> Optional[torch.Tensor]:
+        return self._state
+
+    def optimizer(self) -> str:
+        return self._optimizer
+
+    def optimizer_options(self) -> dict[str, float]:
+        return dict(self._options)
+
+    def step_count(self) -> int:
+        return self._step
+
+    def set_step_count(self, step: int) -> None:
+        self._step = int(step)
+
+    def set_optimizer(self, kind: str, options: dict, state_beside_rows: bool = True) -> None:  # noqa: ARG002
+        options = {k: float(v) for k, v in options.items()}
+        width = PinnedEmbedding.state_width(kind, options, self.dim())  # validates the name and options
+        self._state = torch.zeros(self.num_rows(), width, dtype=torch.float32, device=self.device)
+        self._optimizer, self._options, self._step = kind.lower(), options, 0
+
+    def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
+        return torch.ops.speedtorch.gather(self._table, indices, None if device is None else torch.device(device))
+
+    def scatter_(self, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.ops.speedtorch.scatter_(self._table, indices, src)
+
+    def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor) -> None:
+        if self._state is None:
+            raise RuntimeError("DeviceTable.apply_gradients: no optimizer; call set_optimizer(kind, options) first")
+        torch.ops.speedtorch.row_optimizer_step_(self._table, self._state, indices, grad, self._optimizer,
+                                                 self._options, self._step + 1)
+        self._step += 1
+
+    def normal_(self, mean: float, std: float, seed: Optional[int] = None) -> None:
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(self.device).manual_seed(seed)
+        self._table.normal_(mean, std, generator=generator)
+
+    def copy_(self, src: torch.Tensor) -> None:
+        if tuple(src.shape) != tuple(self._table.shape):
+            raise RuntimeError(f"DeviceTable.copy_: src must have shape {tuple(self._table.shape)}, got "
+                               f"{tuple(src.shape)}")
+        self._table.copy_(src)
+
+    def save(self, path: str) -> None:
+        """The files of :meth:`speedtorch.PinnedEmbedding.save` (rows, state, meta), copied down in chunks."""
+        torch.ops.speedtorch.save_embedding_files(self._table, self._state, self._optimizer, self._options,
+                                                  self._step, str(path))
+
+    @classmethod
+    def load(cls, path: str, device="cuda", verify: bool = True) -> "DeviceTable":
+        """A table read from :meth:`save`'s (or PinnedEmbedding's) files, streamed to ``device`` in chunks."""
+        (rows, dim), dtype, optimizer, options, step, _ = torch.ops.speedtorch.read_embedding_meta(str(path))
+        out = cls(rows, dim, getattr(torch, dtype), device)
+        if optimizer:
+            out.set_optimizer(optimizer, options)
+        torch.ops.speedtorch.load_embedding_files_(out._table, out._state, str(path), verify)
+        out._step = step
+        return out
+
+
+class HybridTable:
+    """All rows and their state in a pinned host table, the hottest ``num_hot`` of them in ``device`` memory.
+
+    A row lives in one place at a time: ``remap[id]`` is its slot on the device, or -1. Hot rows are the caller's
+    ``hot_rows``, or (``hot_rows=None``) the rows updated most often, counted on the device and re-chosen every
+    ``refresh`` updates and at :meth:`update_hot_rows`. Moving rows writes the leaving ones (rows and state) back to
+    the host table and gathers the arriving ones. While rows are on the device the host copies are stale:
+    :meth:`table` and :meth:`save` write them back first.
+    """
+
+    def __init__(self, host: PinnedEmbedding, device, num_hot: int, hot_rows: Optional[torch.Tensor] = None,
+                 refresh: int = 1000):
+        if host.state() is None:
+            raise RuntimeError("HybridTable: configure the host table's optimizer (set_optimizer) first")
+        self.host = host
+        self.device = torch.device(device)
+        self.num_hot = max(0, min(int(num_hot), host.num_rows()))
+        self.refresh = int(refresh)
+        self.remap = torch.full((host.num_rows(),), -1, dtype=torch.int32, device=self.device)
+        self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.hot_table = torch.empty(0, host.dim(), dtype=host.table().dtype, device=self.device)
+        self.hot_state = torch.empty(0, host.state().shape[1], dtype=torch.float32, device=self.device)
+        self.counts = None if hot_rows is not None else torch.zeros(host.num_rows(), dtype=torch.int32,
+                                                                      device=self.device)
+        self._updates = 0
+        if hot_rows is not None:
+            self.set_hot_rows(hot_rows)
+
+    # --- placement --------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def set_hot_rows(self, ids: torch.Tensor) -> None:
+        """Makes ``ids`` (distinct row ids, at most ``num_hot`` of them) the device-resident rows."""
+        ids = torch.unique(ids.to(self.device, torch.int64))
+        if ids.numel() > self.num_hot:
+            raise ValueError(f"HybridTable: {ids.numel()} hot rows given, room for {self.num_hot}")
+        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.host.num_rows()):
+            raise IndexError(f"HybridTable: hot row ids must be in [0, {self.host.num_rows()})")
+        self.sync_to_host()
+        self.remap[self.hot_ids] = -1
+        self.hot_table = self.host.gather(ids, self.device)
+        self.hot_state = torch.ops.speedtorch.gather(self.host.state(), ids, self.device)
+        self.remap[ids] = torch.arange(ids.numel(), dtype=torch.int32, device=self.device)
+        self.hot_ids = ids
+
+    @torch.no_grad()
+    def update_hot_rows(self) -> None:
+        """Re-chooses the hot rows by update frequency (counts halve after each choice, so they follow drift)."""
+        if self.counts is None:
+            raise RuntimeError("HybridTable.update_hot_rows: the hot rows were given by the caller; call "
+                               "set_hot_rows(ids) to change them")
+        touched = int((self.counts > 0).sum())
+        k = min(self.num_hot, touched)
+        self.set_hot_rows(torch.topk(self.counts, k).indices if k else self.hot_ids[:0])
+        self.counts.div_(2, rounding_mode="floor")
+
+    @torch.no_grad()
+    def sync_to_host(self) -> None:
+        """Writes the device-resident rows and their state back to the host table (they stay on the device too)."""
+        if self.hot_ids.numel() == 0:
+            return
+        self.host.scatter_(self.hot_ids, self.hot_table)
+        torch.ops.speedtorch.scatter_(self.host.state(), self.hot_ids, self.hot_state)
+        _sync_stream(self.device)
+
+    # --- PinnedEmbedding's API ---------------------------------------------------------------------------------
+
+    def num_rows(self) -> int:
+        return self.host.num_rows()
+
+    def dim(self) -> int:
+        return self.host.dim()
+
+    def nbytes(self) -> int:
+        return self.host.nbytes() + self.hot_table.numel() * self.hot_table.element_size() + self.hot_state.numel() * 4
+
+    def optimizer(self) -> str:
+        return self.host.optimizer()
+
+    def optimizer_options(self) -> dict[str, float]:
+        return self.host.optimizer_options()
+
+    def step_count(self) -> int:
+        return self.host.step_count()
+
+    def mapping(self) -> str:
+        return self.host.mapping()
+
+    def table(self) -> torch.Tensor:
+        """The host table, with the device-resident rows written back first."""
+        self.sync_to_host()
+        return self.host.table()
+
+    def state(self) -> torch.Tensor:
+        self.sync_to_host()
+        return self.host.state()
+
+    def _split(self, ids: torch.Tensor):
+        slots = self.remap[ids]
+        hot = slots >= 0
+        return hot.nonzero().squeeze(1), (~hot).nonzero().squeeze(1), slots
+
+    def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
+        device = self.device if device is None else torch.device(device)
+        ids = indices.to(self.device).reshape(-1)
+        hot_pos, cold_pos, slots = self._split(ids)
+        rows = torch.empty(ids.numel(), self.dim(), dtype=self.hot_table.dtype, device=device)
+        if hot_pos.numel():
+            rows[hot_pos.to(device)] = torch.ops.speedtorch.gather(self.hot_table, slots[hot_pos], device)
+        if cold_pos.numel():
+            rows[cold_pos.to(device)] = self.host.gather(ids[cold_pos], device)
+        return rows.reshape(*indices.shape, self.dim())
+
+    def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor) -> None:
+        ids = indices.to(self.device).reshape(-1)
+        grad = grad.reshape(ids.numel(), self.dim())
+        hot_pos, cold_pos, slots = self._split(ids)
+        # The host step goes first (empty or not): it advances the table-wide step count both parts use.
+        self.host.apply_gradients(ids[cold_pos], grad[cold_pos.to(grad.device)])
+        if hot_pos.numel():
+            torch.ops.speedtorch.row_optimizer_step_(self.hot_table, self.hot_state, slots[hot_pos],
+                                                     grad[hot_pos.to(grad.device)], self.host.optimizer(),
+                                                     self.host.optimizer_options(), self.host.step_count())
+        if self.counts is not None:
+            self.counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+            self._updates += 1
+            if self.refresh > 0 and self._updates % self.refresh == 0:
+                self.update_hot_rows()
+
+    def scatter_(self, indices: torch.Tensor, src: torch.Tensor) -> None:
+        ids = indices.to(self.device).reshape(-1)
+        src = src.reshape(ids.numel(), self.dim())
+        hot_pos, cold_pos, slots = self._split(ids)
+        if hot_pos.numel():
+            torch.ops.speedtorch.scatter_(self.hot_table, slots[hot_pos], src[hot_pos.to(src.device)])
+        if cold_pos.numel():
+            self.host.scatter_(ids[cold_pos], src[cold_pos.to(src.device)])
+
+    def copy_(self, src: torch.Tensor) -> None:
+        self.host.copy_(src)
+        if self.hot_ids.numel():
+            self.hot_table.copy_(src[self.hot_ids.to(src.device)])
+
+    def save(self, path: str) -> None:
+        self.sync_to_host()
+        self.host.save(str(path))
+
+    @staticmethod
+    def hot_count(num_rows: int, hot_rows: Optional[torch.Tensor], hot_fraction: Optional[float]) -> int:
+        """How many device slots a hybrid table gets: the caller's set, or a fraction of the rows."""
+        if hot_rows is not None:
+            return int(torch.unique(hot_rows).numel())
+        if hot_fraction is None or not 0.0 < hot_fraction <= 1.0:
+            raise ValueError(f"placement='hybrid' needs hot_rows (ids) or hot_fraction in (0, 1], got "
+                             f"{hot_fraction!r}")
+        return max(1, math.ceil(hot_fraction * num_rows))

@@ -1,0 +1,303 @@
+"""Files and placement (speedtorch.data, PinnedEmbedding.save/load/open, HostEmbedding.save/load, placement='gpu' /
+'hybrid'): .npy files NumPy agrees with, header validation, round trips that keep optimizer state, memory-mapped
+tables, and the three placements training to the same result. Faults (kills, truncation, bit flips) are in
+test_reliability.py."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import speedtorch
+from speedtorch import data
+from speedtorch.nn import HostEmbedding
+from speedtorch.placement import DeviceTable, HybridTable
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+TABLE_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def trained_table(num_rows=300, dim=12, dtype=torch.float32, optimizer="adam", steps=3, beside=True):
+    emb = speedtorch.PinnedEmbedding(num_rows, dim, dtype)
+    emb.set_optimizer(optimizer, {"lr": 0.05}, beside)
+    emb.uniform_(-1.0, 1.0, 7)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(steps):
+        ids = torch.randint(0, num_rows, (40,), generator=gen)
+        emb.apply_gradients(ids, torch.randn(40, dim, generator=gen))
+    return emb
+
+
+# --- .npy tensors ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.int64, torch.int32,
+                                   torch.uint8])
+def test_save_npy_is_what_numpy_reads(tmp_path, dtype):
+    tensor = (torch.randn(37, 5, 3) * 50).to(dtype)
+    data.save_npy(tensor, tmp_path / "t.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), tensor.numpy())
+    assert data.npy_info(tmp_path / "t.npy") == (dtype, (37, 5, 3))
+
+
+def test_bfloat16_round_trips_as_raw_bits(tmp_path):
+    tensor = torch.randn(20, 8).to(torch.bfloat16)
+    data.save_npy(tensor, tmp_path / "b.npy")
+    on_disk = np.load(tmp_path / "b.npy")
+    assert on_disk.dtype == np.uint16
+    np.testing.assert_array_equal(on_disk, tensor.view(torch.uint16).numpy())
+    back = torch.empty(20, 8, dtype=torch.bfloat16)
+    data.load_npy_into_(back, tmp_path / "b.npy")
+    assert torch.equal(back, tensor)
+
+
+def test_save_npy_takes_strided_tensors_and_the_same_data_hashes_the_same(tmp_path):
+    base = torch.randn(30, 16)
+    strided = base[::2, 3:11]
+    hash_strided = data.save_npy(strided, tmp_path / "s.npy")
+    hash_dense = data.save_npy(strided.contiguous(), tmp_path / "d.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "s.npy"), strided.numpy())
+    assert hash_strided == hash_dense and len(hash_strided) == 16
+    assert data.save_npy(strided + 1, tmp_path / "e.npy") != hash_dense
+
+
+def test_load_npy_reads_numpy_files_and_converts_floats(tmp_path):
+    array = np.random.default_rng(0).standard_normal((50, 9))
+    np.save(tmp_path / "f64.npy", array)
+    loaded = data.load_npy(tmp_path / "f64.npy")
+    assert loaded.dtype == torch.float64 and loaded.device.type == "cpu"
+    np.testing.assert_array_equal(loaded.numpy(), array)
+    into = torch.empty(50, 9, dtype=torch.float32)
+    data.load_npy_into_(into, tmp_path / "f64.npy")
+    torch.testing.assert_close(into, torch.from_numpy(array).float())
+
+
+@pytest.mark.gpu
+def test_load_npy_pins_and_loads_into_gpu_tensors(tmp_path):
+    array = np.random.default_rng(1).standard_normal((300, 64)).astype(np.float32)
+    np.save(tmp_path / "a.npy", array)
+    assert data.load_npy(tmp_path / "a.npy").is_pinned()
+    on_gpu = torch.empty(300, 64, device="cuda")
+    data.load_npy_into_(on_gpu, tmp_path / "a.npy")
+    np.testing.assert_array_equal(on_gpu.cpu().numpy(), array)
+    data.save_npy(on_gpu * 2, tmp_path / "b.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "b.npy"), array * 2)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: np.save(p, np.asfortranarray(np.ones((4, 3), np.float32))), "Fortran"),
+    (lambda p: np.save(p, np.ones((4, 3), ">f4")), "big-endian"),
+    (lambda p: np.save(p, np.array([1 + 2j, 3j])), "unsupported dtype .<c16"),
+    (lambda p: np.save(p, np.array(["a", "b"])), "<U1"),
+    (lambda p: p.write_bytes(b"NOTNUMPY" + bytes(100)), "not a .npy file"),
+    (lambda p: p.write_bytes(np.lib.format.magic(1, 0) + b"\x10\x00{'descr': '<f4'}    \n"), "header"),
+])
+def test_bad_headers_are_rejected_with_a_clear_error(tmp_path, make, message):
+    path = tmp_path / "bad.npy"
+    make(path)
+    with pytest.raises(RuntimeError, match=message):
+        data.load_npy(path)
+
+
+def test_truncated_npy_is_rejected(tmp_path):
+    np.save(tmp_path / "t.npy", np.ones((100, 4), np.float32))
+    raw = (tmp_path / "t.npy").read_bytes()
+    (tmp_path / "t.npy").write_bytes(raw[:-1])
+    with pytest.raises(RuntimeError, match="truncated"):
+        data.npy_info(tmp_path / "t.npy")
+    with pytest.raises(RuntimeError, match="shape"):
+        data.load_npy_into_(torch.empty(99, 4), tmp_path / "t.npy")
+
+
+def test_open_npy_modes(tmp_path):
+    path = tmp_path / "m.npy"
+    np.save(path, np.arange(60, dtype=np.float32).reshape(20, 3))
+    read_only = data.open_npy(path, "r")
+    assert read_only[4, 1] == 13
+    copy_on_write = data.open_npy(path, "c")
+    copy_on_write[0, 0] = -1
+    assert np.load(path)[0, 0] == 0
+    shared = data.open_npy(path, "r+")
+    shared[1, 2] = 99
+    del shared
+    assert np.load(path)[1, 2] == 99
+    with pytest.raises(RuntimeError, match="mode"):
+        data.open_npy(path, "w")
+
+
+def test_numpy_view_shares_memory():
+    emb = speedtorch.PinnedEmbedding(10, 4, torch.float32)
+    view = data.numpy(emb)
+    view[3, 2] = 5.0
+    assert emb.table()[3, 2] == 5.0
+    host = HostEmbedding(10, 4, device="cpu", seed=0)
+    data.numpy(host)[0, 0] = 7.0
+    assert host.weight[0, 0] == 7.0
+    bf16 = speedtorch.PinnedEmbedding(3, 4, torch.bfloat16)
+    assert data.numpy(bf16).dtype == np.uint16
+
+
+def test_progress_line_on_request(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("SPEEDTORCH_PROGRESS", "1")
+    data.save_npy(torch.randn(1000, 16), tmp_path / "p.npy")
+    assert "p.npy" in capfd.readouterr().err
+    monkeypatch.setenv("SPEEDTORCH_PROGRESS", "0")
+    data.save_npy(torch.randn(1000, 16), tmp_path / "q.npy")
+    assert capfd.readouterr().err == ""
+
+
+# --- PinnedEmbedding files ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", TABLE_DTYPES)
+@pytest.mark.parametrize("beside", [True, False])
+def test_save_load_keeps_rows_state_and_config(tmp_path, dtype, beside):
+    emb = trained_table(dtype=dtype, beside=beside)
+    emb.save(str(tmp_path / "users"))
+    assert sorted(os.listdir(tmp_path)) == ["users.meta.json", "users.npy", "users.state.npy"]
+    back = speedtorch.PinnedEmbedding.load(str(tmp_path / "users.npy"), True)
+    assert back.table().dtype == dtype
+    assert torch.equal(back.table(), emb.table()) and torch.equal(back.state(), emb.state())
+    assert (back.optimizer(), back.optimizer_options(), back.step_count()) == \
+        (emb.optimizer(), emb.optimizer_options(), emb.step_count())
+    # Training goes on identically from the loaded copy.
+    ids, grad = torch.tensor([0, 5, 5, 299]), torch.randn(4, emb.dim())
+    emb.apply_gradients(ids, grad)
+    back.apply_gradients(ids, grad)
+    assert torch.equal(back.table(), emb.table())
+    # NumPy reads the files as they are documented.
+    rows = np.load(tmp_path / "users.npy")
+    assert rows.shape == (300, 12)
+
+
+def test_plain_npy_loads_as_rows_only(tmp_path):
+    array = np.random.default_rng(2).standard_normal((40, 6)).astype(np.float32)
+    np.save(tmp_path / "plain.npy", array)
+    emb = data.load_embedding(tmp_path / "plain.npy")
+    np.testing.assert_array_equal(emb.table().numpy(), array)
+    assert emb.optimizer() == "" and emb.step_count() == 0
+
+
+def test_files_of_different_saves_do_not_mix(tmp_path):
+    trained_table(steps=2).save(str(tmp_path / "a"))
+    trained_table(steps=5).save(str(tmp_path / "b"))
+    os.replace(tmp_path / "b.state.npy", tmp_path / "a.state.npy")
+    with pytest.raises(RuntimeError, match="hash"):
+        speedtorch.PinnedEmbedding.load(str(tmp_path / "a"), True)
+
+
+def test_open_maps_the_saved_files(tmp_path):
+    emb = trained_table()
+    emb.save(str(tmp_path / "t"))
+    read_only = data.open_embedding(tmp_path / "t", "r")
+    assert read_only.mapping() == "r"
+    assert torch.equal(read_only.gather(torch.tensor([3, 1])), emb.table()[[3, 1]])
+    with pytest.raises(RuntimeError, match="read-only"):
+        read_only.apply_gradients(torch.tensor([0]), torch.ones(1, emb.dim()))
+
+    writable = data.open_embedding(tmp_path / "t", "r+")
+    ids, grad = torch.tensor([2, 9]), torch.randn(2, emb.dim())
+    writable.apply_gradients(ids, grad)
+    emb.apply_gradients(ids, grad)
+    writable.flush()
+    back = speedtorch.PinnedEmbedding.load(str(tmp_path / "t"), True)
+    assert torch.equal(back.table(), emb.table()) and torch.equal(back.state(), emb.state())
+    assert back.step_count() == emb.step_count()
+
+    private = data.open_embedding(tmp_path / "t", "c")
+    private.scatter_(torch.tensor([0]), torch.full((1, emb.dim()), 5.0))
+    assert not torch.equal(speedtorch.PinnedEmbedding.load(str(tmp_path / "t"), True).table()[0],
+                           private.table()[0])
+    with pytest.raises(RuntimeError, match="mode"):
+        data.open_embedding(tmp_path / "t", "w+")
+
+
+def test_missing_files_name_the_path(tmp_path):
+    with pytest.raises(RuntimeError, match="nothing.npy"):
+        speedtorch.PinnedEmbedding.load(str(tmp_path / "nothing"), True)
+    trained_table().save(str(tmp_path / "x"))
+    os.remove(tmp_path / "x.state.npy")
+    with pytest.raises(RuntimeError, match="x.state.npy"):
+        speedtorch.PinnedEmbedding.load(str(tmp_path / "x"), True)
+
+
+# --- HostEmbedding and placements -----------------------------------------------------------------------------------
+
+
+def train(module, batches, target):
+    losses = []
+    for ids in batches:
+        loss = ((module(ids) - target) ** 2).sum()
+        loss.backward()
+        module.step()
+        losses.append(float(loss))
+    return losses
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_placements_train_alike(device):
+    n, d = 400, 8
+    gen = torch.Generator().manual_seed(5)
+    init = torch.randn(n, d, generator=gen)
+    batches = [torch.randint(0, 50, (64,), generator=gen) for _ in range(8)]  # hot rows 0..49
+    target = torch.randn(d, generator=gen).to(device)
+    hot = torch.arange(0, 100, 4)  # half of the hot rows on the device, half not
+    modules = {
+        "host": HostEmbedding(n, d, device=device, optimizer="adam", optimizer_options={"lr": 0.05}),
+        "gpu": HostEmbedding(n, d, device=device, optimizer="adam", optimizer_options={"lr": 0.05}, placement="gpu"),
+        "hybrid": HostEmbedding(n, d, device=device, optimizer="adam", optimizer_options={"lr": 0.05},
+                                placement="hybrid", hot_rows=hot),
+        "hybrid_freq": HostEmbedding(n, d, device=device, optimizer="adam", optimizer_options={"lr": 0.05},
+                                     placement="hybrid", hot_fraction=0.05, hot_refresh=3),
+    }
+    results = {}
+    for name, module in modules.items():
+        module.table.copy_(init.to(device) if name == "gpu" else init)
+        losses = train(module, batches, target)
+        results[name] = (losses, module.weight.detach().cpu().clone())
+    assert isinstance(modules["gpu"].table, DeviceTable)
+    assert isinstance(modules["hybrid"].table, HybridTable)
+    assert modules["hybrid_freq"].table.hot_ids.numel() > 0  # re-chosen by frequency
+    ref_losses, ref_weight = results["host"]
+    assert ref_losses[-1] < ref_losses[0]
+    for name, (losses, weight) in results.items():
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-4, err_msg=name)
+        torch.testing.assert_close(weight, ref_weight, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("placement", ["host", "gpu", "hybrid"])
+def test_host_embedding_save_load_every_placement(tmp_path, placement):
+    kwargs = {"placement": placement, "device": "cpu", "optimizer": "adagrad"}
+    if placement == "hybrid":
+        kwargs["hot_rows"] = torch.tensor([1, 2, 3])
+    module = HostEmbedding(100, 6, seed=1, **kwargs)
+    train(module, [torch.tensor([1, 2, 50, 50, 99])] * 3, torch.zeros(6))
+    module.save(tmp_path / "m")
+    back = HostEmbedding.load(tmp_path / "m", **kwargs)
+    assert torch.equal(back.weight.cpu(), module.weight.cpu())
+    assert back.table.step_count() == module.table.step_count() == 3
+    assert torch.equal(back.table.state().cpu(), module.table.state().cpu())
+    # A host-saved table opens memory-mapped and keeps training.
+    mapped = HostEmbedding.load(tmp_path / "m", mmap_mode="c", device="cpu", optimizer="adagrad")
+    train(mapped, [torch.tensor([4])], torch.zeros(6))
+    assert mapped.table.step_count() == 4
+
+
+def test_placement_arguments_are_checked():
+    with pytest.raises(ValueError, match="placement"):
+        HostEmbedding(10, 4, device="cpu", placement="disk")
+    with pytest.raises(ValueError, match="hot_fraction"):
+        HostEmbedding(10, 4, device="cpu", placement="hybrid")
+    with pytest.raises(RuntimeError, match="set_optimizer"):
+        HybridTable(speedtorch.PinnedEmbedding(10, 4, torch.float32), "cpu", 1)
+    hybrid = HostEmbedding(10, 4, device="cpu", placement="hybrid", hot_rows=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="room for 2"):
+        hybrid.set_hot_rows(torch.tensor([1, 2, 3]))
+    with pytest.raises(IndexError, match="hot row ids"):
+        hybrid.set_hot_rows(torch.tensor([10]))
+    module = HostEmbedding(10, 4, device="cpu")
+    with pytest.raises(RuntimeError, match="hybrid"):
+        module.set_hot_rows(torch.tensor([1]))
