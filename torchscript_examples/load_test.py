@@ -28,8 +28,9 @@ import speedtorch  # noqa: E402,F401  (registers the PinnedEmbedding class for t
 class Server:
     """speedtorch_server as a context manager: started on a free port, stopped (SIGTERM) on exit."""
 
-    def __init__(self, binary: str, model: str, threads: int = 8, max_batch: int = 4096):
-        self.cmd = [binary, model, "--port", "0", "--threads", str(threads), "--max-batch", str(max_batch)]
+    def __init__(self, binary: str, model: str, threads: int = 8, max_batch: int = 4096, device: str = "cpu"):
+        self.cmd = [binary, model, "--port", "0", "--threads", str(threads), "--max-batch", str(max_batch),
+                    "--device", device]
 
     def __enter__(self):
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -111,11 +112,13 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=500, help="per client")
     parser.add_argument("--threads", type=int, default=8, help="server threads")
+    parser.add_argument("--device", default="cpu", help="where the server runs the model (cpu, cuda)")
     args = parser.parse_args()
     model = torch.jit.load(args.model)
-    with Server(args.server, args.model, args.threads) as server:
+    with Server(args.server, args.model, args.threads, device=args.device) as server:
         result = run(server, model, args.clients, args.requests)
-    print(json.dumps({k: v for k, v in result.items() if k != "failures"}, indent=1))
+    print(json.dumps({"device": args.device, "clients": args.clients, "server threads": args.threads,
+                      **{k: v for k, v in result.items() if k != "failures"}}, indent=1))
     print(f"{len(result['failures'])} wrong answers")
     return 1 if result["failures"] else 0
 

@@ -54,7 +54,7 @@ class Recommender(torch.nn.Module):
 
     @torch.jit.export
     def top_k(self, user_id: int, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        row = self.users.gather(torch.tensor([user_id]), None)[0]
+        row = self.users.gather(torch.tensor([user_id], device=self.items.device), None)[0]
         scores = self.items.detach() @ row + self.bias.detach()
         top = torch.topk(scores, min(k, scores.numel()))
         return top.indices, top.values
@@ -111,8 +111,12 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--num-batches", type=int, default=20)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--sidecar", help="save the user table to this file beside the model (docs/persistence.md; "
+                        "needed above SPEEDTORCH_INLINE_MAX_BYTES)")
     args = parser.parse_args()
     model = torch.jit.script(Recommender(args.users, args.items, args.dim))
+    if args.sidecar:
+        model.users.set_sidecar(args.sidecar)
     torch.jit.save(model, str(args.out))
     if args.batches:
         torch.jit.save(torch.jit.script(make_batches(args.users, args.items, args.num_batches, args.batch)),

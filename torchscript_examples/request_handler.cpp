@@ -58,8 +58,8 @@ bool parse(const std::string& body, json& out, Response& failure) {
   return true;
 }
 
-torch::Tensor to_tensor(const std::vector<int64_t>& ids) {
-  return torch::tensor(ids, torch::TensorOptions().dtype(torch::kLong));
+torch::Tensor to_tensor(const std::vector<int64_t>& ids, torch::Device device) {
+  return torch::tensor(ids, torch::TensorOptions().dtype(torch::kLong)).to(device);
 }
 
 std::vector<std::vector<float>> to_rows(const torch::Tensor& t) {
@@ -72,8 +72,8 @@ std::vector<std::vector<float>> to_rows(const torch::Tensor& t) {
 
 }  // namespace
 
-RecommenderService::RecommenderService(torch::jit::Module model, int64_t max_batch)
-    : model_(std::move(model)), max_batch_(max_batch) {
+RecommenderService::RecommenderService(torch::jit::Module model, int64_t max_batch, torch::Device device)
+    : model_(std::move(model)), max_batch_(max_batch), device_(device) {
   TORCH_CHECK(max_batch > 0, "max_batch must be > 0, got ", max_batch);
   num_users_ = model_.run_method("num_users").toInt();
   const torch::Tensor items = model_.attr("items").toTensor();
@@ -88,7 +88,7 @@ Response RecommenderService::lookup(const std::string& body) const {
   const auto ids = ids_field(request, "ids", num_users_, max_batch_, failure);
   if (failure.status != 200) return failure;
   std::shared_lock<std::shared_mutex> lock(rows_lock_);
-  const torch::Tensor rows = model_.run_method("lookup", to_tensor(ids)).toTensor();
+  const torch::Tensor rows = model_.run_method("lookup", to_tensor(ids, device_)).toTensor();
   lock.unlock();
   return {200, json{{"rows", to_rows(rows)}}.dump()};
 }
@@ -126,7 +126,7 @@ Response RecommenderService::score(const std::string& body) const {
   if (users.size() != items.size()) return error(400, "'users' and 'items' must have the same length");
   std::shared_lock<std::shared_mutex> lock(rows_lock_);
   const torch::Tensor scores =
-      model_.run_method("score", to_tensor(users), to_tensor(items)).toTensor().to(torch::kFloat).contiguous();
+      model_.run_method("score", to_tensor(users, device_), to_tensor(items, device_)).toTensor().to(torch::kFloat).contiguous();
   lock.unlock();
   return {200, json{{"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
                    .dump()};
@@ -155,7 +155,7 @@ Response RecommenderService::update(const std::string& body) {
   const torch::Tensor rows =
       torch::from_blob(values.data(), {static_cast<int64_t>(ids.size()), dim_}, torch::kFloat).clone();
   std::unique_lock<std::shared_mutex> lock(rows_lock_);
-  model_.run_method("update_rows", to_tensor(ids), rows);
+  model_.run_method("update_rows", to_tensor(ids, device_), rows);
   return {200, json{{"updated", ids.size()}}.dump()};
 }
 

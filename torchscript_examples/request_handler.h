@@ -22,7 +22,9 @@ struct Response {
 class RecommenderService {
  public:
   // max_batch: the most ids one request may name (larger requests get 413).
-  RecommenderService(torch::jit::Module model, int64_t max_batch);
+  // device: where the ids go (the model's dense parameters must be there; its PinnedEmbedding stays in pinned
+  // host memory and is read by the device over UVA when it is a GPU).
+  RecommenderService(torch::jit::Module model, int64_t max_batch, torch::Device device = torch::kCPU);
 
   // POST /lookup {"ids": [int, ...]}              -> {"rows": [[float, ...], ...]}
   Response lookup(const std::string& body) const;
@@ -39,6 +41,7 @@ class RecommenderService {
   mutable torch::jit::Module model_;  // its methods do not change the module's structure
   mutable std::shared_mutex rows_lock_;
   int64_t max_batch_;
+  torch::Device device_;
   int64_t num_users_;
   int64_t num_items_;
   int64_t dim_;

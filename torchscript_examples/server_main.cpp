@@ -2,7 +2,9 @@
 // POST /lookup, /topk, /score, /update with JSON bodies (request_handler.h), GET /health. Many requests run at
 // once on a thread pool; a bad request gets a 4xx with a message and never takes the server down.
 //
-//   speedtorch_server MODEL.pt [--host 127.0.0.1] [--port 0] [--threads 8] [--max-batch 4096]
+//   speedtorch_server MODEL.pt [--host 127.0.0.1] [--port 0] [--threads 8] [--max-batch 4096] [--device cpu]
+// --device cuda moves the model's dense parameters to the GPU; the user table stays in pinned host memory and the
+// GPU reads the rows a request names over UVA.
 // With --port 0 the kernel picks a free port; the first line printed is "listening on HOST:PORT".
 #include <httplib.h>
 #include <torch/script.h>
@@ -41,26 +43,30 @@ void respond(httplib::Response& res, const std::function<speedtorch::serving::Re
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s MODEL.pt [--host H] [--port P] [--threads T] [--max-batch N]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s MODEL.pt [--host H] [--port P] [--threads T] [--max-batch N] [--device D]\n", argv[0]);
     return 2;
   }
   std::string host = "127.0.0.1";
   int port = 0;
   int threads = 8;
   long max_batch = 4096;
+  std::string device = "cpu";
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--host") host = argv[i + 1];
     else if (flag == "--port") port = std::atoi(argv[i + 1]);
     else if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     else if (flag == "--max-batch") max_batch = std::atol(argv[i + 1]);
+    else if (flag == "--device") device = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
     }
   }
   try {
-    speedtorch::serving::RecommenderService service(torch::jit::load(argv[1]), max_batch);
+    torch::jit::Module model = torch::jit::load(argv[1]);
+    model.to(torch::Device(device));  // a bad name throws: reported below, exit 1
+    speedtorch::serving::RecommenderService service(std::move(model), max_batch, torch::Device(device));
     httplib::Server server;
     g_server = &server;
     server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
