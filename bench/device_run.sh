@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build (sm_90 only, for speed), C++ and Python tests with CUDA, the transfer
 # benchmark, the CPU-path benchmark, and (SANITIZE=1) compute-sanitizer over the GPU tests. TRAIN=1 adds
-# bench/train.py, CONTIG=1 bench/contiguous.py (SCALE_ROWS=N adds its scale run); TRANSFER=0 stops before the transfer benchmarks. Logs and JSON
+# bench/train.py (TRAIN_ARGS passes options), RACECHECK=1 compute-sanitizer racecheck, LOADTEST=1 the server's load
+# test on CPU and GPU, CONTIG=1 bench/contiguous.py (SCALE_ROWS=N adds its scale run); TRANSFER=0 stops before the transfer benchmarks. Logs and JSON
 # go to $OUT (or bench/out). Usage: bash bench/device_run.sh [transfer bench args...]
 set -u
 OUT=${OUT:-bench/out}
@@ -11,8 +12,11 @@ PY=${PYTHON:-python3}
 step() { echo; echo "=== $* ($(date +%T))"; }
 
 step build
+[ -d build-deps ] && DEPS=1
+# build-deps/ (carried, not in git): header-only cpp-httplib and nlohmann-json for the example server, which the GPU
+# machine lacks.
 cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DPython3_EXECUTABLE="$(command -v $PY)" \
-  >"$OUT/build.log" 2>&1 && ninja -C build >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  ${DEPS:+-DCMAKE_PREFIX_PATH=$PWD/build-deps} >"$OUT/build.log" 2>&1 && ninja -C build >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 export SPEEDTORCH_LIBRARY=$PWD/build/libspeedtorch_ops.so
 nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.max,pcie.link.width.max,driver_version --format=csv
 
@@ -37,7 +41,7 @@ PYTHONPATH=python $PY -m speedtorch demo --no-progress
 
 if [ "${TRAIN:-0}" = 1 ]; then
   step train
-  $PY bench/train.py --json "$OUT/train.json" ${SCALE_ROWS:+--scale-rows $SCALE_ROWS} 2>&1 | tee "$OUT/train.log" | tail -20
+  $PY bench/train.py --json "$OUT/train.json" ${SCALE_ROWS:+--scale-rows $SCALE_ROWS} ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log" | tail -20
 fi
 
 if [ "${SANITIZE:-0}" = 1 ]; then
@@ -45,9 +49,29 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/cpp/speedtorch_cpp_tests \
     --gtest_filter='RowOpsCuda.*' >"$OUT/memcheck_cpp.log" 2>&1; echo "memcheck C++ rc=$?"; tail -3 "$OUT/memcheck_cpp.log"
   timeout ${SANITIZE_PY_SECONDS:-200} compute-sanitizer --tool memcheck --error-exitcode 9 \
-    $PY -m pytest tests/python/test_row_ops_gpu.py tests/python/test_row_optimizer.py tests/python/test_host_embedding.py -m gpu -q -x -p no:cacheprovider ${SANITIZE_PY_ARGS:-} \
+    $PY -m pytest tests/python/test_row_ops_gpu.py tests/python/test_row_optimizer.py tests/python/test_host_embedding.py tests/python/test_persistence.py -m gpu -q -x -p no:cacheprovider ${SANITIZE_PY_ARGS:-} \
     >"$OUT/memcheck_py.log" 2>&1
   echo "memcheck pytest rc=$?"; tail -4 "$OUT/memcheck_py.log"
+fi
+
+if [ "${RACECHECK:-0}" = 1 ]; then
+  step compute-sanitizer racecheck
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 build/tests/cpp/speedtorch_cpp_tests \
+    --gtest_filter='RowOpsCuda.*' >"$OUT/racecheck_cpp.log" 2>&1; echo "racecheck C++ rc=$?"; tail -2 "$OUT/racecheck_cpp.log"
+  timeout ${RACECHECK_PY_SECONDS:-150} compute-sanitizer --tool racecheck --error-exitcode 9 \
+    $PY -m pytest tests/python/test_row_ops_gpu.py tests/python/test_row_optimizer.py -m gpu -q -x -p no:cacheprovider \
+    >"$OUT/racecheck_py.log" 2>&1
+  echo "racecheck pytest rc=$?"; tail -3 "$OUT/racecheck_py.log"
+fi
+
+if [ "${LOADTEST:-0}" = 1 ]; then
+  step load test
+  $PY torchscript_examples/recommender_model.py --out /tmp/lt_model.pt --users 1000000 --items 10000 --dim 64 \
+    --sidecar /tmp/lt_users.npy >/dev/null 2>&1 || echo "model writer failed"
+  for dev in cpu cuda; do
+    $PY torchscript_examples/load_test.py --server build/torchscript_examples/speedtorch_server \
+      --model /tmp/lt_model.pt --clients 16 --requests 400 --threads 16 --device $dev 2>&1 | grep -v Warn | tail -12
+  done
 fi
 
 if [ "${CONTIG:-0}" = 1 ]; then

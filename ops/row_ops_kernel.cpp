@@ -59,6 +59,15 @@ void check_host_table_reachable(const at::Tensor& table, const at::Device& gpu, 
               "speedtorch.PinnedEmbedding, or call table.pin_memory() once");
 }
 
+// GPU kernels must not write host memory registered for reads only (a table opened with mode 'r', or 'r+' on a
+// filesystem whose shared pages GPUs may not write): the fault would ruin the CUDA context.
+void check_host_table_writable_by_gpu(const at::Tensor& table, const char* op) {
+  TORCH_CHECK(!is_device_read_only_host_memory(table.storage().data()), op, ": the table is mapped from a file "
+              "that GPUs may only read (PinnedEmbedding.open / speedtorch.data.open_npy with mode 'r', or 'r+' "
+              "where Linux refuses writable GPU pins of shared file pages: anything but tmpfs); write it with CPU "
+              "tensors, or open it with mode 'c' (copy-on-write) and save() checkpoints, or load() it");
+}
+
 }  // namespace
 
 at::Tensor gather_meta(const at::Tensor& table, const at::Tensor& indices, std::optional<at::Device> device) {
@@ -110,6 +119,7 @@ void scatter_kernel(at::Tensor& table, const at::Tensor& indices, const at::Tens
                 " but the table is on ", table.device(), "; put them on the same GPU");
   }
   if (table.is_cpu() && src.is_cuda()) check_host_table_reachable(table, src.device(), kScatter);
+  if (table.is_cpu() && (src.is_cuda() || indices.is_cuda())) check_host_table_writable_by_gpu(table, kScatter);
   const at::Tensor flat = indices.reshape({-1}).contiguous();
   // A GPU table takes its rows on its own device.
   const at::Tensor rows =

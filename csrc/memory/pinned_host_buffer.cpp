@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #ifdef SPEEDTORCH_WITH_CUDA
 #include <ATen/Context.h>
@@ -22,6 +24,26 @@
 #endif
 
 namespace speedtorch {
+namespace {
+
+// The ranges registered read-only with CUDA: [begin, end) by begin.
+std::mutex read_only_ranges_mutex;
+std::map<std::uintptr_t, std::uintptr_t>& read_only_ranges() {
+  static std::map<std::uintptr_t, std::uintptr_t> ranges;
+  return ranges;
+}
+
+}  // namespace
+
+bool is_device_read_only_host_memory(const void* ptr) {
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
+  const auto& ranges = read_only_ranges();
+  auto it = ranges.upper_bound(p);
+  if (it == ranges.begin()) return false;
+  --it;
+  return p < it->second;
+}
 
 bool cuda_device_available() {
 #ifdef SPEEDTORCH_WITH_CUDA
@@ -125,8 +147,16 @@ void PinnedHostBuffer::pin() {
 #endif
   unsigned flags = cudaHostRegisterMapped | cudaHostRegisterPortable;
   // A read-only file mapping cannot be pinned for writing: the GPU gets it read-only too.
-  if (mapping_ == FileMapping::kReadOnly) flags |= cudaHostRegisterReadOnly;
-  const cudaError_t err = cudaHostRegister(data_, mapped_size_, flags);
+  bool read_only = mapping_ == FileMapping::kReadOnly;
+  if (read_only) flags |= cudaHostRegisterReadOnly;
+  cudaError_t err = cudaHostRegister(data_, mapped_size_, flags);
+  if (err != cudaSuccess && mapping_ == FileMapping::kReadWrite) {
+    // Linux refuses long-term writable pins of shared file pages outside tmpfs (they could not be written back
+    // while pinned): GPUs then read the table, and writes go through the CPU.
+    (void)cudaGetLastError();
+    read_only = true;
+    err = cudaHostRegister(data_, mapped_size_, flags | cudaHostRegisterReadOnly);
+  }
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     TORCH_CHECK(false, "speedtorch: could not page-lock ", size_, " bytes of host memory",
@@ -136,12 +166,23 @@ void PinnedHostBuffer::pin() {
                 "or load the table instead");
   }
   pinned_ = true;
+  device_read_only_ = read_only;
+  if (read_only) {
+    std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
+    const auto begin = reinterpret_cast<std::uintptr_t>(data_);
+    read_only_ranges()[begin] = begin + mapped_size_;
+  }
 #endif
 }
 
 void PinnedHostBuffer::unpin() {
 #ifdef SPEEDTORCH_WITH_CUDA
   if (pinned_) {
+    if (device_read_only_) {
+      std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
+      read_only_ranges().erase(reinterpret_cast<std::uintptr_t>(data_));
+      device_read_only_ = false;
+    }
     C10_CUDA_CHECK(cudaHostUnregister(data_));
     pinned_ = false;
   }
@@ -163,6 +204,10 @@ PinnedHostBuffer::~PinnedHostBuffer() {
   if (data_ == nullptr) return;
 #ifdef SPEEDTORCH_WITH_CUDA
   if (pinned_) {
+    if (device_read_only_) {  // the address range may be reused by writable memory next
+      std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
+      read_only_ranges().erase(reinterpret_cast<std::uintptr_t>(data_));
+    }
     // Never throw from a destructor; an unregister failure (e.g. at driver shutdown) only leaks the lock.
     if (cudaHostUnregister(data_) != cudaSuccess) (void)cudaGetLastError();
   }

@@ -24,7 +24,9 @@ namespace speedtorch {
 enum class FileMapping {
   kNone,         // anonymous memory, no file
   kReadOnly,     // ("r") MAP_SHARED, PROT_READ: writing the memory faults; registered read-only with CUDA
-  kReadWrite,    // ("r+") MAP_SHARED: writes reach the file (the kernel writes dirty pages back; flush() forces it)
+  kReadWrite,    // ("r+") MAP_SHARED: writes reach the file (the kernel writes dirty pages back; flush() forces it).
+                 // Linux lets GPUs pin shared file pages for writing only on tmpfs: elsewhere (ext4, xfs, ...)
+                 // the pages are registered read-only (is_device_read_only()).
   kCopyOnWrite,  // ("c") MAP_PRIVATE: writes stay in this process's memory, the file never changes
 };
 
@@ -49,6 +51,8 @@ class PinnedHostBuffer {
   std::size_t mapped_size() const { return mapped_size_; }
   // True when registered with CUDA (readable by GPU kernels through UVA).
   bool is_pinned() const { return pinned_; }
+  // True when registered for GPU reads only (mode "r", or "r+" where the kernel refuses writable pins).
+  bool is_device_read_only() const { return device_read_only_; }
 
   // Page-locks and registers the memory with CUDA when a device is present (a no-op when already pinned).
   void pin();
@@ -69,6 +73,7 @@ class PinnedHostBuffer {
   std::size_t size_ = 0;
   std::size_t mapped_size_ = 0;
   bool pinned_ = false;
+  bool device_read_only_ = false;
   FileMapping mapping_ = FileMapping::kNone;
   std::string path_;
 };
@@ -88,5 +93,9 @@ bool cuda_device_available();
 // Whether `ptr` lies in page-locked host memory that GPUs can address (ours, torch's pin_memory, or any
 // cudaHostRegister'ed range). Unlike Tensor::is_pinned(), it does not depend on PyTorch having initialised CUDA.
 bool is_pinned_host_memory(const void* ptr);
+
+// Whether `ptr` lies in a PinnedHostBuffer registered for GPU reads only: GPU kernels must not write there (the
+// write would be an illegal address that ruins the CUDA context), so the operators refuse before launching.
+bool is_device_read_only_host_memory(const void* ptr);
 
 }  // namespace speedtorch

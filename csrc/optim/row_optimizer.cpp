@@ -7,6 +7,7 @@
 
 #include "cpu/index_range_check.h"
 #include "cpu/row_optimizer_cpu.h"
+#include "memory/pinned_host_buffer.h"
 #include "transfer/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include "optim/row_optimizer_cuda.h"
@@ -66,6 +67,13 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
   const at::Tensor rows_grad = grad.reshape({-1, weights.size(1)});
   if (weights.is_cuda() || rows_grad.is_cuda()) {
 #ifdef SPEEDTORCH_WITH_CUDA
+    // A GPU kernel writes the rows and state in place: host memory GPUs may only read is refused up front.
+    for (const at::Tensor* t : {&weights, &state}) {
+      TORCH_CHECK(!t->is_cpu() || !is_device_read_only_host_memory(t->storage().data()), op, ": ",
+                  t == &weights ? "the table" : "the optimizer state", " is mapped from a file that GPUs may only "
+                  "read (mode 'r', or 'r+' where Linux refuses writable GPU pins of shared file pages: anything but "
+                  "tmpfs); pass CPU gradients, or open it with mode 'c' and save() checkpoints, or load() it");
+    }
     return apply_row_optimizer_cuda(weights, state, flat, rows_grad, hyper, global_step, op);
 #else
     TORCH_CHECK(false, op, ": this speedtorch library was built without CUDA");

@@ -215,6 +215,50 @@ def test_open_maps_the_saved_files(tmp_path):
         data.open_embedding(tmp_path / "t", "w+")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("folder", ["tmp", "shm"])
+def test_open_on_a_gpu_host(tmp_path, folder):
+    """GPUs read every mapping over UVA. They write 'c' mappings; 'r' mappings, and 'r+' ones outside tmpfs (Linux
+    refuses writable GPU pins of shared file pages), are registered read-only: GPU writes are refused up front and
+    CPU writes still reach the file."""
+    if folder == "shm":
+        if not os.path.isdir("/dev/shm"):
+            pytest.skip("no /dev/shm")
+        tmp_path = tmp_path.__class__(f"/dev/shm/speedtorch-test-{os.getpid()}")
+        tmp_path.mkdir(exist_ok=True)
+    try:
+        emb = trained_table()
+        emb.save(str(tmp_path / "g"))
+        ids = torch.tensor([4, 0, 7], device="cuda")
+        grad = torch.randn(3, emb.dim(), device="cuda")
+        for mode in ("r", "r+", "c"):
+            mapped = data.open_embedding(tmp_path / "g", mode)
+            assert mapped.is_pinned()
+            assert torch.equal(mapped.gather(ids).cpu(), emb.table()[[4, 0, 7]])
+            gpu_may_write = mode == "c" or (mode == "r+" and folder == "shm")
+            if mode == "r":
+                continue  # read-only for everyone (test_open_maps_the_saved_files)
+            if gpu_may_write:
+                mapped.apply_gradients(ids, grad)
+                mapped.scatter_(ids[:1], torch.ones(1, emb.dim(), device="cuda"))
+                torch.cuda.synchronize()
+                assert torch.equal(mapped.table()[4].cpu(), torch.ones(emb.dim()))
+            else:
+                with pytest.raises(RuntimeError, match="GPUs may only read"):
+                    mapped.apply_gradients(ids, grad)
+                with pytest.raises(RuntimeError, match="GPUs may only read"):
+                    mapped.scatter_(ids, torch.zeros(3, emb.dim(), device="cuda"))
+                mapped.apply_gradients(ids.cpu(), grad.cpu())  # the CPU path writes the file
+                mapped.flush()
+            del mapped
+        torch.cuda.synchronize()  # the context is healthy
+    finally:
+        if folder == "shm":
+            import shutil
+
+            shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 def test_missing_files_name_the_path(tmp_path):
     with pytest.raises(RuntimeError, match="nothing.npy"):
         speedtorch.PinnedEmbedding.load(str(tmp_path / "nothing"), True)
