@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
 from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: E402
+from speedtorch import recommender  # noqa: E402
 from speedtorch.recommender import WAYS, make_way, zipf_batches  # noqa: E402
 
 # Measured before this project on the same kind of machine (design.md §4): SpeedTorch is not installable here.
@@ -83,8 +84,11 @@ def main() -> int:
     parser.add_argument("--fused-rows", type=int, default=131_072)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--scale-rows", type=int, default=0, help="also train the speedtorch way on this many rows")
+    parser.add_argument("--hot-fraction", type=float, default=recommender.HOT_FRACTION,
+                        help="share of users the speedtorch_hybrid way keeps on the GPU")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    recommender.HOT_FRACTION = args.hot_fraction
     if not torch.cuda.is_available():
         print("bench/train.py needs a GPU (the CPU path is exercised by `python -m speedtorch demo --cpu`)")
         return 0

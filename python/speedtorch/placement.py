@@ -224,7 +224,11 @@ class HybridTable:
     def _split(self, ids: torch.Tensor):
         slots = self.remap[ids]
         hot = slots >= 0
-        return hot.nonzero().squeeze(1), (~hot).nonzero().squeeze(1), slots
+        # One stable sort puts the cold positions first and the hot ones after: a single sync for the split size.
+        order = torch.sort(hot.to(torch.uint8), stable=True).indices
+        num_hot = int(hot.sum())
+        cold_count = ids.numel() - num_hot
+        return order[cold_count:], order[:cold_count], slots
 
     def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
         device = self.device if device is None else torch.device(device)
