@@ -29,6 +29,7 @@ from .ops import (  # noqa: E402
 PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
 
 from . import data, nn, placement  # noqa: E402  (.npy files; HostEmbedding; gpu / hybrid placement)
+from . import compat  # noqa: E402  (SpeedTorch 0.x's API over the ops; docs/migration.md)
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ __all__ = [
     "PinnedEmbedding",
     "build_info",
     "check_index_errors",
+    "compat",
     "data",
     "gather",
     "nn",
