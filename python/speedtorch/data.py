@@ -60,8 +60,8 @@ def npy_info(path: PathLike) -> tuple[torch.dtype, tuple[int, ...]]:
 
 def open_npy(path: PathLike, mode: str = "r", *, pin: bool = True) -> torch.Tensor:
     """A tensor over the ``.npy`` file itself, memory-mapped with ``mode`` as numpy.load's ``mmap_mode``: ``"r"``
-    (read-only: writing it crashes the process, as with NumPy), ``"r+"`` (writes reach the file) or ``"c"``
-    (copy-on-write). Page-locked when ``pin`` and a GPU is present, so GPUs read it directly; that reads every page
+    (read-only pages: torch has no read-only tensors, so writing this tensor is a segmentation fault; use ``"c"``
+    to modify a private copy), ``"r+"`` (writes reach the file) or ``"c"`` (copy-on-write). Page-locked when ``pin`` and a GPU is present, so GPUs read it directly; that reads every page
     once. See docs/persistence.md for the limits."""
     return torch.ops.speedtorch.map_npy(os.fspath(path), mode, pin)
 
@@ -82,12 +82,18 @@ def numpy(table):
     """A NumPy array sharing memory with a host table: a tensor, a :class:`PinnedEmbedding` or a
     :class:`speedtorch.nn.HostEmbedding` (its ``weight``). bfloat16 rows come as their uint16 bits; a table on a GPU
     is copied to the host. Synchronize before reading rows that GPU work may still be writing."""
+    read_only = False
     if hasattr(table, "weight") and isinstance(table, torch.nn.Module):
+        read_only = getattr(table.table, "mapping", lambda: "")() == "r"
         table = table.weight
     elif not isinstance(table, torch.Tensor):
+        read_only = table.mapping() == "r"
         table = table.table()
     if table.device.type != "cpu":
         table = table.cpu()
     if table.dtype == torch.bfloat16:
         table = table.view(torch.uint16)
-    return table.detach().numpy()
+    array = table.detach().numpy()
+    if read_only:  # a table opened with mode "r": NumPy raises on writes instead of the process faulting
+        array.flags.writeable = False
+    return array

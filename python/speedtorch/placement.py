@@ -131,7 +131,9 @@ class HybridTable:
     ``hot_rows``, or (``hot_rows=None``) the rows updated most often, counted on the device and re-chosen every
     ``refresh`` updates and at :meth:`update_hot_rows`. Moving rows writes the leaving ones (rows and state) back to
     the host table and gathers the arriving ones. While rows are on the device the host copies are stale:
-    :meth:`table` and :meth:`save` write them back first.
+    :meth:`table`, :meth:`state` and :meth:`save` write them back first. After :meth:`table` / :meth:`state` the host
+    copy is the one that counts (the caller may write it, e.g. ``nn.init`` on ``HostEmbedding.weight``): the next
+    row operation gathers the hot rows from it again.
     """
 
     def __init__(self, host: PinnedEmbedding, device, num_hot: int, hot_rows: Optional[torch.Tensor] = None,
@@ -149,6 +151,7 @@ class HybridTable:
         self.counts = None if hot_rows is not None else torch.zeros(host.num_rows(), dtype=torch.int32,
                                                                       device=self.device)
         self._updates = 0
+        self._host_exposed = False  # table()/state() handed out the host rows: they are the authoritative copy
         if hot_rows is not None:
             self.set_hot_rows(hot_rows)
 
@@ -163,6 +166,7 @@ class HybridTable:
         if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.host.num_rows()):
             raise IndexError(f"HybridTable: hot row ids must be in [0, {self.host.num_rows()})")
         self.sync_to_host()
+        self._host_exposed = False  # the host rows are current: the new hot rows are gathered from them
         self.remap[self.hot_ids] = -1
         self.hot_table = self.host.gather(ids, self.device)
         self.hot_state = torch.ops.speedtorch.gather(self.host.state(), ids, self.device)
@@ -182,8 +186,9 @@ class HybridTable:
 
     @torch.no_grad()
     def sync_to_host(self) -> None:
-        """Writes the device-resident rows and their state back to the host table (they stay on the device too)."""
-        if self.hot_ids.numel() == 0:
+        """Writes the device-resident rows and their state back to the host table (they stay on the device too),
+        unless the host copy is already the authoritative one."""
+        if self.hot_ids.numel() == 0 or self._host_exposed:
             return
         self.host.scatter_(self.hot_ids, self.hot_table)
         torch.ops.speedtorch.scatter_(self.host.state(), self.hot_ids, self.hot_state)
@@ -213,20 +218,41 @@ class HybridTable:
         return self.host.mapping()
 
     def table(self) -> torch.Tensor:
-        """The host table, with the device-resident rows written back first."""
+        """The host table, with the device-resident rows written back first; writes to it are seen by later row
+        operations."""
         self.sync_to_host()
+        self._host_exposed = True
         return self.host.table()
 
     def state(self) -> torch.Tensor:
         self.sync_to_host()
+        self._host_exposed = True
         return self.host.state()
 
+    @torch.no_grad()
+    def _refresh_hot_rows(self) -> None:
+        # The caller may have written the host rows handed out by table()/state(): the device copies follow them.
+        if self._host_exposed:
+            _sync_stream(self.device)
+            if self.hot_ids.numel():
+                self.hot_table = self.host.gather(self.hot_ids, self.device)
+                self.hot_state = torch.ops.speedtorch.gather(self.host.state(), self.hot_ids, self.device)
+            self._host_exposed = False
+
     def _split(self, ids: torch.Tensor):
-        slots = self.remap[ids]
-        hot = slots >= 0
-        # One stable sort puts the cold positions first and the hot ones after: a single sync for the split size.
+        self._refresh_hot_rows()
+        n = self.host.num_rows()
+        bad = (ids < 0) | (ids >= n)
+        slots = self.remap[ids.clamp(0, n - 1)]  # clamped: a bad id must not index the remap (a device assert)
+        hot = (slots >= 0) & ~bad
+        # One stable sort puts the cold positions first and the hot ones after; the split size and the count of
+        # bad ids come back in a single sync.
         order = torch.sort(hot.to(torch.uint8), stable=True).indices
-        num_hot = int(hot.sum())
+        num_hot, num_bad = torch.stack([hot.sum(), bad.sum()]).tolist()
+        if num_bad:
+            first = int(bad.nonzero()[0, 0])
+            raise IndexError(f"HybridTable: index {int(ids[first])} at position {first} is out of range for a "
+                             f"table of {n} rows")
         cold_count = ids.numel() - num_hot
         return order[cold_count:], order[:cold_count], slots
 
@@ -268,6 +294,7 @@ class HybridTable:
 
     def copy_(self, src: torch.Tensor) -> None:
         self.host.copy_(src)
+        self._host_exposed = False
         if self.hot_ids.numel():
             self.hot_table.copy_(src[self.hot_ids.to(src.device)])
 

@@ -345,3 +345,23 @@ def test_placement_arguments_are_checked():
     module = HostEmbedding(10, 4, device="cpu")
     with pytest.raises(RuntimeError, match="hybrid"):
         module.set_hot_rows(torch.tensor([1]))
+
+
+def test_hybrid_checks_ids_and_follows_writes_to_weight():
+    module = HostEmbedding(10, 4, device="cpu", seed=0, optimizer="sgd", placement="hybrid",
+                           hot_rows=torch.tensor([1, 9]))
+    for bad in (-1, 10):
+        with pytest.raises(IndexError, match=f"index {bad}"):
+            module(torch.tensor([2, bad]))
+    with torch.no_grad():
+        module.weight.zero_()  # e.g. nn.init on the weight: hot rows included
+    assert torch.count_nonzero(module(torch.tensor([1, 9, 3]))) == 0
+    module.table.copy_(torch.ones(10, 4))
+    assert torch.equal(module(torch.tensor([9, 0])), torch.ones(2, 4))
+
+
+def test_numpy_view_of_a_read_only_mapping_is_read_only(tmp_path):
+    trained_table().save(str(tmp_path / "r"))
+    view = data.numpy(data.open_embedding(tmp_path / "r", "r"))
+    with pytest.raises(ValueError, match="read-only"):
+        view[0, 0] = 1.0
