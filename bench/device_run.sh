@@ -2,7 +2,7 @@
 # One call on the GPU machine: build (sm_90 only, for speed), C++ and Python tests with CUDA, the transfer
 # benchmark, the CPU-path benchmark, and (SANITIZE=1) compute-sanitizer over the GPU tests. TRAIN=1 adds
 # bench/train.py (TRAIN_ARGS passes options), RACECHECK=1 compute-sanitizer racecheck, LOADTEST=1 the server's load
-# test on CPU and GPU, CONTIG=1 bench/contiguous.py (SCALE_ROWS=N adds its scale run); TRANSFER=0 stops before the transfer benchmarks. Logs and JSON
+# test on CPU and GPU, FUSED=1 the fused-step kernel variants, TESTS=0 / DEMO=0 skip the tests / info+demo, CONTIG=1 bench/contiguous.py (SCALE_ROWS=N adds its scale run); TRANSFER=0 stops before the transfer benchmarks. Logs and JSON
 # go to $OUT (or bench/out). Usage: bash bench/device_run.sh [transfer bench args...]
 set -u
 OUT=${OUT:-bench/out}
@@ -20,6 +20,7 @@ cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DPython3_EXECUTABLE="$
 export SPEEDTORCH_LIBRARY=$PWD/build/libspeedtorch_ops.so
 nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.max,pcie.link.width.max,driver_version --format=csv
 
+if [ "${TESTS:-1}" = 1 ]; then
 step ctest
 (cd build && ctest --output-on-failure >"$OUT/ctest.log" 2>&1); tail -3 "$OUT/ctest.log"
 
@@ -32,12 +33,21 @@ for f in tests/python/test_*.py; do
   { echo "##### $f"; cat /tmp/pytest_one.log; } >>"$OUT/pytest.log"
 done
 grep -E "^FAILED" "$OUT/pytest.log"
+fi
+
+if [ "${DEMO:-1}" = 1 ]; then
 
 step info
 PYTHONPATH=python $PY -m speedtorch info
 
 step demo
 PYTHONPATH=python $PY -m speedtorch demo --no-progress
+fi
+
+if [ "${FUSED:-0}" = 1 ]; then
+  step fused step variants
+  $PY bench/experiments/fused_step_variants.py 2>&1 | tail -22
+fi
 
 if [ "${TRAIN:-0}" = 1 ]; then
   step train

@@ -1,9 +1,9 @@
 // GPU routes of the fused row optimizer (see row_optimizer.h).
 //
 // The batch is de-duplicated on the GPU (sorted distinct rows, gradients summed per row). For a pinned host table,
-// the kernel updates the first share of the sorted rows over UVA while CPU threads update the rest in place after
-// their gradients come down: the same split as the transfer engine, since each row costs a read and a write of
-// weights + state across the link. Everything table-sized stays in host memory.
+// the kernel updates the sorted rows over UVA; with an explicit uva_fraction, CPU threads update a share in place
+// after its gradients come down (the automatic setting keeps every row on the GPU: measured faster). Everything
+// table-sized stays in host memory.
 #include "optim/row_optimizer_cuda.h"
 
 #include <ATen/Parallel.h>
@@ -56,9 +56,16 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
   const int64_t record_stride = side_by_side ? weights.stride(0) * weights.element_size()
                                              : weights.stride(0) * weights.element_size() + state.stride(0) * 4;
   const int64_t row_bytes = dim * weights.element_size() + state.size(1) * 4;
-  const TransferPlan plan = plan_transfer(config, TransferDirection::kHostToDevice,
-                                          touched_bytes(num_rows, record_stride, span), row_bytes, count,
-                                          at::get_num_threads());
+  // Automatic: all rows over UVA. The vectorized kernel reached 65% of the PCIe bound alone on the H100 and only
+  // 40% with a CPU share (the share's gradients must come down first, and its threads contend with the kernel's
+  // traffic for host memory; bench/experiments/fused_step_variants.py). An explicit uva_fraction still splits.
+  TransferPlan plan;
+  if (config.uva_fraction < 0) {
+    plan.uva_rows = count;
+  } else {
+    plan = plan_transfer(config, TransferDirection::kHostToDevice, touched_bytes(num_rows, record_stride, span),
+                         row_bytes, count, at::get_num_threads());
+  }
   const void* weights_key = weights.storage().data();
   const void* state_key = state.storage().data();
   at::Tensor host_rows;

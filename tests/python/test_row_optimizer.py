@@ -33,9 +33,9 @@ CASES = [
 IDS = [f"{c[0]}-{i}" for i, c in enumerate(CASES)]
 
 
-def check_against_torch(case, device, table_dtype=torch.float32, steps=5, pinned=False, fraction=None):
+def check_against_torch(case, device, table_dtype=torch.float32, steps=5, pinned=False, fraction=None, d=24):
     name, options, cls, kwargs = case
-    n, d = 300, 24
+    n = 300
     if fraction is not None:
         speedtorch.set_transfer_config(uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0)
     values = torch.randn(n, d).to(table_dtype)
@@ -132,6 +132,13 @@ def test_bad_arguments():
 @pytest.mark.parametrize("fraction", [1.0, 0.5, 0.0])
 def test_gpu_pinned_table_matches_torch_optim(case, fraction):
     check_against_torch(case, "cuda", pinned=True, fraction=fraction)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [CASES[4], CASES[10], CASES[13]], ids=[IDS[4], IDS[10], IDS[13]])
+def test_gpu_rows_of_odd_width(case):
+    # A width that is not a multiple of 4 takes the scalar kernel (24 takes the 16-byte one).
+    check_against_torch(case, "cuda", pinned=True, fraction=1.0, d=7)
 
 
 @pytest.mark.gpu
