@@ -42,6 +42,8 @@ class Server:
         return self
 
     def __exit__(self, *exc):
+        if self.proc.poll() is not None:  # it died: show why
+            print(f"server exited with {self.proc.returncode}: {self.proc.stderr.read()[-4000:]}", file=sys.stderr)
         self.proc.terminate()
         try:
             self.proc.wait(10)

@@ -108,8 +108,9 @@ Response RecommenderService::top_k(const std::string& body) const {
   std::shared_lock<std::shared_mutex> lock(rows_lock_);
   const auto result = model_.run_method("top_k", user, k).toTuple();
   lock.unlock();
-  const torch::Tensor items = result->elements()[0].toTensor();
-  const torch::Tensor scores = result->elements()[1].toTensor().to(torch::kFloat).contiguous();
+  // Answers are read on the host: a model on a GPU returns device tensors.
+  const torch::Tensor items = result->elements()[0].toTensor().to(torch::kCPU, torch::kLong).contiguous();
+  const torch::Tensor scores = result->elements()[1].toTensor().to(torch::kCPU, torch::kFloat).contiguous();
   return {200, json{{"items", std::vector<int64_t>(items.data_ptr<int64_t>(), items.data_ptr<int64_t>() + items.numel())},
                     {"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
                    .dump()};
@@ -126,7 +127,10 @@ Response RecommenderService::score(const std::string& body) const {
   if (users.size() != items.size()) return error(400, "'users' and 'items' must have the same length");
   std::shared_lock<std::shared_mutex> lock(rows_lock_);
   const torch::Tensor scores =
-      model_.run_method("score", to_tensor(users, device_), to_tensor(items, device_)).toTensor().to(torch::kFloat).contiguous();
+      model_.run_method("score", to_tensor(users, device_), to_tensor(items, device_))
+          .toTensor()
+          .to(torch::kCPU, torch::kFloat)
+          .contiguous();
   lock.unlock();
   return {200, json{{"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
                    .dump()};

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/custom_class.h>
+#include <torch/cuda.h>
 #include <torch/script.h>
 
 #include <thread>
@@ -31,7 +32,7 @@ torch::jit::Module make_model(int64_t users, int64_t items, int64_t dim) {
     def score(self, users: Tensor, items: Tensor) -> Tensor:
         return (self.users.gather(users, None) * self.items[items]).sum(-1) + self.bias
     def top_k(self, user: int, k: int) -> Tuple[Tensor, Tensor]:
-        row = self.users.gather(torch.tensor([user]), None)[0]
+        row = self.users.gather(torch.tensor([user], device=self.items.device), None)[0]
         top = torch.topk(self.items @ row + self.bias, k)
         return top.indices, top.values
     def update_rows(self, ids: Tensor, rows: Tensor) -> None:
@@ -58,6 +59,29 @@ TEST(RequestHandler, TopKAndScoreAgree) {
   json request{{"users", {7}}, {"items", {top["items"][0]}}};
   const json scored = json::parse(service.score(request.dump()).body);
   EXPECT_NEAR(scored["scores"][0].get<float>(), top["scores"][0].get<float>(), 1e-5);
+}
+
+// The same answers from a model whose dense parameters are on the GPU (the table stays in pinned host memory).
+TEST(RequestHandler, AnswersFromAGpuModelMatchTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::jit::Module model = make_model(40, 30, 8);
+  const RecommenderService on_cpu(model.clone(), 100);
+  torch::jit::Module gpu_model = model.clone();
+  gpu_model.to(torch::kCUDA);
+  const RecommenderService on_gpu(gpu_model, 100, torch::kCUDA);
+  for (const char* request : {R"({"user": 7, "k": 5})", R"({"user": 39, "k": 30})"}) {
+    const json a = json::parse(on_cpu.top_k(request).body);
+    const Response r = on_gpu.top_k(request);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json b = json::parse(r.body);
+    EXPECT_EQ(a["items"], b["items"]);
+  }
+  const char* scores = R"({"users": [1, 2, 39], "items": [0, 29, 5]})";
+  const auto sa = json::parse(on_cpu.score(scores).body)["scores"].get<std::vector<float>>();
+  const auto sb = json::parse(on_gpu.score(scores).body)["scores"].get<std::vector<float>>();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (std::size_t i = 0; i < sa.size(); ++i) EXPECT_NEAR(sa[i], sb[i], 1e-4);
+  EXPECT_EQ(json::parse(on_cpu.lookup(R"({"ids": [5]})").body), json::parse(on_gpu.lookup(R"({"ids": [5]})").body));
 }
 
 TEST(RequestHandler, BadRequestsGetFourHundreds) {
