@@ -7,7 +7,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -115,6 +117,10 @@ PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping,
   void* p = mmap(nullptr, mapped_size_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
                  mapping == FileMapping::kCopyOnWrite ? MAP_PRIVATE : MAP_SHARED, fd, 0);
   const int err = errno;
+  // Linux lets GPUs pin shared file pages for writing only on memory filesystems (others must be able to write
+  // pages back at any time): elsewhere an 'r+' mapping is registered read-only from the start.
+  struct statfs fs {};
+  gpu_writable_file_ = ::fstatfs(fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC);
   ::close(fd);  // the mapping keeps the file
   TORCH_CHECK(p != MAP_FAILED, "speedtorch: could not map ", path, " (mmap: ", std::strerror(err), ")");
   data_ = p;
@@ -147,13 +153,13 @@ void PinnedHostBuffer::pin() {
 #endif
   unsigned flags = cudaHostRegisterMapped | cudaHostRegisterPortable;
   // A read-only file mapping cannot be pinned for writing: the GPU gets it read-only too.
-  bool read_only = mapping_ == FileMapping::kReadOnly;
+  // Shared file pages outside memory filesystems cannot be pinned for writing (the kernel must be able to write
+  // them back while pinned): GPUs then read the table, and writes go through the CPU.
+  bool read_only = mapping_ == FileMapping::kReadOnly || (mapping_ == FileMapping::kReadWrite && !gpu_writable_file_);
   if (read_only) flags |= cudaHostRegisterReadOnly;
   cudaError_t err = cudaHostRegister(data_, mapped_size_, flags);
-  if (err != cudaSuccess && mapping_ == FileMapping::kReadWrite) {
-    // Linux refuses long-term writable pins of shared file pages outside tmpfs (they could not be written back
-    // while pinned): GPUs then read the table, and writes go through the CPU.
-    (void)cudaGetLastError();
+  if (err != cudaSuccess && mapping_ == FileMapping::kReadWrite && !read_only) {
+    (void)cudaGetLastError();  // a kernel stricter than its filesystem suggests: fall back to reads only
     read_only = true;
     err = cudaHostRegister(data_, mapped_size_, flags | cudaHostRegisterReadOnly);
   }

@@ -74,6 +74,7 @@ class PinnedHostBuffer {
   std::size_t mapped_size_ = 0;
   bool pinned_ = false;
   bool device_read_only_ = false;
+  bool gpu_writable_file_ = false;  // the mapped file lives on tmpfs / hugetlbfs (see pin())
   FileMapping mapping_ = FileMapping::kNone;
   std::string path_;
 };
