@@ -8,7 +8,6 @@
 #include <cstdlib>
 
 #include "io/embedding_files.h"
-#include "transfer/host_access_tracker.h"
 
 namespace speedtorch {
 namespace {
@@ -62,42 +61,48 @@ std::string resolve_sidecar_path(const std::string& path) {
 }
 
 PickledEmbedding pickle_embedding(const c10::intrusive_ptr<PinnedEmbedding>& e) {
-  const at::Tensor table = e->table();
-  const at::Tensor state = e->state();
+  // Every part is taken from one consistent state of the table (one save, or one snapshot), so an optimizer step
+  // another thread applies meanwhile lands entirely before or entirely after what the model records.
   c10::Dict<std::string, std::string> text;
   c10::Dict<std::string, int64_t> ints;
-  text.insert("dtype", io::dtype_name(table.scalar_type()));
-  text.insert("optimizer", e->optimizer());
-  ints.insert("num_rows", e->num_rows());
-  ints.insert("dim", e->dim());
-  ints.insert("step", e->step_count());
-  ints.insert("state_width", state.defined() ? state.size(1) : 0);
-  // Side by side, a row's stride spans its weights and its state.
-  ints.insert("state_beside_rows", state.defined() && table.stride(0) != e->dim() ? 1 : 0);
+  c10::Dict<std::string, double> options;
   std::vector<at::Tensor> tensors;
   const std::string sidecar = e->sidecar();
   if (!sidecar.empty()) {
     const std::string resolved = resolve_sidecar_path(sidecar);
     e->save(resolved);
-    const io::EmbeddingMeta meta = io::read_embedding_meta(resolved);
+    const io::EmbeddingMeta meta = io::read_embedding_meta(resolved);  // what that save wrote
+    text.insert("dtype", io::dtype_name(meta.dtype));
+    text.insert("optimizer", meta.optimizer);
+    ints.insert("num_rows", meta.num_rows);
+    ints.insert("dim", meta.dim);
+    ints.insert("step", meta.step);
+    ints.insert("state_width", meta.state_width);
+    ints.insert("state_beside_rows", !meta.optimizer.empty() && meta.state_beside_rows ? 1 : 0);
     text.insert("sidecar", sidecar);
     text.insert("table_hash", meta.table_hash);
     text.insert("state_hash", meta.state_hash);
+    options = meta.options.copy();
   } else {
     TORCH_CHECK(e->nbytes() <= inline_max_bytes(), "PinnedEmbedding: this table and its optimizer state take ",
                 e->nbytes(), " bytes, more than the ", inline_max_bytes(), " kept inside a saved model "
                 "(SPEEDTORCH_INLINE_MAX_BYTES). Call set_sidecar(\"users.npy\") on it before torch.jit.save so "
                 "the table goes to that file, or raise SPEEDTORCH_INLINE_MAX_BYTES");
-    // Rows a GPU kernel is still writing must land before they are copied.
-    wait_for_uva_conflicts(table.storage().data(), UvaAccess::kRead);
-    if (state.defined()) wait_for_uva_conflicts(state.storage().data(), UvaAccess::kRead);
+    PinnedEmbedding::Snapshot snap = e->snapshot();
+    text.insert("dtype", io::dtype_name(snap.table.scalar_type()));
+    text.insert("optimizer", snap.optimizer);
+    ints.insert("num_rows", snap.table.size(0));
+    ints.insert("dim", snap.table.size(1));
+    ints.insert("step", snap.step);
+    ints.insert("state_width", snap.state.defined() ? snap.state.size(1) : 0);
+    ints.insert("state_beside_rows", snap.state_beside_rows ? 1 : 0);
     text.insert("sidecar", "");
     text.insert("table_hash", "");
     text.insert("state_hash", "");
-    tensors.push_back(table.clone(at::MemoryFormat::Contiguous));
-    if (state.defined()) tensors.push_back(state.clone(at::MemoryFormat::Contiguous));
+    tensors.push_back(std::move(snap.table));
+    if (snap.state.defined()) tensors.push_back(std::move(snap.state));
+    options = std::move(snap.options);
   }
-  c10::Dict<std::string, double> options = e->optimizer_options().copy();
   return {kPickleVersion, std::move(text), std::move(ints), std::move(options), std::move(tensors)};
 }
 

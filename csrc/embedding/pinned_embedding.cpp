@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <mutex>
+#include <shared_mutex>
 
 #include "memory/pinned_host_buffer.h"
 #include "optim/optimizer_config.h"
@@ -42,13 +43,80 @@ PinnedEmbedding::PinnedEmbedding(int64_t num_rows, int64_t dim, c10::ScalarType 
   table_ = tensor_over(table_buffer_, 0, {num_rows, dim}, {dim, 1}, dtype);
 }
 
+// Readers take lock_ shared, writers exclusively (see the top of pinned_embedding.h); private helpers never lock.
+using ReadLock = std::shared_lock<TableLock>;
+using WriteLock = std::unique_lock<TableLock>;
+
 at::Tensor PinnedEmbedding::gather(const at::Tensor& indices, std::optional<at::Device> device) const {
+  ReadLock read(lock_);
   return ops::gather(table_, indices, device);
 }
 
 at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor& src) {
+  WriteLock write(lock_);
   check_writable("scatter_");
   return ops::scatter_(table_, indices, src);
+}
+
+int64_t PinnedEmbedding::num_rows() const {
+  ReadLock read(lock_);
+  return table_.size(0);
+}
+
+int64_t PinnedEmbedding::dim() const {
+  ReadLock read(lock_);
+  return table_.size(1);
+}
+
+std::string PinnedEmbedding::optimizer() const {
+  ReadLock read(lock_);
+  return optimizer_;
+}
+
+c10::Dict<std::string, double> PinnedEmbedding::optimizer_options() const {
+  ReadLock read(lock_);
+  return options_.copy();  // a c10::Dict copy shares its entries: the caller must not reach the table's own
+}
+
+at::Tensor PinnedEmbedding::state() const {
+  ReadLock read(lock_);
+  return state_;
+}
+
+int64_t PinnedEmbedding::step_count() const {
+  ReadLock read(lock_);
+  return step_;
+}
+
+at::Tensor PinnedEmbedding::table() const {
+  ReadLock read(lock_);
+  return table_;
+}
+
+void PinnedEmbedding::set_sidecar(const std::string& path) {
+  WriteLock write(lock_);
+  sidecar_ = path;
+}
+
+std::string PinnedEmbedding::sidecar() const {
+  ReadLock read(lock_);
+  return sidecar_;
+}
+
+PinnedEmbedding::Snapshot PinnedEmbedding::snapshot() const {
+  ReadLock read(lock_);
+  // Rows a GPU kernel is still writing must land before they are copied.
+  wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kRead);
+  if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kRead);
+  Snapshot out;
+  out.table = table_.clone(at::MemoryFormat::Contiguous);
+  if (state_.defined()) out.state = state_.clone(at::MemoryFormat::Contiguous);
+  out.optimizer = optimizer_;
+  out.options = options_.copy();
+  out.step = step_;
+  // Side by side, a row's stride spans its weights and its state.
+  out.state_beside_rows = state_.defined() && table_.stride(0) != table_.size(1);
+  return out;
 }
 
 void PinnedEmbedding::check_writable(const char* op) const {
@@ -58,6 +126,7 @@ void PinnedEmbedding::check_writable(const char* op) const {
 }
 
 void PinnedEmbedding::set_step_count(int64_t step) {
+  WriteLock write(lock_);
   TORCH_CHECK(step >= 0, "PinnedEmbedding.set_step_count: step must be >= 0, got ", step);
   step_ = step;
 }
@@ -69,18 +138,24 @@ int64_t PinnedEmbedding::state_width(const std::string& kind, const c10::Dict<st
   return (kStateHeaderFloats + state_slots(parse_optimizer(kind, options)) * dim + 3) / 4 * 4;
 }
 
-bool PinnedEmbedding::is_pinned() const { return is_pinned_host_memory(table_.storage().data()); }
+bool PinnedEmbedding::is_pinned() const {
+  ReadLock read(lock_);
+  return is_pinned_host_memory(table_.storage().data());
+}
 
 int64_t PinnedEmbedding::nbytes() const {
+  ReadLock read(lock_);
   return static_cast<int64_t>(table_buffer_->size() + (state_buffer_ ? state_buffer_->size() : 0));
 }
 
 void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options,
                                     bool state_beside_rows) {
-  check_writable("set_optimizer");
+  WriteLock write(lock_);
+  // No check_writable: a table mapped read-only may still get an optimizer (its state is a table of its own, below);
+  // its steps are what raise. That lets a frozen, mapped table serve inside a HostEmbedding.
   const OptimizerHyper hyper = parse_optimizer(kind, options);  // validates before anything moves
-  const int64_t n = num_rows();
-  const int64_t d = dim();
+  const int64_t n = table_.size(0);
+  const int64_t d = table_.size(1);
   const auto elem = static_cast<int64_t>(table_.element_size());
   const int64_t state_floats = state_width(kind, options, d);
   TORCH_CHECK(!state_beside_rows || table_buffer_->mapping() == FileMapping::kNone, "PinnedEmbedding.set_optimizer: "
@@ -125,14 +200,16 @@ void PinnedEmbedding::move_rows(at::Tensor& destination) {
   if (sole_owner) table_buffer_->unpin();
   constexpr int64_t kChunkRows = 1 << 16;
   const int64_t row_bytes = table_.stride(0) * table_.element_size();
-  for (int64_t first = 0; first < num_rows(); first += kChunkRows) {
-    const int64_t rows = std::min(kChunkRows, num_rows() - first);
+  const int64_t n = table_.size(0);
+  for (int64_t first = 0; first < n; first += kChunkRows) {
+    const int64_t rows = std::min(kChunkRows, n - first);
     destination.narrow(0, first, rows).copy_(table_.narrow(0, first, rows));
     if (sole_owner) table_buffer_->discard(first * row_bytes, rows * row_bytes);
   }
 }
 
 void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tensor& grad) {
+  WriteLock write(lock_);
   check_writable("apply_gradients");
   TORCH_CHECK(state_.defined(), "PinnedEmbedding.apply_gradients: no optimizer; call set_optimizer(kind, options) "
               "first");
@@ -146,7 +223,7 @@ template <typename Fill>
 void PinnedEmbedding::fill_by_chunks(std::optional<int64_t> seed, Fill&& fill) {
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
   const uint64_t base = seed.has_value() ? static_cast<uint64_t>(*seed) : default_generator_seed();
-  const int64_t rows = num_rows();
+  const int64_t rows = table_.size(0);
   const int64_t chunks = (rows + kInitChunkRows - 1) / kInitChunkRows;
   // One generator per chunk, seeded from (seed, chunk): the result does not depend on how chunks meet threads.
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
@@ -160,24 +237,28 @@ void PinnedEmbedding::fill_by_chunks(std::optional<int64_t> seed, Fill&& fill) {
 }
 
 void PinnedEmbedding::zero_() {
+  WriteLock write(lock_);
   check_writable("zero_");
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
   table_.zero_();
 }
 
 void PinnedEmbedding::uniform_(double low, double high, std::optional<int64_t> seed) {
+  WriteLock write(lock_);
   check_writable("uniform_");
   TORCH_CHECK(low <= high, "PinnedEmbedding.uniform_: low (", low, ") must be <= high (", high, ")");
   fill_by_chunks(seed, [&](at::Tensor& part, at::Generator& gen) { part.uniform_(low, high, gen); });
 }
 
 void PinnedEmbedding::normal_(double mean, double std, std::optional<int64_t> seed) {
+  WriteLock write(lock_);
   check_writable("normal_");
   TORCH_CHECK(std >= 0, "PinnedEmbedding.normal_: std must be >= 0, got ", std);
   fill_by_chunks(seed, [&](at::Tensor& part, at::Generator& gen) { part.normal_(mean, std, gen); });
 }
 
 void PinnedEmbedding::copy_(const at::Tensor& src) {
+  WriteLock write(lock_);
   check_writable("copy_");
   TORCH_CHECK(src.sizes() == table_.sizes(), "PinnedEmbedding.copy_: src must have shape ", table_.sizes(), ", got ",
               src.sizes());

@@ -4,6 +4,21 @@
 //
 // Its files (save / load / open, in pinned_embedding_io.cpp) are those of io/embedding_files.h; how it travels
 // inside a torch.jit.save'd model is embedding/embedding_pickle.h.
+//
+// Threads (docs/reliability.md; proved by tests/cpp/test_concurrency.cpp under ThreadSanitizer): any number of
+// threads may call one table's methods at once. Readers (gather, save, flush, the accessors) share a lock; writers
+// (scatter_, apply_gradients, set_optimizer, set_step_count, the initialisers, set_sidecar) hold it alone
+// (embedding/table_lock.h: a waiting writer goes before new readers). So each call sees the table entirely before
+// or entirely after any other call, never a row half written, and no update is lost; a save is a consistent
+// snapshot (rows, state and step count of one moment), writers waiting until it is on disk.
+// - CPU path (host indices and rows): this is the whole guarantee; every row is read and written inside the call.
+// - CUDA path: the lock covers the host side of a call (checks, CPU-thread shares, staging, the enqueue of its
+//   kernels), so calls are enqueued in lock order, but the kernels run later on each caller's current stream. On
+//   one stream they run in that order; kernels of different streams are not ordered by the lock (order the
+//   streams). Host-side reads and writes of the rows (CPU shares, CPU optimizer steps, initialisers, save) wait
+//   for the in-flight kernels that conflict with them (transfer/host_access_tracker.h).
+// - Not covered: the tensors table() and state() return, and the free operators (speedtorch::gather, ...) applied
+//   to them, touch the memory without the lock; whoever uses them orders them.
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -17,6 +32,7 @@
 #include <optional>
 #include <string>
 
+#include "embedding/table_lock.h"
 #include "memory/pinned_host_buffer.h"
 
 namespace speedtorch {
@@ -32,8 +48,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // table.
   at::Tensor scatter_(const at::Tensor& indices, const at::Tensor& src);
 
-  int64_t num_rows() const { return table_.size(0); }
-  int64_t dim() const { return table_.size(1); }
+  int64_t num_rows() const;
+  int64_t dim() const;
   // Host bytes owned: the table and its optimizer state.
   int64_t nbytes() const;
 
@@ -47,10 +63,10 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   void apply_gradients(const at::Tensor& indices, const at::Tensor& grad);
   // The optimizer's name ("" when none), options, state (num_rows x state width float32; undefined when none), and
   // the table-wide step count.
-  std::string optimizer() const { return optimizer_; }
-  c10::Dict<std::string, double> optimizer_options() const { return options_; }
-  at::Tensor state() const { return state_; }
-  int64_t step_count() const { return step_; }
+  std::string optimizer() const;
+  c10::Dict<std::string, double> optimizer_options() const;  // a copy
+  at::Tensor state() const;
+  int64_t step_count() const;
   // Sets the table-wide step count (when restoring a table trained elsewhere).
   void set_step_count(int64_t step);
   // The width of the state rows the optimizer `kind` with `options` keeps for rows of `dim` (floats, 16-byte
@@ -58,8 +74,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   static int64_t state_width(const std::string& kind, const c10::Dict<std::string, double>& options, int64_t dim);
   bool is_pinned() const;
   // The host table itself (shares memory). Host-side reads and writes of it are not ordered after GPU work that
-  // is still running: synchronise the stream first.
-  at::Tensor table() const { return table_; }
+  // is still running (synchronise the stream first), nor with other threads' calls (the lock is not held).
+  at::Tensor table() const;
 
   // In-place initialisers; none needs a table-sized temporary. With a seed, the values depend only on the seed
   // (not on the thread count); without one, they come from torch's default CPU generator.
@@ -89,12 +105,27 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // Where torch.jit.save writes this table (a "sidecar", io/embedding_files.h's files) instead of inside the model;
   // "" (the default) keeps it inline, which tables above SPEEDTORCH_INLINE_MAX_BYTES refuse. A relative path is
   // resolved against $SPEEDTORCH_SIDECAR_DIR if set, else the current directory, when saving and when loading.
-  void set_sidecar(const std::string& path) { sidecar_ = path; }
-  std::string sidecar() const { return sidecar_; }
+  void set_sidecar(const std::string& path);
+  std::string sidecar() const;
+
+  // Copies of the rows and the optimizer state with the configuration and step count they go with, read under one
+  // lock so that no optimizer step or write lands between them (a model saved inline, embedding_pickle.cpp).
+  struct Snapshot {
+    at::Tensor table;  // dense copies in ordinary host memory
+    at::Tensor state;  // undefined when there is no optimizer
+    std::string optimizer;
+    c10::Dict<std::string, double> options;
+    int64_t step = 0;
+    bool state_beside_rows = false;
+  };
+  Snapshot snapshot() const;
 
  private:
+  // The private helpers below expect the caller to hold lock_ (shared for the const ones, exclusively otherwise).
   // Rejects writes to a table opened read-only.
   void check_writable(const char* op) const;
+  // flush() for a caller holding the lock (save() onto the table's own files).
+  void flush_locked() const;
   // Where the optimizer's state lives when it does not share the table's buffer (for flush()).
   bool state_is_mapped() const;
   // Copies the rows into `destination` (a new layout), releasing the old table's memory as it goes when possible.
@@ -112,6 +143,7 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   int64_t step_ = 0;
   std::string sidecar_;
   std::string files_path_;  // the path open() mapped (for flush())
+  mutable TableLock lock_;  // guards every member above once the table is shared (see the top of this file)
 };
 
 }  // namespace speedtorch

@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <shared_mutex>
 
 #include "embedding/pinned_embedding.h"
 #include "io/embedding_files.h"
@@ -29,10 +30,8 @@ bool same_file(const std::string& a, const std::string& b) {
   return realpath(a.c_str(), ra) != nullptr && realpath(b.c_str(), rb) != nullptr && std::string(ra) == rb;
 }
 
-}  // namespace
-
-std::string PinnedEmbedding::mapping() const {
-  switch (table_buffer_->mapping()) {
+std::string mode_of_mapping(FileMapping mapping) {
+  switch (mapping) {
     case FileMapping::kReadOnly: return "r";
     case FileMapping::kReadWrite: return "r+";
     case FileMapping::kCopyOnWrite: return "c";
@@ -41,15 +40,27 @@ std::string PinnedEmbedding::mapping() const {
   return "";
 }
 
+// Saving and flushing only read the table: they share the lock with gathers, and writers wait until the files are
+// on disk, so the files hold the rows, state and step count of one moment.
+using ReadLock = std::shared_lock<TableLock>;
+
+}  // namespace
+
+std::string PinnedEmbedding::mapping() const {
+  ReadLock read(lock_);
+  return mode_of_mapping(table_buffer_->mapping());
+}
+
 bool PinnedEmbedding::state_is_mapped() const {
   return state_buffer_ != nullptr && state_buffer_->mapping() != FileMapping::kNone;
 }
 
 void PinnedEmbedding::save(const std::string& path) const {
+  ReadLock read(lock_);
   // Saving an 'r+' table onto its own files would rename new files over the mapped ones: flush them instead.
   if (table_buffer_->mapping() == FileMapping::kReadWrite &&
       same_file(io::embedding_paths(path).table, io::embedding_paths(files_path_).table)) {
-    const_cast<PinnedEmbedding*>(this)->flush();
+    flush_locked();
     return;
   }
   // GPU kernels still writing rows or state must finish before the files are written.
@@ -104,9 +115,15 @@ c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::open(const std::string& pat
 }
 
 void PinnedEmbedding::flush() {
+  ReadLock read(lock_);
+  flush_locked();
+}
+
+void PinnedEmbedding::flush_locked() const {
+  const std::string mode = mode_of_mapping(table_buffer_->mapping());
   TORCH_CHECK(table_buffer_->mapping() == FileMapping::kReadWrite, "PinnedEmbedding.flush: only a table opened with "
-              "mode 'r+' writes back to its files; this one is ", mapping().empty() ? "in memory" : "mapped with '" +
-              mapping() + "'", "; use save(path)");
+              "mode 'r+' writes back to its files; this one is ", mode.empty() ? "in memory" : "mapped with '" +
+              mode + "'", "; use save(path)");
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kRead);
   if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kRead);
   table_buffer_->flush();
@@ -121,8 +138,8 @@ void PinnedEmbedding::flush() {
     }
   }
   io::EmbeddingMeta meta;
-  meta.num_rows = num_rows();
-  meta.dim = dim();
+  meta.num_rows = table_.size(0);
+  meta.dim = table_.size(1);
   meta.dtype = table_.scalar_type();
   meta.optimizer = optimizer_;
   meta.options = options_.copy();

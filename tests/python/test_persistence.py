@@ -367,3 +367,12 @@ def test_numpy_view_of_a_read_only_mapping_is_read_only(tmp_path):
     view = data.numpy(data.open_embedding(tmp_path / "r", "r"))
     with pytest.raises(ValueError, match="read-only"):
         view[0, 0] = 1.0
+
+
+def test_a_read_only_mapped_table_serves_in_a_host_embedding(tmp_path):
+    np.save(tmp_path / "frozen.npy", np.arange(40, dtype=np.float32).reshape(10, 4))
+    module = HostEmbedding.load(tmp_path / "frozen.npy", mmap_mode="r", device="cpu")
+    assert torch.equal(module(torch.tensor([2])), torch.arange(8, 12, dtype=torch.float32).reshape(1, 4))
+    module(torch.tensor([2])).sum().backward()
+    with pytest.raises(RuntimeError, match="read-only"):
+        module.step()
