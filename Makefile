@@ -2,6 +2,7 @@
 #   make demo   installs what is missing, builds, and runs the main job (python -m speedtorch demo)
 #   make test   installs what is missing, builds, and runs every test (C++ with ctest, Python with pytest, and a
 #               check that `pip install --no-build-isolation .` packages the library)
+#   make sanitize / tsan / fuzz   the CPU path under ASan + UBSan / ThreadSanitizer, and the libFuzzer targets
 PYTHON ?= python3
 BUILD ?= build
 JOBS ?= $(shell nproc)
@@ -10,7 +11,7 @@ CMAKE_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 LIB := $(BUILD)/libspeedtorch_ops.so
 
-.PHONY: demo test deps build test-cpp test-python test-package sanitize bench clean
+.PHONY: demo test deps build test-cpp test-python test-package sanitize tsan fuzz fuzz-deps bench clean
 
 demo: build
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) PYTHONPATH=$(abspath python) $(PYTHON) -m speedtorch demo
@@ -61,6 +62,55 @@ sanitize: deps
 	  --ignore=tests/python/test_compile_export.py --ignore=tests/python/test_torchscript_examples.py
 
 CXX_FOR_ASAN ?= c++
+
+# The CPU path built with ThreadSanitizer; the C++ tests run under it, tests/cpp/test_concurrency.cpp (threads
+# gathering while others scatter, step and save one PinnedEmbedding) first among them. OMP_NUM_THREADS=1 keeps
+# at::parallel_for on the calling thread: libgomp is not instrumented, so TSan cannot see its barriers and would
+# report every parallel loop as a race. For the same reason the tests that force OpenMP threads themselves
+# (ScatterThreads with 2 and 3 threads) are left out here; they run in make test and make sanitize.
+TSAN_BUILD ?= build-tsan
+TSAN_SKIP := ^Threads/ScatterThreads\.DuplicatesLastOccurrenceWins/[23]$$
+tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) -DSPEEDTORCH_CUDA=OFF \
+	  -DSPEEDTORCH_SANITIZE=ON -DSPEEDTORCH_SANITIZE_KIND=thread -DSPEEDTORCH_BUILD_EXAMPLES=OFF \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OMP_NUM_THREADS=1 \
+	  ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -E '$(TSAN_SKIP)'
+
+# libFuzzer targets over the .npy header parser and the loading of saved tables (tests/fuzz/), built with clang
+# and ASan + UBSan. Each runs FUZZ_SECONDS over its checked-in corpus; new inputs go to a scratch folder in the
+# build, never into the repository. A crash, a sanitizer report or an exception other than c10::Error fails the
+# target, and the input that did it is left as $(FUZZ_BUILD)/crash-<target>-*. (allocator_may_return_null: an
+# allocation too large for the host fails as it does without ASan, with torch's error, not an ASan abort; leak
+# checks are off because torch keeps memory at exit.)
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := npy_header embedding_files
+FUZZ_SUMMARY := ^(\#[0-9]+[[:space:]]+(INITED|DONE)|stat::number_of_executed_units|stat::new_units_added)
+fuzz: deps fuzz-deps
+	cmake -S tests/fuzz -B $(FUZZ_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) \
+	  -DCMAKE_CXX_COMPILER=clang++
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	@for target in $(FUZZ_TARGETS); do \
+	  rm -rf $(FUZZ_BUILD)/new-inputs-$$target && mkdir -p $(FUZZ_BUILD)/new-inputs-$$target && \
+	  echo "fuzz_$$target: $(FUZZ_SECONDS) s" && \
+	  ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  $(FUZZ_BUILD)/fuzz_$$target -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -dict=tests/fuzz/$$target.dict -artifact_prefix=$(FUZZ_BUILD)/crash-$$target- \
+	    $(FUZZ_BUILD)/new-inputs-$$target tests/fuzz/corpus/$$target > $(FUZZ_BUILD)/fuzz_$$target.log 2>&1; \
+	  rc=$$?; \
+	  grep -E '$(FUZZ_SUMMARY)' $(FUZZ_BUILD)/fuzz_$$target.log; \
+	  [ $$rc -eq 0 ] || { tail -n 60 $(FUZZ_BUILD)/fuzz_$$target.log; \
+	                      echo "fuzz_$$target failed (log: $(FUZZ_BUILD)/fuzz_$$target.log)"; exit 1; }; \
+	done
+
+# clang's libFuzzer runtime (Debian: libclang-rt-dev, with clang).
+fuzz-deps:
+	@echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' \
+	  | clang++ -x c++ -fsanitize=fuzzer - -o /tmp/speedtorch-libfuzzer-probe 2>/dev/null \
+	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q clang libclang-rt-dev)
+	@rm -f /tmp/speedtorch-libfuzzer-probe
 
 bench: build
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) $(PYTHON) bench/transfer.py

@@ -59,14 +59,18 @@ void AtomicFile::finish() {
   finished_ = true;
 }
 
-void AtomicFile::commit() {
+void AtomicFile::commit(bool sync_directory) {
   TORCH_CHECK(finished_, what_, ": commit() before finish()");
   TORCH_CHECK(!committed_, what_, ": commit() called twice");
   TORCH_CHECK(::rename(temp_path_.c_str(), path_.c_str()) == 0, what_, ": renaming ", temp_path_, " to ", path_,
               " failed: ", std::strerror(errno));
   committed_ = true;
+  if (sync_directory) sync_directory_of(path_);
+}
+
+void sync_directory_of(const std::string& path) {
   // The rename itself must reach the disk for the new file to survive a crash.
-  const int dir = ::open(directory_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     (void)::fsync(dir);
     ::close(dir);

@@ -20,8 +20,9 @@ class AtomicFile {
   void write(const void* data, std::size_t size);
   // fsync + close the temporary.
   void finish();
-  // Renames the finished temporary over the target and fsyncs the directory.
-  void commit();
+  // Renames the finished temporary over the target and, unless told not to, fsyncs the directory. Several files
+  // replaced together (a table's save) are renamed back to back and the directory synced once, after the last.
+  void commit(bool sync_directory = true);
 
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_path_; }
@@ -34,6 +35,9 @@ class AtomicFile {
   bool finished_ = false;
   bool committed_ = false;
 };
+
+// Flushes the directory holding `path` to disk, so renames into it survive a crash.
+void sync_directory_of(const std::string& path);
 
 // Writes `bytes` to `path` atomically (AtomicFile, finished and committed).
 void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what);

@@ -6,14 +6,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 
 #include "io/atomic_file.h"
 #include "io/content_hash.h"
 #include "io/json_value.h"
+#include "io/message_text.h"
 #include "io/npy_file.h"
 
 namespace speedtorch::io {
@@ -21,6 +25,10 @@ namespace {
 
 constexpr const char* kFormat = "speedtorch.embedding";
 constexpr int64_t kVersion = 1;
+// The members of a version-1 meta file.
+const char* const kMetaMembers[] = {"format",     "version",    "num_rows",  "dim",         "dtype",
+                                    "table_file", "table_hash", "optimizer", "options",     "step",
+                                    "state_file", "state_hash", "state_width", "state_beside_rows", "meta_hash"};
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -59,6 +67,17 @@ int64_t integer(const JsonValue& meta, const std::string& key, const std::string
   return static_cast<int64_t>(v);
 }
 
+// A content hash recorded in the meta file: 16 hex digits (hash_to_hex). An empty or malformed one would leave the
+// data unverifiable, so the file is rejected rather than loaded unchecked.
+std::string hash_member(const JsonValue& meta, const std::string& key, const std::string& file) {
+  const std::string& h = member(meta, key, JsonValue::Kind::kString, file).text;
+  bool ok = h.size() == 16;
+  for (const char c : h) ok = ok && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+  TORCH_CHECK(ok, "speedtorch: ", file, ": \"", key, "\" must be a content hash of 16 hex digits, got \"", printable(h),
+              "\"; the meta file is damaged");
+  return h;
+}
+
 // The descr a table of `dtype` is stored with must be the file's (bfloat16 travels as raw uint16 bits).
 void check_table_header(const NpyHeader& h, const EmbeddingMeta& meta, const std::string& file,
                         const std::string& meta_file) {
@@ -75,6 +94,50 @@ void check_state_header(const NpyHeader& h, const EmbeddingMeta& meta, const std
   TORCH_CHECK(h.shape == want && h.dtype == at::kFloat, "speedtorch: ", file, " holds ", h.descr, " data of shape ",
               c10::IntArrayRef(h.shape), "; the optimizer state of this table is float32 of shape (", meta.num_rows,
               ", ", meta.state_width, ") (files from different saves?)");
+}
+
+// The content of a JSON value as bytes that do not depend on how to_json lays it out (indentation, number notation,
+// which may change between versions): kinds, exact number bits, strings and keys with their lengths.
+void append_canonical(const JsonValue& v, std::string& out) {
+  const auto append_u64 = [&out](uint64_t x) { out.append(reinterpret_cast<const char*>(&x), sizeof(x)); };
+  switch (v.kind) {
+    case JsonValue::Kind::kNull: out.push_back('n'); return;
+    case JsonValue::Kind::kBool: out.push_back(v.boolean ? 't' : 'f'); return;
+    case JsonValue::Kind::kNumber: {
+      out.push_back('d');
+      uint64_t bits = 0x7FF8000000000000ull;  // every NaN reads back as this one ("NaN" in the file)
+      if (!std::isnan(v.number)) std::memcpy(&bits, &v.number, sizeof(bits));
+      append_u64(bits);
+      return;
+    }
+    case JsonValue::Kind::kString:
+      out.push_back('s');
+      append_u64(v.text.size());
+      out += v.text;
+      return;
+    case JsonValue::Kind::kObject:
+      out.push_back('o');
+      append_u64(v.members.size());
+      for (const auto& m : v.members) {
+        append_u64(m.first.size());
+        out += m.first;
+        append_canonical(m.second, out);
+      }
+      return;
+  }
+}
+
+// The hash of a meta file's members other than "meta_hash": a changed value (a flipped bit in the learning rate or
+// the step count) changes it; the file's layout does not.
+std::string meta_content_hash(const JsonValue& j) {
+  std::string bytes;
+  for (const auto& m : j.members) {
+    if (m.first == "meta_hash") continue;
+    JsonValue one = JsonValue::object();
+    one.set(m.first, m.second);
+    append_canonical(one, bytes);
+  }
+  return hash_to_hex(xxh64(bytes.data(), bytes.size(), 0));
 }
 
 JsonValue meta_json(const EmbeddingMeta& meta, const EmbeddingPaths& paths) {
@@ -97,6 +160,7 @@ JsonValue meta_json(const EmbeddingMeta& meta, const EmbeddingPaths& paths) {
     j.set("state_width", JsonValue::of(static_cast<double>(meta.state_width)));
     j.set("state_beside_rows", JsonValue::of(meta.state_beside_rows ? 1.0 : 0.0));
   }
+  j.set("meta_hash", JsonValue::of(meta_content_hash(j)));  // last: it covers every member before it
   return j;
 }
 
@@ -123,7 +187,7 @@ c10::ScalarType dtype_from_name(const std::string& name) {
   if (name == "float32") return c10::ScalarType::Float;
   if (name == "float16") return c10::ScalarType::Half;
   if (name == "bfloat16") return c10::ScalarType::BFloat16;
-  TORCH_CHECK(false, "speedtorch: unknown table dtype '", name, "' (float32, float16 or bfloat16)");
+  TORCH_CHECK(false, "speedtorch: unknown table dtype '", printable(name), "' (float32, float16 or bfloat16)");
 }
 
 EmbeddingPaths embedding_paths(const std::string& path) {
@@ -179,8 +243,10 @@ EmbeddingMeta save_embedding_files(const std::string& path, const at::Tensor& ta
   const std::string text = to_json(meta_json(meta, paths));
   meta_file.write(text.data(), text.size());
   meta_file.finish();
-  table_writer.commit();
-  if (state_writer) state_writer->commit();
+  // The renames back to back, one directory sync after them: a process killed during a save leaves the previous
+  // files unless it dies within these three system calls (then load() finds files of two saves and refuses them).
+  table_writer.commit(/*sync_directory=*/false);
+  if (state_writer) state_writer->commit(/*sync_directory=*/false);
   meta_file.commit();
   if (!state.defined() && file_exists(paths.state)) ::unlink(paths.state.c_str());  // a stale state of an older save
   meta.has_meta_file = true;
@@ -207,8 +273,24 @@ EmbeddingMeta read_embedding_meta(const std::string& path) {
   }
   const JsonValue j = parse_json(read_text(paths.meta), paths.meta);
   TORCH_CHECK(j.kind == JsonValue::Kind::kObject, "speedtorch: ", paths.meta, " is not a JSON object");
+  // Meta files written before "meta_hash" existed have none and are read as they are, provided every member is
+  // one they had (a damaged "meta_hash" key must not switch the check off).
+  if (j.find("meta_hash") == nullptr) {
+    for (const auto& m : j.members) {
+      TORCH_CHECK(std::find(std::begin(kMetaMembers), std::end(kMetaMembers), m.first) != std::end(kMetaMembers),
+                  "speedtorch: ", paths.meta, " has an unknown member \"", printable(m.first), "\" and no "
+                  "\"meta_hash\"; the meta file is damaged");
+    }
+  }
+  if (const JsonValue* recorded = j.find("meta_hash")) {
+    const std::string expected = meta_content_hash(j);
+    TORCH_CHECK(recorded->kind == JsonValue::Kind::kString && recorded->text == expected, "speedtorch: ", paths.meta,
+                " is damaged: its content does not match its \"meta_hash\" (", printable(recorded->text),
+                ", the content hashes to ", expected, "). Restore it from a backup or save the table again; after an "
+                "edit by hand, delete the \"meta_hash\" line");
+  }
   TORCH_CHECK(member(j, "format", JsonValue::Kind::kString, paths.meta).text == kFormat, "speedtorch: ", paths.meta,
-              " is not a speedtorch table's meta file (format '", j.find("format")->text, "')");
+              " is not a speedtorch table's meta file (format '", printable(j.find("format")->text), "')");
   const int64_t version = integer(j, "version", paths.meta);
   TORCH_CHECK(version == kVersion, "speedtorch: ", paths.meta, " has format version ", version, "; this speedtorch "
               "reads version ", kVersion, " (written by a newer speedtorch? upgrade it)");
@@ -216,11 +298,14 @@ EmbeddingMeta read_embedding_meta(const std::string& path) {
   meta.num_rows = integer(j, "num_rows", paths.meta);
   meta.dim = integer(j, "dim", paths.meta);
   meta.dtype = dtype_from_name(member(j, "dtype", JsonValue::Kind::kString, paths.meta).text);
-  meta.table_hash = member(j, "table_hash", JsonValue::Kind::kString, paths.meta).text;
+  meta.table_hash = hash_member(j, "table_hash", paths.meta);
   meta.optimizer = member(j, "optimizer", JsonValue::Kind::kString, paths.meta).text;
+  TORCH_CHECK(printable(meta.optimizer) == meta.optimizer, "speedtorch: ", paths.meta, ": \"optimizer\" is not an "
+              "optimizer's name (\"", printable(meta.optimizer), "\"); the meta file is damaged");
   for (const auto& m : member(j, "options", JsonValue::Kind::kObject, paths.meta).members) {
-    TORCH_CHECK(m.second.kind == JsonValue::Kind::kNumber, "speedtorch: ", paths.meta, ": option '", m.first,
-                "' must be a number");
+    // Names reach the optimizer's parser, whose errors quote them: they must be printable.
+    TORCH_CHECK(m.second.kind == JsonValue::Kind::kNumber && printable(m.first) == m.first, "speedtorch: ",
+                paths.meta, ": option '", printable(m.first), "' must be a printable name with a number");
     meta.options.insert(m.first, m.second.number);
   }
   meta.step = integer(j, "step", paths.meta);
@@ -228,7 +313,7 @@ EmbeddingMeta read_embedding_meta(const std::string& path) {
               paths.table, " is missing");
   check_table_header(read_npy_header(paths.table), meta, paths.table, paths.meta);
   if (!meta.optimizer.empty()) {
-    meta.state_hash = member(j, "state_hash", JsonValue::Kind::kString, paths.meta).text;
+    meta.state_hash = hash_member(j, "state_hash", paths.meta);
     meta.state_width = integer(j, "state_width", paths.meta);
     meta.state_beside_rows = integer(j, "state_beside_rows", paths.meta) != 0;
     TORCH_CHECK(file_exists(paths.state), "speedtorch: ", paths.meta, " describes a table trained with ",

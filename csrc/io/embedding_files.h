@@ -4,12 +4,15 @@
 //   users.state.npy   the optimizer state: (num_rows, state_width) float32, each row a 4-float header (the row's
 //                     step count as int32 bits) and the optimizer's vectors (csrc/optim/row_optimizer_math.h);
 //                     only when there is an optimizer
-//   users.meta.json   dtype, optimizer name and options, table-wide step count, and the content hash of each file
+//   users.meta.json   dtype, optimizer name and options, table-wide step count, the content hash of each file, and
+//                     "meta_hash", a hash of the meta's own other members (a damaged value is an error, not a
+//                     silently different learning rate); meta files without it (older saves) are read unchecked
 //
-// Saving writes every file to a temporary beside it, flushes them all to disk, then renames them into place (the
-// meta last): a crash mid-save leaves the old files. Loading checks the shapes and dtypes against the meta and, as
-// the data streams in, the content hashes: files from different saves (a crash between the renames, a file copied
-// from elsewhere) are an error, never a silent mix. A plain 2-D .npy without a meta file loads as rows only.
+// Saving writes every file to a temporary beside it, flushes them all to disk, then renames them into place back to
+// back (the meta last) and syncs the directory: a crash mid-save leaves the old files. Loading checks the shapes
+// and dtypes against the meta and, as the data streams in, the content hashes: files from different saves (a crash
+// within the renames, a file copied from elsewhere) are an error, never a silent mix. A plain 2-D .npy without a
+// meta file loads as rows only. docs/reliability.md lists what each guarantee rests on and the tests that prove it.
 #pragma once
 
 #include <ATen/core/Dict.h>

@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,7 +28,32 @@ class Parser {
     TORCH_CHECK(false, "speedtorch: ", name_, " is not valid JSON: ", what, " (at offset ", i_, ")");
   }
   void space() {
-    while (i_ < s_.size() && std::strchr(" \t\r\n", s_[i_]) != nullptr) ++i_;
+    // (strchr would also find the terminating NUL: a NUL byte is not white space.)
+    while (i_ < s_.size() && s_[i_] != '\0' && std::strchr(" \t\r\n", s_[i_]) != nullptr) ++i_;
+  }
+  bool digit(std::size_t at) const { return at < s_.size() && s_[at] >= '0' && s_[at] <= '9'; }
+  // Where the JSON number starting at i_ ends: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?. from_chars alone
+  // would also take "01", ".5" or "inf": a damaged digit must not read as another, valid, number.
+  std::size_t number_end() {
+    std::size_t j = i_;
+    if (j < s_.size() && s_[j] == '-') ++j;
+    if (!digit(j)) fail("expected a value");
+    if (s_[j] == '0') {
+      if (digit(++j)) fail("malformed number (a leading zero)");
+    } else {
+      while (digit(j)) ++j;
+    }
+    if (j < s_.size() && s_[j] == '.') {
+      if (!digit(++j)) fail("malformed number");
+      while (digit(j)) ++j;
+    }
+    if (j < s_.size() && (s_[j] == 'e' || s_[j] == 'E')) {
+      ++j;
+      if (j < s_.size() && (s_[j] == '+' || s_[j] == '-')) ++j;
+      if (!digit(j)) fail("malformed number");
+      while (digit(j)) ++j;
+    }
+    return j;
   }
   bool word(const char* w) {
     const std::size_t n = std::strlen(w);
@@ -55,10 +81,12 @@ class Parser {
     if (word("Infinity")) return JsonValue::of(HUGE_VAL);
     if (word("-Infinity")) return JsonValue::of(-HUGE_VAL);
     if (c == '[') fail("arrays are not expected in a meta file");
+    // from_chars, not strtod: numbers read the same whatever the process's locale (no "0,001").
     const char* begin = s_.c_str() + i_;
-    char* end = nullptr;
-    const double v = std::strtod(begin, &end);
-    if (end == begin) fail("expected a value");
+    const char* grammar_end = s_.c_str() + number_end();
+    double v = 0;
+    const auto [end, error] = std::from_chars(begin, s_.c_str() + s_.size(), v);
+    if (error != std::errc() || end == begin || end != grammar_end) fail("expected a value");
     i_ += static_cast<std::size_t>(end - begin);
     return JsonValue::of(v);
   }
@@ -159,13 +187,11 @@ void write(std::string& out, const JsonValue& v, int indent) {
       } else if (std::isinf(v.number)) {
         out += v.number > 0 ? "Infinity" : "-Infinity";
       } else {
-        // The shortest form that reads back as the same double (0.1, not 0.10000000000000001).
+        // The shortest form that reads back as the same double (0.1, not 0.10000000000000001), in the C locale's
+        // notation whatever the process's locale.
         char num[32];
-        for (int precision = 15; precision <= 17; ++precision) {
-          std::snprintf(num, sizeof(num), "%.*g", precision, v.number);
-          if (std::strtod(num, nullptr) == v.number) break;
-        }
-        out += num;
+        const auto result = std::to_chars(num, num + sizeof(num), v.number);
+        out.append(num, result.ptr);
       }
       return;
     }

@@ -13,6 +13,7 @@
 #include <limits>
 #include <sstream>
 
+#include "io/message_text.h"
 #include "io/progress_meter.h"
 #include "memory/pinned_host_buffer.h"
 #include "transfer/host_access_tracker.h"
@@ -70,7 +71,7 @@ class HeaderDictParser {
         shape = int_tuple();
         seen_shape = true;
       } else {
-        fail("unexpected key '" + key + "' in the header (expected descr, fortran_order, shape)");
+        fail("unexpected key '" + printable(key) + "' in the header (expected descr, fortran_order, shape)");
       }
       skip_space();
       if (peek() == ',') ++i_;
@@ -78,6 +79,9 @@ class HeaderDictParser {
     if (!seen_descr || !seen_fortran || !seen_shape) {
       fail("the header lacks one of 'descr', 'fortran_order', 'shape'");
     }
+    ++i_;  // '}'
+    skip_space();  // NumPy pads the header with spaces up to its closing newline
+    if (i_ != s_.size()) fail("malformed header: text after the closing '}' at offset " + std::to_string(i_));
   }
 
  private:
@@ -118,6 +122,10 @@ class HeaderDictParser {
         return out;
       }
       if (peek() < '0' || peek() > '9') fail("malformed header: shape must be a tuple of non-negative integers");
+      // Python (and so NumPy) rejects leading zeros: "08" is a damaged digit, not 8.
+      if (peek() == '0' && i_ + 1 < s_.size() && s_[i_ + 1] >= '0' && s_[i_ + 1] <= '9') {
+        fail("malformed header: a size of the shape has a leading zero");
+      }
       int64_t v = 0;
       while (peek() >= '0' && peek() <= '9') {
         const int digit = peek() - '0';
@@ -142,26 +150,26 @@ class HeaderDictParser {
 };
 
 c10::ScalarType dtype_of_descr(const std::string& descr, const std::string& name) {
-  if (descr.size() < 3) header_error(name, "unsupported dtype '" + descr + "'");
+  // Exactly byte order, kind and a one-digit size ("<f4"), as NumPy writes every type we read: a lenient number
+  // parse would accept "<f4" followed by anything and describe a type the bytes do not name.
+  if (descr.size() != 3 || descr[2] < '1' || descr[2] > '9') {
+    header_error(name, "unsupported dtype '" + printable(descr) + "'; supported: " + kSupportedTypes +
+                           " (little-endian); bfloat16 is stored as u2");
+  }
   const char order = descr[0];
   const char kind = descr[1];
-  int size = 0;
-  try {
-    size = std::stoi(descr.substr(2));
-  } catch (...) {
-    header_error(name, "unsupported dtype '" + descr + "'");
-  }
+  const int size = descr[2] - '0';
   if (order == '>' && size > 1) {
-    header_error(name, "big-endian data ('" + descr + "') is not supported; convert it in NumPy with a.astype('<" +
-                           descr.substr(1) + "') and save again");
+    header_error(name, "big-endian data ('" + printable(descr) + "') is not supported; convert it in NumPy with "
+                           "a.astype('<" + printable(descr.substr(1)) + "') and save again");
   }
   if (order != '<' && order != '|' && order != '=' && order != '>') {
-    header_error(name, "unsupported dtype '" + descr + "'");
+    header_error(name, "unsupported dtype '" + printable(descr) + "'");
   }
   for (const auto& t : kTypes) {
     if (t.kind == kind && t.size == size) return t.dtype;
   }
-  header_error(name, "unsupported dtype '" + descr + "'; supported: " + kSupportedTypes +
+  header_error(name, "unsupported dtype '" + printable(descr) + "'; supported: " + kSupportedTypes +
                          " (little-endian); bfloat16 is stored as u2");
 }
 
@@ -278,9 +286,14 @@ NpyHeader parse_npy_header(const char* bytes, std::size_t size, const std::strin
     header_error(name, "the array is stored in Fortran (column-major) order; save np.ascontiguousarray(a) instead");
   }
   h.data_offset = static_cast<int64_t>(start + header_len);
+  // Every partial product of the non-zero sizes must fit (with room for the element size): readers multiply the
+  // trailing sizes into a row's bytes even when a leading size of 0 makes the array empty.
   int64_t n = 1;
   for (const int64_t s : h.shape) {
-    if (s != 0 && n > std::numeric_limits<int64_t>::max() / 16 / s) header_error(name, "the shape overflows");
+    if (s == 0) continue;
+    if (n > std::numeric_limits<int64_t>::max() / 16 / s) {
+      header_error(name, "the shape " + c10::str(c10::IntArrayRef(h.shape)) + " overflows");
+    }
     n *= s;
   }
   return h;
@@ -392,7 +405,7 @@ uint64_t NpyWriter::finish() {
   return hasher_.digest();
 }
 
-void NpyWriter::commit() { file_.commit(); }
+void NpyWriter::commit(bool sync_directory) { file_.commit(sync_directory); }
 
 // --- NpyReader ------------------------------------------------------------------------------------------------
 

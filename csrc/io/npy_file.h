@@ -69,8 +69,8 @@ class NpyWriter {
   void write(const at::Tensor& rows);
   // Checks every row was written, fsyncs and closes the temporary; returns the content hash of the data.
   uint64_t finish();
-  // Renames the finished temporary over the target and fsyncs the directory.
-  void commit();
+  // Renames the finished temporary over the target and (unless told not to) fsyncs the directory.
+  void commit(bool sync_directory = true);
   int64_t rows_written() const { return rows_written_; }
 
  private:

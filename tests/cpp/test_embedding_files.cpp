@@ -79,6 +79,21 @@ TEST_F(EmbeddingFiles, SaveAndLoadTableStateAndMeta) {
   EXPECT_TRUE(at::equal(s_records.narrow(1, 0, 4), at::full({300, 4}, 3.0)));
 }
 
+// What single bit flips in meta files turned into (tests/python/test_reliability.py): numbers JSON does not allow,
+// which strtod or from_chars would still read, and a NUL read as white space.
+TEST(JsonValue, RejectsWhatJsonDoesNotAllow) {
+  for (const std::string bad : {"{\"a\": 01}", "{\"a\": .5}", "{\"a\": 1.}", "{\"a\": +1}", "{\"a\": 1e}",
+                                "{\"a\": inf}", "{\"a\": 0x10}"}) {
+    EXPECT_NE(error_of([&] { parse_json(bad, "m.json"); }).find("m.json is not valid JSON"), std::string::npos) << bad;
+  }
+  EXPECT_NE(error_of([&] { parse_json(std::string("{\"a\":\0 1}", 9), "m.json"); }).find("not valid JSON"),
+            std::string::npos);
+  const JsonValue ok = parse_json("{\"a\": -0.5e-3, \"b\": 0, \"c\": 10E+2}", "m.json");
+  EXPECT_EQ(ok.find("a")->number, -0.5e-3);
+  EXPECT_EQ(ok.find("b")->number, 0.0);
+  EXPECT_EQ(ok.find("c")->number, 1000.0);
+}
+
 TEST_F(EmbeddingFiles, FilesFromDifferentSavesAreAnError) {
   const at::Tensor table = at::randn({64, 4});
   save_embedding_files(path("a.npy"), table, at::randn({64, 8}), "adagrad", options(), 1, false);
@@ -93,6 +108,39 @@ TEST_F(EmbeddingFiles, FilesFromDifferentSavesAreAnError) {
   EXPECT_NE(err.find("different saves"), std::string::npos);
   load_embedding_files(path("a.npy"), meta, t, s, /*verify=*/false);  // accepted as it is on request
   EXPECT_TRUE(at::equal(t, table));
+}
+
+// The meta file carries a hash of its own members: a damaged value (the learning rate, the step count) is an error
+// rather than a table that trains differently; a meta file without the hash (an older save) still loads.
+TEST_F(EmbeddingFiles, DamagedMetaValuesAreAnError) {
+  save_embedding_files(path("m.npy"), at::randn({10, 4}), at::randn({10, 8}), "adagrad", options(), 3, false);
+  const std::string text = read_bytes(path("m.meta.json"));
+  const EmbeddingMeta good = read_embedding_meta(path("m.npy"));
+  std::string lr = text;
+  const std::size_t at_lr = lr.find("\"lr\": ");
+  ASSERT_NE(at_lr, std::string::npos);
+  lr[at_lr + 6] ^= 0x01;  // the learning rate's first digit
+  write_bytes(path("m.meta.json"), lr);
+  EXPECT_NE(error_of([&] { read_embedding_meta(path("m.npy")); }).find("does not match its \"meta_hash\""),
+            std::string::npos);
+  std::string step = text;
+  step.replace(step.find("\"step\": 3"), 9, "\"step\": 2");
+  write_bytes(path("m.meta.json"), step);
+  EXPECT_NE(error_of([&] { read_embedding_meta(path("m.npy")); }).find("is damaged"), std::string::npos);
+  // Layout is not content: the same members written on one line still match.
+  std::string one_line;
+  for (const char c : text) {
+    if (c != '\n') one_line.push_back(c);
+  }
+  write_bytes(path("m.meta.json"), one_line);
+  EXPECT_EQ(read_embedding_meta(path("m.npy")).step, 3);
+  // Without "meta_hash" (as saves before it): read unchecked.
+  std::string old = text;
+  const std::size_t line = old.find(",\n  \"meta_hash\"");
+  ASSERT_NE(line, std::string::npos);
+  old.erase(line, old.find('\n', line + 2) - line);
+  write_bytes(path("m.meta.json"), old);
+  EXPECT_EQ(read_embedding_meta(path("m.npy")).table_hash, good.table_hash);
 }
 
 TEST_F(EmbeddingFiles, MissingOrMismatchedFilesAreClearErrors) {

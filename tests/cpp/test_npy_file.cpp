@@ -148,6 +148,31 @@ TEST_F(NpyFile, ValidatesHeadersWithClearErrors) {
   EXPECT_NE(error_of([&] { read_npy_header(path("missing.npy")); }).find("No such file"), std::string::npos);
 }
 
+// Headers the fuzzer (tests/fuzz/fuzz_npy_header.cpp) and the bit flips of tests/python/test_reliability.py found
+// accepted although they do not describe their bytes.
+TEST_F(NpyFile, RejectsHeadersThatDoNotDescribeTheirBytes) {
+  const auto err = [&](const std::string& dict) {
+    const std::string bytes = npy_bytes(dict, 0);
+    return error_of([&] { parse_npy_header(bytes.data(), bytes.size(), "f.npy"); });
+  };
+  // A type string with bytes after its size ('<f4' then NULs) was read as '<f4'.
+  EXPECT_NE(err("{'descr': '<f4" + std::string(2, '\0') + "', 'fortran_order': False, 'shape': (3,), }")
+                .find("unsupported dtype"),
+            std::string::npos);
+  EXPECT_NE(err("{'descr': '<f04', 'fortran_order': False, 'shape': (3,), }").find("unsupported dtype"),
+            std::string::npos);
+  // A size of 0 ended the overflow check: the sizes after it could overflow a row's byte count.
+  EXPECT_NE(err("{'descr': '<i4', 'fortran_order': False, 'shape': (0, 9223372036854775807), }").find("overflows"),
+            std::string::npos);
+  // Text after the dict was ignored (NumPy pads with spaces only).
+  EXPECT_NE(err("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), } junk").find("after the closing"),
+            std::string::npos);
+  // A flipped bit made "8" into "08", which Python (and so NumPy) refuses (tests/python/test_reliability.py).
+  EXPECT_NE(err("{'descr': '<f4', 'fortran_order': False, 'shape': (64, 08), }").find("leading zero"),
+            std::string::npos);
+  EXPECT_EQ(err("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }"), "");  // empty arrays stay fine
+}
+
 TEST_F(NpyFile, AcceptsWhatNumpyMayWrite) {
   // Version 2.0 and 3.0 headers, a 1-D Fortran-order array (the same bytes as C order), '|' and '=' byte orders,
   // dict keys in another order.
