@@ -16,30 +16,42 @@ namespace {
 
 using row_access::kThreadsPerBlock;
 
+// Where a thread works: groups of `lanes` threads (a power of two, at most a warp) share a row; the grid strides
+// over the rows.
+struct RowLanes {
+  int64_t first_row;
+  int64_t stride_rows;
+  int lane;
+  unsigned group_mask;  // the lanes of this thread's group, for __syncwarp
+  __device__ explicit RowLanes(int lanes) {
+    const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    first_row = thread / lanes;
+    stride_rows = static_cast<int64_t>(gridDim.x) * blockDim.x / lanes;
+    lane = static_cast<int>(thread % lanes);
+    const int warp_lane = static_cast<int>(threadIdx.x % 32);
+    group_mask = lanes == 32 ? 0xffffffffu : (((1u << lanes) - 1u) << (warp_lane / lanes * lanes));
+  }
+};
+
 template <typename T>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     row_optimizer_kernel(OptimizerRows t, OptimizerHyper h, int64_t global_step, const int64_t* __restrict__ rows,
                          const float* __restrict__ grads, int64_t count, int lanes) {
-  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride_rows = static_cast<int64_t>(gridDim.x) * blockDim.x / lanes;
-  const int lane = static_cast<int>(thread % lanes);
-  const int warp_lane = static_cast<int>(threadIdx.x % 32);
-  const unsigned group_mask =
-      lanes == 32 ? 0xffffffffu : (((1u << lanes) - 1u) << (warp_lane / lanes * lanes));
-  for (int64_t i = thread / lanes; i < count; i += stride_rows) {
+  const RowLanes pos(lanes);
+  for (int64_t i = pos.first_row; i < count; i += pos.stride_rows) {
     const int64_t row = rows[i];
     T* w = reinterpret_cast<T*>(t.weights + row * t.weight_stride_bytes);
     float* header = t.state + row * t.state_stride_floats;
     auto* step = reinterpret_cast<int32_t*>(header);
     const int32_t k = *step + 1;
-    __syncwarp(group_mask);  // every lane has read the count before lane 0 moves it on
-    if (lane == 0) *step = k;
+    __syncwarp(pos.group_mask);  // every lane has read the count before lane 0 moves it on
+    if (pos.lane == 0) *step = k;
     const RowStep r = row_step(h, k, global_step);
     float* s0 = header + kStateHeaderFloats;
     float* s1 = s0 + t.dim;
     float* s2 = s1 + t.dim;
     const float* g = grads + i * t.dim;
-    for (int64_t j = lane; j < t.dim; j += lanes) {
+    for (int64_t j = pos.lane; j < t.dim; j += lanes) {
       w[j] = static_cast<T>(update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j));
     }
   }
@@ -54,15 +66,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                               const int64_t* __restrict__ rows, const float* __restrict__ grads, int64_t count,
                               int lanes, int slots) {
   using WeightVector = typename row_access::Vector<4 * sizeof(T)>::type;
-  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride_rows = static_cast<int64_t>(gridDim.x) * blockDim.x / lanes;
-  const int lane = static_cast<int>(thread % lanes);
-  const int warp_lane = static_cast<int>(threadIdx.x % 32);
-  const unsigned group_mask =
-      lanes == 32 ? 0xffffffffu : (((1u << lanes) - 1u) << (warp_lane / lanes * lanes));
+  const RowLanes pos(lanes);
   const int64_t vectors = t.dim / 4;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int64_t i = thread / lanes; i < count; i += stride_rows) {
+  for (int64_t i = pos.first_row; i < count; i += pos.stride_rows) {
     const int64_t row = rows[i];
     auto* w = reinterpret_cast<WeightVector*>(t.weights + row * t.weight_stride_bytes);
     float* header = t.state + row * t.state_stride_floats;
@@ -71,7 +78,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     auto* s2 = s1 + vectors;
     const auto* g = reinterpret_cast<const float4*>(grads + i * t.dim);
     const int32_t k = *reinterpret_cast<const int32_t*>(header) + 1;
-    for (int64_t v = lane; v < vectors; v += lanes) {
+    for (int64_t v = pos.lane; v < vectors; v += lanes) {
       // Loads first (none depends on another), then the math, then the stores.
       const WeightVector wv = w[v];
       const float4 gv = g[v];
@@ -96,8 +103,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       if (slots > 1) s1[v] = b;
       if (slots > 2) s2[v] = c;
     }
-    __syncwarp(group_mask);  // every lane has read the count before lane 0 moves it on
-    if (lane == 0) *reinterpret_cast<int32_t*>(header) = k;
+    __syncwarp(pos.group_mask);  // every lane has read the count before lane 0 moves it on
+    if (pos.lane == 0) *reinterpret_cast<int32_t*>(header) = k;
   }
 }
 

@@ -87,15 +87,7 @@ PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes, bool pin_now) : size_(byte
   TORCH_CHECK(p != MAP_FAILED, "speedtorch: could not reserve ", bytes, " bytes of host memory (mmap: ",
               std::strerror(errno), "); the table and its optimizer state must fit in host RAM");
   data_ = p;
-  if (pin_now) {
-    try {
-      pin();
-    } catch (...) {
-      munmap(data_, mapped_size_);
-      data_ = nullptr;
-      throw;
-    }
-  }
+  if (pin_now) pin_or_unmap();
 }
 
 PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping, bool pin_now)
@@ -124,21 +116,23 @@ PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping,
   ::close(fd);  // the mapping keeps the file
   TORCH_CHECK(p != MAP_FAILED, "speedtorch: could not map ", path, " (mmap: ", std::strerror(err), ")");
   data_ = p;
-  if (pin_now) {
-    try {
-      pin();
-    } catch (...) {
-      munmap(data_, mapped_size_);
-      data_ = nullptr;
-      throw;
-    }
-  }
+  if (pin_now) pin_or_unmap();
 }
 
 void PinnedHostBuffer::flush() {
   if (mapping_ != FileMapping::kReadWrite) return;
   TORCH_CHECK(msync(data_, mapped_size_, MS_SYNC) == 0, "speedtorch: writing ", path_, " back (msync) failed: ",
               std::strerror(errno));
+}
+
+void PinnedHostBuffer::pin_or_unmap() {
+  try {
+    pin();
+  } catch (...) {  // a constructor that throws runs no destructor: release the mapping here
+    munmap(data_, mapped_size_);
+    data_ = nullptr;
+    throw;
+  }
 }
 
 void PinnedHostBuffer::pin() {

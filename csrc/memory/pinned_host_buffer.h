@@ -69,6 +69,9 @@ class PinnedHostBuffer {
   void flush();
 
  private:
+  // pin(), unmapping the memory if that fails (for the constructors).
+  void pin_or_unmap();
+
   void* data_ = nullptr;
   std::size_t size_ = 0;
   std::size_t mapped_size_ = 0;
