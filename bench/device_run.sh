@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build (sm_90 only, for speed), C++ and Python tests with CUDA, the transfer
 # benchmark, the CPU-path benchmark, and (SANITIZE=1) compute-sanitizer over the GPU tests. TRAIN=1 adds
-# bench/train.py (TRAIN_ARGS passes options), RACECHECK=1 compute-sanitizer racecheck, LOADTEST=1 the server's load
-# test on CPU and GPU, FUSED=1 the fused-step kernel variants, TESTS=0 / DEMO=0 skip the tests / info+demo, CONTIG=1 bench/contiguous.py (SCALE_ROWS=N adds its scale run); TRANSFER=0 stops before the transfer benchmarks. Logs and JSON
-# go to $OUT (or bench/out). Usage: bash bench/device_run.sh [transfer bench args...]
+# bench/train.py (TRAIN_ARGS passes options; SCALE_ROWS=N adds its scale run), RACECHECK=1 compute-sanitizer
+# racecheck, LOADTEST=1 the server's load test on CPU and GPU, FUSED=1 the fused-step kernel variants, CONTIG=1
+# bench/contiguous.py, TESTS=0 / DEMO=0 skip the tests / info+demo, TRANSFER=0 stops before the transfer benchmarks.
+# Logs and JSON go to $OUT (or bench/out). Usage: bash bench/device_run.sh [transfer bench args...]
 set -u
 OUT=${OUT:-bench/out}
 mkdir -p "$OUT"

@@ -1,4 +1,4 @@
-"""End-to-end training benchmark (design.md §4-5) and the fused optimizer step micro-benchmark, side by side in
+"""End-to-end training benchmark (bench/BASELINES.md) and the fused optimizer step micro-benchmark, side by side in
 one run, with ratios.
 
 Training: a `--rows` x `--dim` user table trained with Adam, batches of `--batch` Zipf(1.2) user ids, a `--items`
@@ -29,7 +29,7 @@ from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: 
 from speedtorch import recommender  # noqa: E402
 from speedtorch.recommender import WAYS, make_way, zipf_batches  # noqa: E402
 
-# Measured before this project on the same kind of machine (design.md §4): SpeedTorch is not installable here.
+# Measured before this project on the same kind of machine (bench/BASELINES.md): SpeedTorch is not installable here.
 SPEEDTORCH_2019_MS = 7.57
 
 
@@ -117,7 +117,7 @@ def main() -> int:
         r["speedtorch speedup"] = r["ms/step"] / base if base else float("nan")
     print(format_table(results, ["way", "rows", "ms/step", "speedtorch speedup", "first loss", "last loss"]))
     if base:
-        print(f"speedtorch vs SpeedTorch 2019 ({SPEEDTORCH_2019_MS} ms, design.md §4, not re-run): "
+        print(f"speedtorch vs SpeedTorch 2019 ({SPEEDTORCH_2019_MS} ms, bench/BASELINES.md, not re-run): "
               f"{SPEEDTORCH_2019_MS / base:.2f}x")
         if "speedtorch (scale)" in by_way:
             print(f"scale: {by_way['speedtorch (scale)'] / base:.3f}x the step time of the {args.rows:,}-row table")

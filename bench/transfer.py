@@ -1,7 +1,7 @@
 """Row-transfer benchmark: speedtorch gather / scatter_ against the link's limit and the PyTorch and CuPy ways, side
 by side in one run, with ratios to the contiguous pinned memcpy bandwidth measured in the same run.
 
-Workload (design.md §4): `--batch` random distinct rows x `--dim` float32 between a `--rows` x `--dim` pinned host
+Workload (bench/BASELINES.md): `--batch` random distinct rows x `--dim` float32 between a `--rows` x `--dim` pinned host
 table and a GPU tensor; rows spread over the whole table ("spread") and within its first `--local-bytes` ("local");
 float16 / bfloat16 views of the same bytes; at each of `--threads` CPU thread counts. Without a GPU it times the
 CPU path against torch's CPU indexing instead.

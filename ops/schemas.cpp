@@ -1,5 +1,7 @@
-// The speedtorch operator library: every schema, in one place. Kernels are registered per backend in
-// ops/register_*.cpp; the PinnedEmbedding class in ops/pinned_embedding_class.cpp.
+// The speedtorch operator library: the schemas of the row operators, which have per-backend kernels (registered in
+// ops/register_*.cpp). Operators with one implementation are defined beside it: settings and diagnostics in
+// ops/library_settings.cpp, .npy and table files in ops/npy_ops.cpp; the PinnedEmbedding class in
+// ops/pinned_embedding_class.cpp.
 //
 // Mutation is annotated ((a!)) so functionalization, torch.compile and TorchScript see what each op writes.
 #include <torch/library.h>
@@ -19,6 +21,4 @@ TORCH_LIBRARY(speedtorch, m) {
   // table-wide step count after this step, used for bias correction unless options["per_row_step"] == 1.
   m.def("row_optimizer_step_(Tensor(a!) weights, Tensor(b!) state, Tensor indices, Tensor grad, str optimizer, "
         "Dict(str, float) options, int step) -> ()");
-  // Allocation, settings and diagnostics take no tensors; they are defined with their functions in
-  // ops/library_settings.cpp.
 }

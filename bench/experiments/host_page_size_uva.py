@@ -1,5 +1,5 @@
 """Experiment: does the host page size behind a pinned table change the UVA gather rate for rows spread over a
-large table (design.md §4: 35% of the link at 10M x 128 float32, attributed to address translation)?
+large table (bench/BASELINES.md: 35% of the link at 10M x 128 float32, attributed to address translation)?
 
 Backs the same table three ways, registers each with cudaHostRegister(Portable | Mapped), and times a UVA-only
 speedtorch.gather of random rows (and of the same rows sorted): 4 KiB pages, transparent huge pages (madvise), and

@@ -1,7 +1,7 @@
 // How a host<->GPU row transfer is split between its two paths.
 //
 // UVA (a GPU kernel reads or writes the mapped host rows) needs no CPU, but its rate falls from ~93% of the link to
-// ~35% once the rows touched are spread over more host memory than the GPU can translate quickly (design.md §4).
+// ~35% once the rows touched are spread over more host memory than the GPU can translate quickly (bench/BASELINES.md).
 // Staged (CPU threads copy rows through a pinned staging buffer while the copy engine moves the previous chunk) is
 // bound by the CPU threads. Running both at once on disjoint shares of the rows adds their rates up to the link's.
 // The plan gives each path the share that makes both finish together, from the table footprint, the row size, the

@@ -1,4 +1,4 @@
-"""A small recommender workload (design.md §4) trained several ways, shared by ``python -m speedtorch demo`` and
+"""A small recommender workload (bench/BASELINES.md) trained several ways, shared by ``python -m speedtorch demo`` and
 ``bench/train.py``: a user table (the big one) and an item table, scored by a dot product, trained with binary
 cross-entropy on Zipf-skewed user ids.
 
