@@ -4,13 +4,15 @@
   writes every row, so "both at once" is its real ceiling; the target is set against one direction's rate);
 - the step (Adam, 131,072 distinct rows x 128, state beside each row, UVA only) over rows spread across the 10M-row
   table (15.5 GB), rows within its first 0.5 GB, and rows 0..131,071 (contiguous: no page translation to speak of);
-- the same step on a GPU-resident copy of the rows' table (no PCIe: the step's own fixed costs).
+- the same step on a GPU-resident copy of the rows' table (no PCIe: the step's own fixed costs);
+- a profile of the spread case: which kernels take the GPU's time.
 
 If contiguous rows come close to the duplex ceiling and spread rows do not, the host-page translation is what is
 left; if contiguous rows fall short too, the kernel or the link's read/write mix is.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -25,7 +27,11 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a GPU")
         return 0
-    rows_total, dim, batch = 10_000_000, 128, 131_072
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=10_000_000, help="rows of the pinned table")
+    parser.add_argument("--no-profile", action="store_true")
+    args = parser.parse_args()
+    rows_total, dim, batch = args.rows, 128, 131_072
     emb = speedtorch.PinnedEmbedding(rows_total, dim)
     emb.uniform_(-0.1, 0.1, 0)
     emb.set_optimizer("adam", {"lr": 1e-3}, True)
@@ -54,7 +60,7 @@ def main() -> int:
 
     local_rows = (512 << 20) // row_bytes
     cases = {
-        "spread (15.5 GB)": torch.randperm(rows_total)[:batch],
+        f"spread ({rows_total * row_bytes / 1e9:.1f} GB)": torch.randperm(rows_total)[:batch],
         f"within 0.5 GB ({local_rows:,} rows)": torch.randperm(local_rows)[:batch],
         "contiguous rows": torch.arange(batch),
     }
@@ -64,6 +70,10 @@ def main() -> int:
         rows = rows.cuda()
         ms = median_seconds(lambda: emb.apply_gradients(rows, grad), 20) * 1e3
         results.append({"rows": name, "ms": ms, "of bound": bound_ms / ms, "of duplex": duplex_s * 1e3 / ms})
+        # The forward's gather of the same rows' weights (512 bytes of each 1,552-byte record), for comparison.
+        gather_s = median_seconds(lambda: emb.gather(rows, "cuda"), 20)
+        results[-1]["gather GB/s"] = gbps(batch * dim * 4, gather_s)
+        results[-1]["gather of h2d"] = batch * dim * 4 / gather_s / (nbytes / h2d_s)
 
     gpu_weights = torch.randn(batch, dim, device="cuda") * 0.1  # a table of the batch's size in GPU memory
     gpu_state = torch.zeros(batch, emb.state().shape[1], device="cuda")
@@ -75,7 +85,18 @@ def main() -> int:
 
     print(f"PCIe bound {bound_ms:.3f} ms (one direction), duplex {duplex_s * 1e3:.3f} ms; {row_bytes} bytes per row "
           "each way")
-    print(format_table(results, ["rows", "ms", "of bound", "of duplex"]))
+    print(format_table(results, ["rows", "ms", "of bound", "of duplex", "gather GB/s", "gather of h2d"]))
+    if args.no_profile:
+        return 0
+
+    # Where a step's time goes: GPU kernels of the spread case, summed over 10 steps.
+    rows = next(iter(cases.values())).cuda()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(10):
+            emb.apply_gradients(rows, grad)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
     return 0
 
 
