@@ -5,10 +5,11 @@ Training: a `--rows` x `--dim` user table trained with Adam, batches of `--batch
 item table on the GPU, dot product + BCE (speedtorch.recommender), each way of speedtorch.recommender.WAYS timed
 per step (median after warm-up). Fused step: Adam on `--fused-rows` distinct random rows of a pinned table, against
 the PCIe bound (bytes each way / contiguous pinned memcpy rate; the two directions overlap). Scale: the speedtorch
-way again on a table of `--scale-rows` rows (weights + Adam state larger than the GPU's memory when big enough).
+way on a table of `--scale-rows` rows (weights + Adam state larger than the GPU's memory when big enough) against
+the `--rows` table, both alive and timed in alternating rounds.
 
     python bench/train.py                        # design workload (GPU; ~60 GB of host RAM across the ways)
-    python bench/train.py --scale-rows 56000000  # plus a table past GPU memory (~87 GB of host RAM)
+    python bench/train.py --scale-rows 56000000  # plus a table past GPU memory (~87 GB more host RAM)
 """
 
 from __future__ import annotations
@@ -49,6 +50,32 @@ def time_way(way_name, rows, args, batches, device):
     gc.collect()
     torch.cuda.empty_cache()
     return statistics.median(times) * 1e3, losses[0], losses[-1]
+
+
+def time_scale(args, batches, device, rounds=8):
+    """The speedtorch way on `--rows` and on `--scale-rows` rows, both alive, timed in alternating rounds so that
+    the machine's drift falls on both alike (sequential runs on the lent machines differed by 15-25%)."""
+    scale_batches = [tuple(t.to(device) for t in b)
+                     for b in zipf_batches(args.scale_rows, args.batch, 8, num_items=args.items)]
+    ways = {"small": (make_way("speedtorch", args.rows, args.dim, args.items, device, args.lr), batches),
+            "large": (make_way("speedtorch", args.scale_rows, args.dim, args.items, device, args.lr), scale_batches)}
+    times = {name: [] for name in ways}
+    for name, (way, way_batches) in ways.items():
+        for i in range(args.warmup):
+            way.step(*way_batches[i % len(way_batches)])
+    per_round = max(1, args.steps // rounds)
+    for r in range(rounds):
+        for name, (way, way_batches) in ways.items():
+            for i in range(per_round):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                way.step(*way_batches[(r * per_round + i) % len(way_batches)])
+                torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - start)
+    del ways
+    gc.collect()
+    small, large = (statistics.median(times[n]) * 1e3 for n in ("small", "large"))
+    return {"small ms": small, "large ms": large, "ratio": large / small, "rounds": rounds}
 
 
 def fused_step_bench(args):
@@ -102,15 +129,14 @@ def main() -> int:
         ms, first, last = time_way(way, args.rows, args, batches, device)
         results.append({"way": way, "rows": args.rows, "ms/step": ms, "first loss": first, "last loss": last})
         print(results[-1], flush=True)
+    scale = None
     if args.scale_rows:
         if hasattr(torch._C, "_host_emptyCache"):  # torch_staged's pinned tables linger in torch's host cache
             torch._C._host_emptyCache()
-        scale_batches = [tuple(t.to(device) for t in b)
-                         for b in zipf_batches(args.scale_rows, args.batch, 8, num_items=args.items)]
-        ms, first, last = time_way("speedtorch", args.scale_rows, args, scale_batches, device)
-        results.append({"way": "speedtorch (scale)", "rows": args.scale_rows, "ms/step": ms, "first loss": first,
-                        "last loss": last})
-        print(results[-1], flush=True)
+        scale = time_scale(args, batches, device)
+        results.append({"way": "speedtorch (scale)", "rows": args.scale_rows, "ms/step": scale["large ms"],
+                        "first loss": float("nan"), "last loss": float("nan")})
+        print(scale, flush=True)
     by_way = {r["way"]: r["ms/step"] for r in results}
     base = by_way.get("speedtorch")
     for r in results:
@@ -119,8 +145,10 @@ def main() -> int:
     if base:
         print(f"speedtorch vs SpeedTorch 2019 ({SPEEDTORCH_2019_MS} ms, bench/BASELINES.md, not re-run): "
               f"{SPEEDTORCH_2019_MS / base:.2f}x")
-        if "speedtorch (scale)" in by_way:
-            print(f"scale: {by_way['speedtorch (scale)'] / base:.3f}x the step time of the {args.rows:,}-row table")
+    if scale:
+        print(f"scale: the {args.scale_rows:,}-row table steps in {scale['ratio']:.3f}x the time of the "
+              f"{args.rows:,}-row table ({scale['large ms']:.3f} vs {scale['small ms']:.3f} ms, both alive, timed in "
+              f"{scale['rounds']} alternating rounds)")
 
     fused = fused_step_bench(args)
     print(format_table([fused], list(fused.keys())))

@@ -4,6 +4,7 @@
   writes every row, so "both at once" is its real ceiling; the target is set against one direction's rate);
 - the step (Adam, 131,072 distinct rows x 128, state beside each row, UVA only) over rows spread across the 10M-row
   table (15.5 GB), rows within its first 0.5 GB, and rows 0..131,071 (contiguous: no page translation to speak of);
+- the state beside each row (the default) against the state in its own table, for the step and for the gather;
 - the same step on a GPU-resident copy of the rows' table (no PCIe: the step's own fixed costs);
 - a profile of the spread case: which kernels take the GPU's time.
 
@@ -13,6 +14,7 @@ left; if contiguous rows fall short too, the kernel or the link's read/write mix
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -70,10 +72,31 @@ def main() -> int:
         rows = rows.cuda()
         ms = median_seconds(lambda: emb.apply_gradients(rows, grad), 20) * 1e3
         results.append({"rows": name, "ms": ms, "of bound": bound_ms / ms, "of duplex": duplex_s * 1e3 / ms})
-        # The forward's gather of the same rows' weights (512 bytes of each 1,552-byte record), for comparison.
+        # The forward's gather of the same rows' weights (512 bytes of each 1,552-byte record), all over UVA too.
         gather_s = median_seconds(lambda: emb.gather(rows, "cuda"), 20)
         results[-1]["gather GB/s"] = gbps(batch * dim * 4, gather_s)
         results[-1]["gather of h2d"] = batch * dim * 4 / gather_s / (nbytes / h2d_s)
+
+    # The other layout: the state in its own table (three translations per row in the step, none shared with the
+    # gather's weights). Spread rows; the two layouts are timed in turn, round after round, so drifts of the link
+    # fall on both alike.
+    separate = speedtorch.PinnedEmbedding(rows_total, dim)
+    separate.uniform_(-0.1, 0.1, 0)
+    separate.set_optimizer("adam", {"lr": 1e-3}, False)
+    rows = next(iter(cases.values())).cuda()
+    layouts = {"state beside each row": emb, "state in its own table": separate}
+    rounds = {(name, what): [] for name in layouts for what in ("step", "gather")}
+    for _ in range(7):
+        for name, table in layouts.items():
+            rounds[(name, "step")].append(median_seconds(lambda: table.apply_gradients(rows, grad), 5))
+            rounds[(name, "gather")].append(median_seconds(lambda: table.gather(rows, "cuda"), 5))
+    layout_results = []
+    for name in layouts:
+        step_s = statistics.median(rounds[(name, "step")])
+        gather_s = statistics.median(rounds[(name, "gather")])
+        layout_results.append({"layout (spread rows)": name, "step ms": step_s * 1e3, "step of bound": h2d_s / step_s,
+                               "gather ms": gather_s * 1e3, "gather GB/s": gbps(batch * dim * 4, gather_s)})
+    del separate, layouts
 
     gpu_weights = torch.randn(batch, dim, device="cuda") * 0.1  # a table of the batch's size in GPU memory
     gpu_state = torch.zeros(batch, emb.state().shape[1], device="cuda")
@@ -86,6 +109,7 @@ def main() -> int:
     print(f"PCIe bound {bound_ms:.3f} ms (one direction), duplex {duplex_s * 1e3:.3f} ms; {row_bytes} bytes per row "
           "each way")
     print(format_table(results, ["rows", "ms", "of bound", "of duplex", "gather GB/s", "gather of h2d"]))
+    print(format_table(layout_results, list(layout_results[0])))
     if args.no_profile:
         return 0
 

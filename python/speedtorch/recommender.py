@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from .nn import HostEmbedding
 
-WAYS = ("speedtorch", "speedtorch_gpu", "speedtorch_hybrid", "gpu_sparse_adam", "torch_staged", "cpu_sparse_adam")
+WAYS = ("speedtorch", "speedtorch_state_apart", "speedtorch_gpu", "speedtorch_hybrid", "gpu_sparse_adam",
+        "torch_staged", "cpu_sparse_adam")
 #: The share of users the hybrid way keeps on the GPU.
 HOT_FRACTION = 0.01
 
@@ -71,10 +72,11 @@ class _ItemsMixin:
 
 
 class SpeedtorchWay(_ItemsMixin):
-    def __init__(self, num_rows, dim, num_items, device, lr=1e-3, placement="host"):
+    def __init__(self, num_rows, dim, num_items, device, lr=1e-3, placement="host", state_beside_rows=True):
         hot = hottest_users(num_rows, max(1, int(HOT_FRACTION * num_rows))) if placement == "hybrid" else None
         self.users = HostEmbedding(num_rows, dim, device=device, optimizer="adam", optimizer_options={"lr": lr},
-                                   init_std=0.1, seed=0, placement=placement, hot_rows=hot)
+                                   init_std=0.1, seed=0, placement=placement, hot_rows=hot,
+                                   state_beside_rows=state_beside_rows)
         self._init_items(num_items, dim, device, lr)
 
     def step(self, users, items, labels):
@@ -146,6 +148,8 @@ class TorchStagedWay(_ItemsMixin):
 def make_way(way: str, num_rows: int, dim: int, num_items: int, device, lr: float = 1e-3):
     if way == "speedtorch":
         return SpeedtorchWay(num_rows, dim, num_items, device, lr)
+    if way == "speedtorch_state_apart":  # the Adam state in a table of its own instead of beside each row
+        return SpeedtorchWay(num_rows, dim, num_items, device, lr, state_beside_rows=False)
     if way == "speedtorch_gpu":
         return SpeedtorchWay(num_rows, dim, num_items, device, lr, placement="gpu")
     if way == "speedtorch_hybrid":
