@@ -3,13 +3,14 @@ one run, with ratios.
 
 Training: a `--rows` x `--dim` user table trained with Adam, batches of `--batch` Zipf(1.2) user ids, a `--items`
 item table on the GPU, dot product + BCE (speedtorch.recommender), each way of speedtorch.recommender.WAYS timed
-per step (median after warm-up). Fused step: Adam on `--fused-rows` distinct random rows of a pinned table, against
-the PCIe bound (bytes each way / contiguous pinned memcpy rate; the two directions overlap). Scale: the speedtorch
+per step (median after warm-up; all ways alive, taking turns in `--rounds` rounds). Fused step: Adam on
+`--fused-rows` distinct random rows of a pinned table, against the PCIe bound (bytes each way / contiguous pinned
+memcpy rate; the two directions overlap). Scale: the speedtorch
 way on a table of `--scale-rows` rows (weights + Adam state larger than the GPU's memory when big enough) against
 the `--rows` table, both alive and timed in alternating rounds.
 
-    python bench/train.py                        # design workload (GPU; ~60 GB of host RAM across the ways)
-    python bench/train.py --scale-rows 56000000  # plus a table past GPU memory (~87 GB more host RAM)
+    python bench/train.py                        # the workload (GPU; ~90 GB of host RAM: every way is alive)
+    python bench/train.py --scale-rows 56000000  # then a table past GPU memory beside the 10M one (~105 GB)
 """
 
 from __future__ import annotations
@@ -34,48 +35,33 @@ from speedtorch.recommender import WAYS, make_way, zipf_batches  # noqa: E402
 SPEEDTORCH_2019_MS = 7.57
 
 
-def time_way(way_name, rows, args, batches, device):
-    way = make_way(way_name, rows, args.dim, args.items, device, args.lr)
-    for i in range(args.warmup):
-        way.step(*batches[i % len(batches)])
-    times, losses = [], []
-    for i in range(args.steps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = way.step(*batches[i % len(batches)])
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        losses.append(float(loss.detach()))
-    del way
-    gc.collect()
-    torch.cuda.empty_cache()
-    return statistics.median(times) * 1e3, losses[0], losses[-1]
-
-
-def time_scale(args, batches, device, rounds=8):
-    """The speedtorch way on `--rows` and on `--scale-rows` rows, both alive, timed in alternating rounds so that
-    the machine's drift falls on both alike (sequential runs on the lent machines differed by 15-25%)."""
-    scale_batches = [tuple(t.to(device) for t in b)
-                     for b in zipf_batches(args.scale_rows, args.batch, 8, num_items=args.items)]
-    ways = {"small": (make_way("speedtorch", args.rows, args.dim, args.items, device, args.lr), batches),
-            "large": (make_way("speedtorch", args.scale_rows, args.dim, args.items, device, args.lr), scale_batches)}
-    times = {name: [] for name in ways}
-    for name, (way, way_batches) in ways.items():
+def time_interleaved(entries, args):
+    """Times ways that are all alive at once, in `--rounds` rounds of `--steps / --rounds` steps each, one way after
+    the other within a round: the lent machines drift by 15-25% over minutes, and this puts the drift on every way
+    alike. `entries` maps a label to (way, batches); returns label -> (median ms per step, first loss, last loss)."""
+    for way, batches in entries.values():
         for i in range(args.warmup):
-            way.step(*way_batches[i % len(way_batches)])
-    per_round = max(1, args.steps // rounds)
-    for r in range(rounds):
-        for name, (way, way_batches) in ways.items():
+            way.step(*batches[i % len(batches)])
+    times = {label: [] for label in entries}
+    losses = {label: [] for label in entries}
+    per_round = max(1, args.steps // args.rounds)
+    for r in range(args.rounds):
+        for label, (way, batches) in entries.items():
             for i in range(per_round):
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                way.step(*way_batches[(r * per_round + i) % len(way_batches)])
+                loss = way.step(*batches[(r * per_round + i) % len(batches)])
                 torch.cuda.synchronize()
-                times[name].append(time.perf_counter() - start)
-    del ways
+                times[label].append(time.perf_counter() - start)
+                losses[label].append(float(loss.detach()))
+    return {label: (statistics.median(times[label]) * 1e3, losses[label][0], losses[label][-1]) for label in entries}
+
+
+def free_ways() -> None:
     gc.collect()
-    small, large = (statistics.median(times[n]) * 1e3 for n in ("small", "large"))
-    return {"small ms": small, "large ms": large, "ratio": large / small, "rounds": rounds}
+    torch.cuda.empty_cache()
+    if hasattr(torch._C, "_host_emptyCache"):  # torch_staged's pinned tables linger in torch's host cache
+        torch._C._host_emptyCache()
 
 
 def fused_step_bench(args):
@@ -106,6 +92,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=65_536)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="the ways take turns this many times")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--ways", type=lambda s: s.split(","), default=list(WAYS))
     parser.add_argument("--fused-rows", type=int, default=131_072)
@@ -125,18 +112,29 @@ def main() -> int:
           f"distinct users per batch ~{len(torch.unique(batches[0][0])):,}", flush=True)
 
     results = []
+    entries = {}
     for way in args.ways:
-        ms, first, last = time_way(way, args.rows, args, batches, device)
+        print(f"building {way}", flush=True)
+        entries[way] = (make_way(way, args.rows, args.dim, args.items, device, args.lr), batches)
+    for way, (ms, first, last) in time_interleaved(entries, args).items():
         results.append({"way": way, "rows": args.rows, "ms/step": ms, "first loss": first, "last loss": last})
-        print(results[-1], flush=True)
+    del entries
+    free_ways()
     scale = None
     if args.scale_rows:
-        if hasattr(torch._C, "_host_emptyCache"):  # torch_staged's pinned tables linger in torch's host cache
-            torch._C._host_emptyCache()
-        scale = time_scale(args, batches, device)
+        # The 10M table again beside the large one: their ratio comes from one interleaved timing.
+        scale_batches = [tuple(t.to(device) for t in b)
+                         for b in zipf_batches(args.scale_rows, args.batch, 8, num_items=args.items)]
+        entries = {"small": (make_way("speedtorch", args.rows, args.dim, args.items, device, args.lr), batches),
+                   "large": (make_way("speedtorch", args.scale_rows, args.dim, args.items, device, args.lr),
+                             scale_batches)}
+        timed = time_interleaved(entries, args)
+        del entries
+        free_ways()
+        scale = {"small ms": timed["small"][0], "large ms": timed["large"][0],
+                 "ratio": timed["large"][0] / timed["small"][0]}
         results.append({"way": "speedtorch (scale)", "rows": args.scale_rows, "ms/step": scale["large ms"],
-                        "first loss": float("nan"), "last loss": float("nan")})
-        print(scale, flush=True)
+                        "first loss": timed["large"][1], "last loss": timed["large"][2]})
     by_way = {r["way"]: r["ms/step"] for r in results}
     base = by_way.get("speedtorch")
     for r in results:
@@ -148,7 +146,7 @@ def main() -> int:
     if scale:
         print(f"scale: the {args.scale_rows:,}-row table steps in {scale['ratio']:.3f}x the time of the "
               f"{args.rows:,}-row table ({scale['large ms']:.3f} vs {scale['small ms']:.3f} ms, both alive, timed in "
-              f"{scale['rounds']} alternating rounds)")
+              f"{args.rounds} alternating rounds)")
 
     fused = fused_step_bench(args)
     print(format_table([fused], list(fused.keys())))
