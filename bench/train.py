@@ -38,7 +38,8 @@ SPEEDTORCH_2019_MS = 7.57
 def time_interleaved(entries, args):
     """Times ways that are all alive at once, in `--rounds` rounds of `--steps / --rounds` steps each, one way after
     the other within a round: the lent machines drift by 15-25% over minutes, and this puts the drift on every way
-    alike. `entries` maps a label to (way, batches); returns label -> (median ms per step, first loss, last loss)."""
+    alike; each way's turn starts with an untimed step. `entries` maps a label to (way, batches); returns label ->
+    (median ms per step, first loss, last loss)."""
     for way, batches in entries.values():
         for i in range(args.warmup):
             way.step(*batches[i % len(batches)])
@@ -47,6 +48,8 @@ def time_interleaved(entries, args):
     per_round = max(1, args.steps // args.rounds)
     for r in range(args.rounds):
         for label, (way, batches) in entries.items():
+            # One untimed step first: it runs cold after the other ways' turns (the CPU-bound ones leave the GPU idle).
+            way.step(*batches[(r * per_round) % len(batches)])
             for i in range(per_round):
                 torch.cuda.synchronize()
                 start = time.perf_counter()
