@@ -49,9 +49,9 @@ class HostEmbedding(torch.nn.Module):
         update: ``"step"`` (gradients wait for :meth:`step`) or ``"backward"`` (applied as backward reaches the rows).
         device: where forward's output lives (default: the current CUDA device when there is one, else the CPU).
         dtype: table dtype (float32, float16, bfloat16); optimizer state is float32.
-        state_beside_rows: keep each row's optimizer state next to it in host memory (one page walk per row;
-            2-4% faster on the training benchmark). False keeps it in a table of its own: gathers of many spread
-            rows run up to 1.6x faster (bench/RESULTS.md, runs 25-26).
+        state_beside_rows: keep each row's optimizer state next to it in host memory (one page walk per row).
+            False keeps it in a table of its own: gathers of many spread rows run up to 1.6x faster; on the
+            training benchmark the two layouts are within 6% of each other (bench/RESULTS.md, runs 25-30).
         init_std: the table starts as N(0, init_std^2) (nn.Embedding's N(0, 1) by default).
         seed: seed of that initialisation (default: from torch's generator). The values depend on the placement.
         placement: ``"host"`` (pinned host RAM, the default), ``"gpu"`` (table and state in ``device`` memory: the
