@@ -77,8 +77,8 @@ def main() -> int:
         results[-1]["gather GB/s"] = gbps(batch * dim * 4, gather_s)
         results[-1]["gather of h2d"] = batch * dim * 4 / gather_s / (nbytes / h2d_s)
 
-    # The other layout: the state in its own table (three translations per row in the step, none shared with the
-    # gather's weights). Spread rows; the two layouts are timed in turn, round after round, so drifts of the link
+    # The other layout: the state in a table of its own (two places per row for the step, weights and state; the
+    # weights packed 8 to a 4 KiB page for the gather instead of 2.6). Spread rows; the two layouts are timed in turn, round after round, so drifts of the link
     # fall on both alike.
     separate = speedtorch.PinnedEmbedding(rows_total, dim)
     separate.uniform_(-0.1, 0.1, 0)
