@@ -5,9 +5,9 @@ Training: a `--rows` x `--dim` user table trained with Adam, batches of `--batch
 item table on the GPU, dot product + BCE (speedtorch.recommender), each way of speedtorch.recommender.WAYS timed
 per step (median after warm-up; all ways alive, taking turns in `--rounds` rounds). Fused step: Adam on
 `--fused-rows` distinct random rows of a pinned table, against the PCIe bound (bytes each way / contiguous pinned
-memcpy rate; the two directions overlap). Scale: the speedtorch
-way on a table of `--scale-rows` rows (weights + Adam state larger than the GPU's memory when big enough) against
-the `--rows` table, both alive and timed in alternating rounds.
+memcpy rate; the two directions overlap). Scale: the speedtorch way on a table of `--scale-rows` rows (weights +
+Adam state larger than the GPU's memory when big enough) against the `--rows` table, both alive and timed in
+alternating rounds.
 
     python bench/train.py                        # the workload (GPU; ~90 GB of host RAM: every way is alive)
     python bench/train.py --scale-rows 56000000  # then a table past GPU memory beside the 10M one (~105 GB)
@@ -125,7 +125,7 @@ def main() -> int:
     free_ways()
     scale = None
     if args.scale_rows:
-        # The 10M table again beside the large one: their ratio comes from one interleaved timing.
+        # The --rows table again beside the large one: their ratio comes from one interleaved timing.
         scale_batches = [tuple(t.to(device) for t in b)
                          for b in zipf_batches(args.scale_rows, args.batch, 8, num_items=args.items)]
         entries = {"small": (make_way("speedtorch", args.rows, args.dim, args.items, device, args.lr), batches),
