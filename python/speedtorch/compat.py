@@ -103,6 +103,13 @@ def _batch_ids(pos_indexes, neg_indexes, where: str) -> torch.Tensor:
     return torch.cat([ids, neg.to(ids.device)])
 
 
+def _check_write_back(batch: Optional["_SwappedBatch"], where: str, pos_indexes, neg_indexes) -> None:
+    """afterOptimizerStep's precondition: a batch is swapped in, and these are its indexes."""
+    if batch is None:
+        raise RuntimeError(f"{where}.afterOptimizerStep: no batch is swapped in; call beforeForwardPass first")
+    batch.check_same_ids(_batch_ids(pos_indexes, neg_indexes, f"{where}.afterOptimizerStep"), where)
+
+
 def _model_weight(model_variable, embed_dimension: int, where: str) -> torch.Tensor:
     """The batch-sized 2-D tensor a switcher fills: ``model_variable.weight`` (an nn.Embedding, as in SpeedTorch's
     examples) or the tensor itself."""
@@ -327,11 +334,7 @@ class ModelFactory:
         """Writes the model variable's updated rows back to the collection (each repeated id once, from its first
         copy). The indexes must be those of the last :meth:`beforeForwardPass`."""
         collection = self._require_collection("afterOptimizerStep")
-        if self._batch is None:
-            raise RuntimeError(f"{self._where}.afterOptimizerStep: no batch is swapped in; call beforeForwardPass "
-                               f"first")
-        ids = _batch_ids(retrievedPosIndexes, retrievedNegIndexes, f"{self._where}.afterOptimizerStep")
-        self._batch.check_same_ids(ids, self._where)
+        _check_write_back(self._batch, self._where, retrievedPosIndexes, retrievedNegIndexes)
         self._batch.write_back_(collection, self.weight)
         self._release_batch()
 
@@ -553,11 +556,7 @@ class OptimizerFactory:
         """Writes the updated state rows back (each repeated id once, from its first copy, which the
         :class:`ModelFactory` of this variable gave the summed gradient)."""
         state = self._require_init("afterOptimizerStep")
-        if self._batch is None:
-            raise RuntimeError(f"{self._where}.afterOptimizerStep: no batch is swapped in; call beforeForwardPass "
-                               f"first")
-        ids = _batch_ids(retrievedPosIndexes, retrievedNegIndexes, f"{self._where}.afterOptimizerStep")
-        self._batch.check_same_ids(ids, self._where)
+        _check_write_back(self._batch, self._where, retrievedPosIndexes, retrievedNegIndexes)
         for name, collection in self.collections.items():
             self._batch.write_back_(collection, self._state_tensor(state, name, "afterOptimizerStep"))
         self._batch = None
