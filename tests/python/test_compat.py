@@ -567,6 +567,8 @@ def test_optimizer_factory_errors():
     with pytest.raises(RuntimeError, match="beforeForwardPass: call optInit first"):
         switcher.beforeForwardPass([0, 1])
     switcher.optInit()
+    with pytest.raises(RuntimeError, match="afterOptimizerStep: no batch is swapped in"):
+        switcher.afterOptimizerStep([0, 1])
     with pytest.raises(IndexError):
         switcher.beforeForwardPass([0, 99])
     switcher.beforeForwardPass([0, 1])
