@@ -23,7 +23,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn

@@ -1,4 +1,4 @@
-"""`python -m speedtorch demo`: a row-swap loop over a pinned table, speedtorch against plain PyTorch in the same
+"""`python -m speedtorch transfer-demo`: a row-swap loop over a pinned table, speedtorch against plain PyTorch in the same
 process. Each step gathers a batch of rows to the compute device, updates them there, and writes them back; both
 ways apply the same updates, so their tables must agree at the end."""
 
@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from . import PinnedEmbedding, gather, scatter_
+from . import PinnedEmbedding
 from .benchmarking import format_table
 
 
@@ -36,7 +36,7 @@ def _run(name, steps, batches, device, fetch, store, progress):
 
 def main(argv: list[str] | None = None) -> int:
     has_gpu = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(prog="python -m speedtorch demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m speedtorch transfer-demo", description=__doc__)
     parser.add_argument("--rows", type=int, default=4_000_000 if has_gpu else 1_000_000)
     parser.add_argument("--dim", type=int, default=128 if has_gpu else 64)
     parser.add_argument("--batch", type=int, default=65_536 if has_gpu else 16_384)
