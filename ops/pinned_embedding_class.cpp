@@ -49,6 +49,8 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
       .def_static("load", &PinnedEmbedding::load, "A table read from save()'s files (or a plain 2-D .npy)")
       .def_static("open", &PinnedEmbedding::open,
                   "A table over save()'s files, memory-mapped: mode 'r', 'r+' or 'c' (numpy's mmap_mode)")
+      .def_static("create", &PinnedEmbedding::create,
+                  "A zero table (and optimizer state) over new files at path, mapped as open(path, 'r+')")
       .def("flush", &PinnedEmbedding::flush, "Writes an 'r+' table back to its files (pages, step count, hashes)")
       .def("mapping", &PinnedEmbedding::mapping)
       .def("set_sidecar", &PinnedEmbedding::set_sidecar,

@@ -33,6 +33,7 @@
 #include <string>
 
 #include "embedding/table_lock.h"
+#include "io/embedding_files.h"
 #include "memory/pinned_host_buffer.h"
 
 namespace speedtorch {
@@ -96,6 +97,13 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // (changes reach the files: call flush() at checkpoints) or "c" (copy-on-write). Nothing is copied; page-locking
   // reads each page once (see docs/persistence.md for the limits).
   static c10::intrusive_ptr<PinnedEmbedding> open(const std::string& path, const std::string& mode);
+  // A zero table (and zeroed optimizer state, each in its own file) over new files at `path`, mapped as open(path,
+  // "r+") maps them: numpy's open_memmap(mode="w+"). The files are sized, not written: tmpfs and most file systems
+  // store nothing until rows change. Refuses to replace existing files. Other processes may open() the same files
+  // to share the table (on a memory file system such as /dev/shm, their GPUs may write it too).
+  static c10::intrusive_ptr<PinnedEmbedding> create(const std::string& path, int64_t num_rows, int64_t dim,
+                                                    c10::ScalarType dtype, const std::string& optimizer,
+                                                    const c10::Dict<std::string, double>& options);
   // For a table opened with "r+": writes its pages back and rewrites the meta file (step count, content hashes);
   // an optimizer state configured after open() is written to its file.
   void flush();
@@ -128,6 +136,9 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   void flush_locked() const;
   // Where the optimizer's state lives when it does not share the table's buffer (for flush()).
   bool state_is_mapped() const;
+  // A table over the files of `meta` at `path`, mapped as `mapping` says (open() and create()).
+  static c10::intrusive_ptr<PinnedEmbedding> map_files(const std::string& path, const io::EmbeddingMeta& meta,
+                                                       FileMapping mapping);
   // Copies the rows into `destination` (a new layout), releasing the old table's memory as it goes when possible.
   void move_rows(at::Tensor& destination);
 

@@ -2,6 +2,8 @@
 // io/embedding_files.h's).
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <climits>
 #include <cstdlib>
 #include <shared_mutex>
@@ -86,14 +88,46 @@ c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::load(const std::string& pat
 }
 
 c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::open(const std::string& path, const std::string& mode) {
-  const FileMapping mapping = mapping_of_mode(mode);
   const io::EmbeddingMeta meta = io::read_embedding_meta(path);
+  const io::NpyHeader header = io::read_npy_header(io::embedding_paths(path).table);
+  TORCH_CHECK(header.dtype == meta.dtype || (header.dtype == at::kUInt16 && meta.dtype == at::kBFloat16),
+              "PinnedEmbedding.open: ", io::embedding_paths(path).table, " holds ", header.descr, " data; a mapped "
+              "table is used as the file stores it, and tables are float32, float16 or bfloat16. load() converts "
+              "it, or save the array as float32");
+  return map_files(path, meta, mapping_of_mode(mode));
+}
+
+c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::create(const std::string& path, int64_t num_rows, int64_t dim,
+                                                            c10::ScalarType dtype, const std::string& optimizer,
+                                                            const c10::Dict<std::string, double>& options) {
+  TORCH_CHECK(num_rows > 0, "PinnedEmbedding.create: num_rows must be > 0, got ", num_rows);
+  auto validated = c10::make_intrusive<PinnedEmbedding>(int64_t{0}, dim, dtype);  // checks dim and dtype
+  io::EmbeddingMeta meta;
+  meta.num_rows = num_rows;
+  meta.dim = dim;
+  meta.dtype = dtype;
+  meta.optimizer = optimizer;
+  meta.options = options.copy();
+  meta.state_width = optimizer.empty() ? 0 : state_width(optimizer, options, dim);  // validates name and options
+  meta.state_beside_rows = false;  // each in a file of its own, as open() maps them
+  const io::EmbeddingPaths paths = io::embedding_paths(path);
+  io::create_zero_npy(paths.table, dtype, {num_rows, dim});
+  try {
+    if (meta.state_width > 0) io::create_zero_npy(paths.state, at::kFloat, {num_rows, meta.state_width});
+    auto e = map_files(path, meta, FileMapping::kReadWrite);
+    io::write_embedding_meta(path, meta, e->table_, e->state_);
+    return e;
+  } catch (...) {  // half-made files would only be in the way of the next try
+    ::unlink(paths.table.c_str());
+    ::unlink(paths.state.c_str());
+    throw;
+  }
+}
+
+c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::map_files(const std::string& path, const io::EmbeddingMeta& meta,
+                                                               FileMapping mapping) {
   const io::EmbeddingPaths paths = io::embedding_paths(path);
   const io::NpyHeader header = io::read_npy_header(paths.table);
-  TORCH_CHECK(header.dtype == meta.dtype || (header.dtype == at::kUInt16 && meta.dtype == at::kBFloat16),
-              "PinnedEmbedding.open: ", paths.table, " holds ", header.descr, " data; a mapped table is used as the "
-              "file stores it, and tables are float32, float16 or bfloat16. load() converts it, or save the array "
-              "as float32");
   auto e = c10::make_intrusive<PinnedEmbedding>(int64_t{0}, meta.dim, meta.dtype);
   auto table_buffer = std::make_shared<PinnedHostBuffer>(paths.table, mapping, /*pin=*/true);
   e->table_ = tensor_over(table_buffer, header.data_offset, {meta.num_rows, meta.dim}, {meta.dim, 1}, meta.dtype);

@@ -515,4 +515,23 @@ at::Tensor load_npy(const std::string& path, bool pinned) {
   return out;
 }
 
+NpyHeader create_zero_npy(const std::string& path, c10::ScalarType dtype, c10::IntArrayRef shape) {
+  const std::string header = encode_npy_header(dtype, shape);
+  NpyHeader h = parse_npy_header(header.data(), header.size(), path);
+  // O_EXCL: never truncate a file someone else's table lives in.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  TORCH_CHECK(fd >= 0, "speedtorch: cannot create ", path, ": ", std::strerror(errno),
+              errno == EEXIST ? " (remove it first, or open it with PinnedEmbedding.open)" : "");
+  const bool ok = ::write(fd, header.data(), header.size()) == static_cast<ssize_t>(header.size()) &&
+                  ::ftruncate(fd, static_cast<off_t>(h.data_offset + h.data_bytes())) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(path.c_str());
+    TORCH_CHECK(false, "speedtorch: cannot create ", path, " (", h.data_offset + h.data_bytes(), " bytes): ",
+                std::strerror(err));
+  }
+  return h;
+}
+
 }  // namespace speedtorch::io
