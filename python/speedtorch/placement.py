@@ -214,6 +214,9 @@ class HybridTable:
     def step_count(self) -> int:
         return self.host.step_count()
 
+    def set_step_count(self, step: int) -> None:
+        self.host.set_step_count(step)
+
     def mapping(self) -> str:
         return self.host.mapping()
 
