@@ -1,0 +1,155 @@
+"""Row-wise sharding of one table over hosts, in three named stages (TorchRec's row-wise sharding, in one screen).
+
+Layout (:class:`RowLayout`): the rows are cut into ``world_size`` blocks of ``ceil(N / world_size)`` rows, as
+``torch.chunk`` and a ``Shard(0)`` DTensor cut them; a host holds the blocks of its ranks, one contiguous range, in
+shared memory that all of its ranks map (host_shard.py). Within a host, row ``id`` is *owned* by local rank
+``id % local_world_size``: the only process that ever writes it, so updates spread evenly over a host's ranks even
+when a few ids are hot.
+
+Stages of a lookup (:meth:`RowSharding.gather`) and of an update (:meth:`RowSharding.apply_gradients`):
+
+1. **input dist** -- where ids go: ids of rows on other hosts are bucketed by owner and sent (``all_to_all``);
+2. **lookup** -- where rows are read: every rank reads its own host's rows straight from the shared table (UVA from a
+   GPU), its own ids' and those other hosts sent it;
+3. **output dist** -- where rows go back: the rows read for other hosts return to the ranks that asked.
+
+Gradients travel the other way: summed per distinct row on each rank, scaled for ``mean``, sent to the owner
+(``all_to_all``), which applies the fused optimizer once per row (duplicates from several ranks summed by the op).
+A fence across the host's ranks then ends the step, so no rank reads a row in step t+1 before its update of step t
+is done. With one host, stages 1 and 3 carry nothing and are skipped: the same code with a shortcut.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .topology import HostTopology
+
+__all__ = ["RowLayout", "RowSharding"]
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    num_rows: int
+    topology: HostTopology
+
+    @property
+    def block_rows(self) -> int:
+        """Rows per rank block (the last blocks may be shorter or empty)."""
+        return max(1, math.ceil(self.num_rows / self.topology.world_size))
+
+    def host_range(self, host: int) -> tuple[int, int]:
+        span = self.block_rows * self.topology.local_world_size
+        return min(host * span, self.num_rows), min((host + 1) * span, self.num_rows)
+
+    def rank_range(self, rank: int) -> tuple[int, int]:
+        """The rows of ``rank``'s block: its part of a checkpoint."""
+        return min(rank * self.block_rows, self.num_rows), min((rank + 1) * self.block_rows, self.num_rows)
+
+    def host_of(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.div(ids, self.block_rows * self.topology.local_world_size, rounding_mode="floor")
+
+    def owner_of(self, ids: torch.Tensor) -> torch.Tensor:
+        local_world = self.topology.local_world_size
+        return self.host_of(ids) * local_world + ids % local_world
+
+
+def _bucket(ids: torch.Tensor, dest: torch.Tensor, world: int):
+    """Positions of ``ids`` ordered by destination rank, and how many go to each rank."""
+    order = torch.sort(dest, stable=True).indices
+    return order, torch.bincount(dest, minlength=world)
+
+
+def _exchange_counts(send_counts: torch.Tensor, group) -> tuple[list[int], list[int]]:
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts, group=group)
+    return send_counts.tolist(), recv_counts.tolist()
+
+
+def _all_to_all(send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group) -> torch.Tensor:
+    out = send.new_empty((sum(recv_counts), *send.shape[1:]))
+    dist.all_to_all_single(out, send.contiguous(), recv_counts, send_counts, group=group)
+    return out
+
+
+class RowSharding:
+    """Moves ids, rows and gradients between the ranks for one table; see the module docstring."""
+
+    def __init__(self, layout: RowLayout, shard, host_group, comm_device: torch.device, reduction: str):
+        self.layout = layout
+        self.shard = shard  # this host's rows (a PinnedEmbedding shared by the host's ranks)
+        self.host_group = host_group
+        self.comm_device = comm_device  # where collectives take tensors: cpu for Gloo, the GPU for NCCL
+        self.reduction = reduction
+        self.host_start = layout.host_range(layout.topology.host)[0]
+        self.bytes_sent = 0  # by this rank's collectives, since construction (bench/distributed.py reads it)
+
+    # --- 1. input dist: where ids go -------------------------------------------------------------------------
+
+    def _input_dist(self, ids: torch.Tensor):
+        topo = self.layout.topology
+        dest = self.layout.owner_of(ids).to(self.comm_device)
+        order, counts = _bucket(ids, dest, topo.world_size)
+        send_counts, recv_counts = _exchange_counts(counts, None)
+        sent = ids.to(self.comm_device)[order]
+        self._count_sent(send_counts, 8)
+        return _all_to_all(sent, send_counts, recv_counts, None), order, send_counts, recv_counts
+
+    # --- 2. lookup: where rows are read ------------------------------------------------------------------------
+
+    def _lookup(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return self.shard.gather(ids - self.host_start, device)
+
+    # --- 3. output dist: where rows go back --------------------------------------------------------------------
+
+    def _output_dist(self, served: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+        self._count_sent(recv_counts, served.shape[1] * served.element_size(), counts_exchanged=False)
+        return _all_to_all(served, recv_counts, send_counts, None)  # the reverse of the input dist
+
+    def gather(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Rows for ``ids`` (1-D, in range) on ``device``."""
+        if self.layout.topology.num_hosts == 1:
+            return self._lookup(ids, device)  # every row is on this host: no row travels
+        local = self.layout.host_of(ids) == self.layout.topology.host
+        rows = torch.empty(ids.numel(), self.shard.dim(), dtype=self.shard.table().dtype, device=device)
+        local_pos = local.nonzero().squeeze(1).to(device)
+        remote_pos = (~local).nonzero().squeeze(1)
+        rows[local_pos] = self._lookup(ids[local], device)
+        asked, order, send_counts, recv_counts = self._input_dist(ids[remote_pos])
+        served = self._lookup(asked, self.comm_device)
+        answered = self._output_dist(served, send_counts, recv_counts)
+        rows[remote_pos.to(device)[order.to(device)]] = answered.to(device)
+        return rows
+
+    # --- gradients: to the owner, applied once per row -----------------------------------------------------------
+
+    def apply_gradients(self, ids: torch.Tensor, grad: torch.Tensor) -> None:
+        """One optimizer step: ``grad`` (rows of ``ids``, summed per id on this rank) reaches each row's owner."""
+        topo = self.layout.topology
+        if self.reduction == "mean":
+            grad = grad / topo.world_size  # as DDP averages dense gradients over the ranks
+        dest = self.layout.owner_of(ids).to(self.comm_device)
+        order, counts = _bucket(ids, dest, topo.world_size)
+        send_counts, recv_counts = _exchange_counts(counts, None)
+        sent_ids = ids.to(self.comm_device)[order]
+        sent_grad = grad.to(self.comm_device)[order]
+        self._count_sent(send_counts, 8 + grad.shape[1] * sent_grad.element_size())
+        owned_ids = _all_to_all(sent_ids, send_counts, recv_counts, None)
+        owned_grad = _all_to_all(sent_grad, send_counts, recv_counts, None)
+        self.shard.apply_gradients(owned_ids - self.host_start, owned_grad)
+        self.fence()
+
+    def _count_sent(self, counts: list[int], bytes_per_row: int, counts_exchanged: bool = True) -> None:
+        # What leaves this process: the counts, and the rows for every rank but itself.
+        me = self.layout.topology.rank
+        self.bytes_sent += 8 * len(counts) * counts_exchanged + (sum(counts) - counts[me]) * bytes_per_row
+
+    def fence(self) -> None:
+        """Returns once every rank of this host has finished its writes to the shared rows."""
+        if self.comm_device.type == "cuda":
+            torch.cuda.current_stream(self.comm_device).synchronize()  # the owner's UVA kernels have landed
+        dist.barrier(group=self.host_group)
