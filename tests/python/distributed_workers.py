@@ -1,0 +1,201 @@
+"""What the processes spawned by test_distributed.py run: real torch.distributed ranks (Gloo on CPU), each writing
+its results (or its error) to a file the test reads. Kept apart from the tests so the children import no pytest.
+
+Every rank knows every rank's batch (seeded by step and rank), so the test can train a single-process reference on
+their concatenation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+# (name, options) of every optimizer, with options that exercise their state.
+OPTIMIZERS = [
+    ("sgd", {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+    ("adagrad", {"lr": 0.1, "initial_accumulator_value": 0.1}),
+    ("adam", {"lr": 0.01, "amsgrad": 1}),
+    ("adamw", {"lr": 0.01, "weight_decay": 0.1}),
+    ("adamax", {"lr": 0.01}),
+    ("rmsprop", {"lr": 0.01, "momentum": 0.5, "centered": 1}),
+    ("adadelta", {"lr": 1.0}),
+    ("asgd", {"lr": 0.01, "t0": 2}),
+    ("rprop", {"lr": 0.01}),
+]
+
+
+def initial_table(num_rows: int, dim: int) -> torch.Tensor:
+    return torch.randn(num_rows, dim, generator=torch.Generator().manual_seed(1234))
+
+
+def batch(step: int, rank: int, num_rows: int, size: int, dim: int):
+    """Rank ``rank``'s ids at ``step`` (repeats within the batch, ids owned by every rank) and its loss weights."""
+    g = torch.Generator().manual_seed(7919 * step + rank)
+    ids = torch.randint(0, num_rows, (size,), generator=g)
+    ids[: size // 4] = ids[size // 4: size // 2]  # repeated ids, always
+    return ids, torch.randn(size, dim, generator=g)
+
+
+def train(module, rank: int, steps: int, first_step: int, num_rows: int, size: int, dim: int, prefetch=False):
+    prefetched = None
+    for step in range(first_step, first_step + steps):
+        ids, weights = batch(step, rank, num_rows, size, dim)
+        if prefetched is not None:
+            ids = prefetched  # the very tensor prefetch() was given: forward takes the rows it gathered
+        (module(ids) * weights).sum().backward()
+        if prefetch:  # asked before step(): the module must wait for this step's updates by every rank
+            prefetched = batch(step + 1, rank, num_rows, size, dim)[0]
+            module.prefetch(prefetched)
+        module.step()
+
+
+def blocks(module) -> dict:
+    """This rank's block of rows and state, and the step count."""
+    sd = module.state_dict()
+    return {"weight": sd["weight"].to_local().clone(), "optimizer_state": sd["optimizer_state"].to_local().clone(),
+            "step": int(sd["optimizer_step"])}
+
+
+# --- scenarios: each returns what the test compares ------------------------------------------------------------------
+
+def scenario_train(rank, cfg):
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    out = {}
+    for name, options in cfg["optimizers"]:
+        m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer=name, optimizer_options=options,
+                                     device="cpu", reduction=cfg["reduction"], shm_dir=cfg["shm_dir"])
+        m.table.copy_(initial_table(cfg["rows"], cfg["dim"]))
+        train(m, rank, cfg["steps"], 0, cfg["rows"], cfg["batch"], cfg["dim"], prefetch=cfg.get("prefetch", False))
+        out[name] = blocks(m)
+        out[name]["bytes_sent"] = m.table.sharding.bytes_sent
+    return out
+
+
+def scenario_ddp(rank, cfg):
+    """A model whose dense part DDP averages and whose table the module trains: both equal the reference."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam",
+                                                optimizer_options={"lr": 0.01}, device="cpu",
+                                                shm_dir=cfg["shm_dir"])
+            self.dense = torch.nn.Linear(cfg["dim"], 1)
+
+        def forward(self, ids):
+            return self.dense(self.emb(ids)).squeeze(-1)
+
+    torch.manual_seed(0)
+    model = Model()
+    model.emb.table.copy_(initial_table(cfg["rows"], cfg["dim"]))
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(cfg["steps"]):
+        ids, weights = batch(step, rank, cfg["rows"], cfg["batch"], cfg["dim"])
+        loss = (ddp(ids) - weights[:, 0]).pow(2).mean()
+        loss.backward()
+        model.emb.step()
+        opt.step()
+        opt.zero_grad()
+    out = blocks(model.emb)
+    out["dense"] = {k: v.clone() for k, v in model.dense.state_dict().items()}
+    return out
+
+
+def scenario_dcp_save(rank, cfg):
+    """Trains, checkpoints with torch.distributed.checkpoint, trains on: returns the blocks at both points."""
+    import torch.distributed.checkpoint as dcp
+
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam", optimizer_options={"lr": 0.01},
+                                 device="cpu", shm_dir=cfg["shm_dir"])
+    m.table.copy_(initial_table(cfg["rows"], cfg["dim"]))
+    train(m, rank, cfg["steps"], 0, cfg["rows"], cfg["batch"], cfg["dim"])
+    dcp.save({"emb": m.state_dict()}, checkpoint_id=cfg["checkpoint"])
+    at_save = blocks(m)
+    train(m, rank, cfg["more_steps"], cfg["steps"], cfg["rows"], cfg["batch"], cfg["dim"])
+    return {"at_save": at_save, "after": blocks(m)}
+
+
+def scenario_dcp_load(rank, cfg):
+    """A fresh module (other values) loads the checkpoint in place, then trains on from where it was saved."""
+    import torch.distributed.checkpoint as dcp
+
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam", optimizer_options={"lr": 0.01},
+                                 device="cpu", shm_dir=cfg["shm_dir"], seed=5)
+    state = {"emb": m.state_dict()}
+    dcp.load(state, checkpoint_id=cfg["checkpoint"])
+    m.load_state_dict(state["emb"])
+    loaded = blocks(m)
+    train(m, rank, cfg["more_steps"], cfg["steps"], cfg["rows"], cfg["batch"], cfg["dim"])
+    return {"loaded": loaded, "after": blocks(m)}
+
+
+def scenario_kill(rank, cfg):
+    """Rank ``victim`` dies (SIGKILL-like exit) in the middle of a step; the others must fail, not hang."""
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], device="cpu", shm_dir=cfg["shm_dir"])
+    train(m, rank, 1, 0, cfg["rows"], cfg["batch"], cfg["dim"])
+    ids, weights = batch(1, rank, cfg["rows"], cfg["batch"], cfg["dim"])
+    (m(ids) * weights).sum().backward()
+    if rank == cfg["victim"]:
+        os._exit(9)
+    start = time.monotonic()
+    try:
+        m.step()
+    except Exception as e:  # noqa: BLE001 (what the test checks is that it raised, and how soon)
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - start}
+    return {"error": None, "seconds": time.monotonic() - start}
+
+
+def scenario_bad_ids(rank, cfg):
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], device="cpu", shm_dir=cfg["shm_dir"])
+    ids = torch.tensor([0, 1, cfg["rows"] if rank == cfg["bad_rank"] else 2])
+    m(ids).sum().backward()
+    m.step()
+    return {}
+
+
+def scenario_build(rank, cfg):
+    """Builds a table with per-rank arguments (mismatches must be refused on every rank)."""
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    kwargs = dict(cfg["kwargs"])
+    kwargs.update(cfg.get("per_rank", {}).get(rank, {}))
+    m = DistributedHostEmbedding(device="cpu", shm_dir=cfg["shm_dir"], **kwargs)
+    return {"host_rows": tuple(m.weight.shape)}
+
+
+SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+
+
+def run(rank: int, world: int, port: int, local_world: int, scenario: str, cfg: dict, out_dir: str) -> None:
+    """A rank's whole life: join the group, run the scenario, write ``<rank>.pt`` (or ``<rank>.err``)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(local_world),
+                      LOCAL_RANK=str(rank % local_world), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=cfg.get("timeout", 60)))
+        result = SCENARIOS[scenario](rank, cfg)
+        torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+    except BaseException as e:  # noqa: BLE001
+        with open(os.path.join(out_dir, f"{rank}.err"), "w") as f:
+            f.write(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        os._exit(1)  # without waiting on peers that may be gone
+    dist.destroy_process_group()

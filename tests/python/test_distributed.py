@@ -1,0 +1,253 @@
+"""speedtorch.distributed with real processes (Gloo on CPU): world sizes 1-4 on one simulated host and on two
+(LOCAL_WORLD_SIZE), every optimizer, repeated ids and ids other ranks own, each compared after several steps with a
+single-process HostEmbedding trained on the concatenation of the ranks' batches. Also DDP around the model,
+checkpoints that reshard (torch.distributed.checkpoint), a killed rank, bad input, and no /dev/shm leftovers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import distributed_workers as workers
+from speedtorch.distributed import HostTopology, RowLayout
+from speedtorch.nn import HostEmbedding
+
+ROWS, DIM, BATCH, STEPS = 61, 6, 16, 3  # 61 rows: blocks of unequal size at every world size
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def shm_dir():
+    """A folder of its own in /dev/shm, which must be empty once the ranks are gone."""
+    folder = tempfile.mkdtemp(prefix="speedtorch-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    yield folder
+    left = os.listdir(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    assert left == [], f"shared memory left behind: {left}"
+
+
+def launch(world: int, local_world: int, scenario: str, cfg: dict, deadline: float = 240.0) -> dict:
+    """Runs ``scenario`` on ``world`` spawned ranks; returns rank -> result (a dict) or error text (a str)."""
+    out_dir = tempfile.mkdtemp(prefix="speedtorch-dist-")
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=workers.run, args=(r, world, port, local_world, scenario, cfg, out_dir))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    end = time.monotonic() + deadline
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    results = {}
+    for r in range(world):
+        ok, err = os.path.join(out_dir, f"{r}.pt"), os.path.join(out_dir, f"{r}.err")
+        if os.path.exists(ok):
+            results[r] = torch.load(ok, weights_only=False)
+        elif os.path.exists(err):
+            results[r] = open(err).read()
+        else:
+            results[r] = f"no result (exit code {procs[r].exitcode})"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    assert not hung, f"ranks {hung} still ran after {deadline} s: {results}"
+    return results
+
+
+def succeeded(results: dict) -> dict:
+    failed = {r: v for r, v in results.items() if isinstance(v, str)}
+    assert not failed, "\n".join(f"rank {r}: {v}" for r, v in failed.items())
+    return results
+
+
+def reference(world: int, name: str, options: dict, steps: int, reduction: str = "mean") -> HostEmbedding:
+    """Single-process training on the concatenation of every rank's batches."""
+    ref = HostEmbedding(ROWS, DIM, optimizer=name, optimizer_options=options, device="cpu", state_beside_rows=False)
+    ref.table.copy_(workers.initial_table(ROWS, DIM))
+    for step in range(steps):
+        batches = [workers.batch(step, r, ROWS, BATCH, DIM) for r in range(world)]
+        out = ref(torch.cat([ids for ids, _ in batches]))
+        loss = sum((part * w).sum() for part, (_, w) in zip(out.split(BATCH), batches))
+        (loss / world if reduction == "mean" else loss).backward()
+        ref.step()
+    return ref
+
+
+def assemble(results: dict, *path: str) -> dict:
+    """The whole table from the ranks' blocks."""
+    parts = []
+    for r in sorted(results):
+        value = results[r]
+        for key in path:
+            value = value[key]
+        parts.append(value)
+    return {"weight": torch.cat([p["weight"] for p in parts]),
+            "optimizer_state": torch.cat([p["optimizer_state"] for p in parts]),
+            "steps": {p["step"] for p in parts}}
+
+
+def assert_matches(got: dict, ref: HostEmbedding) -> None:
+    torch.testing.assert_close(got["weight"], ref.weight, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["optimizer_state"], ref.table.state(), rtol=1e-5, atol=1e-6)
+    assert got["steps"] == {ref.table.step_count()}
+
+
+# --- layout (no processes) --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world,local_world", [(1, 1), (3, 3), (4, 2), (4, 1)])
+def test_layout_covers_every_row_once(world, local_world):
+    layouts = [RowLayout(ROWS, HostTopology(world, r, local_world)) for r in range(world)]
+    blocks = [layouts[0].rank_range(r) for r in range(world)]
+    assert [b for block in blocks for b in range(*block)] == list(range(ROWS))  # torch.chunk's blocks, in order
+    ids = torch.arange(ROWS)
+    owners = layouts[0].owner_of(ids)
+    for r, layout in enumerate(layouts):
+        start, end = layout.host_range(layout.topology.host)
+        mine = ids[owners == r]
+        assert ((mine >= start) & (mine < end)).all()  # an owner's rows are on its own host
+    assert torch.equal(torch.bincount(owners, minlength=world).sum(), torch.tensor(ROWS))
+
+
+# --- training equals single-process training on the concatenated batches ---------------------------------------
+
+@pytest.mark.parametrize("world,local_world,reduction", [
+    (1, 1, "mean"), (2, 2, "mean"), (3, 3, "sum"), (4, 4, "mean"),  # one host
+    (2, 1, "sum"), (4, 2, "mean"),  # two hosts
+])
+def test_training_equals_single_process(world, local_world, reduction, shm_dir):
+    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, steps=STEPS, reduction=reduction, shm_dir=shm_dir,
+               optimizers=workers.OPTIMIZERS)
+    results = succeeded(launch(world, local_world, "train", cfg))
+    for name, options in workers.OPTIMIZERS:
+        assert_matches(assemble(results, name), reference(world, name, options, STEPS, reduction))
+    sent = [results[r]["adam"]["bytes_sent"] for r in range(world)]
+    if world > 1:
+        assert min(sent) > 0  # gradients of rows other ranks own did travel
+
+
+def test_prefetch_before_step_sees_every_ranks_update(shm_dir):
+    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, steps=STEPS, reduction="mean", shm_dir=shm_dir, prefetch=True,
+               optimizers=[("adam", {"lr": 0.05})])
+    results = succeeded(launch(2, 2, "train", cfg))
+    assert_matches(assemble(results, "adam"), reference(2, "adam", {"lr": 0.05}, STEPS))
+
+
+def test_ddp_around_the_model(shm_dir):
+    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, steps=STEPS, shm_dir=shm_dir)
+    results = succeeded(launch(4, 2, "ddp", cfg))
+    # The reference: one process, the mean of the ranks' losses (what DDP's averaged gradients amount to).
+    torch.manual_seed(0)
+    emb = HostEmbedding(ROWS, DIM, optimizer="adam", optimizer_options={"lr": 0.01}, device="cpu",
+                        state_beside_rows=False)
+    dense = torch.nn.Linear(DIM, 1)
+    emb.table.copy_(workers.initial_table(ROWS, DIM))
+    opt = torch.optim.SGD(dense.parameters(), lr=0.1)
+    for step in range(STEPS):
+        batches = [workers.batch(step, r, ROWS, BATCH, DIM) for r in range(4)]
+        losses = [(dense(emb(ids)).squeeze(-1) - w[:, 0]).pow(2).mean() for ids, w in batches]
+        (sum(losses) / 4).backward()
+        emb.step()
+        opt.step()
+        opt.zero_grad()
+    got = assemble(results)
+    torch.testing.assert_close(got["weight"], emb.weight, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["optimizer_state"], emb.table.state(), rtol=1e-5, atol=1e-6)
+    for r in range(4):
+        for k, v in dense.state_dict().items():
+            torch.testing.assert_close(results[r]["dense"][k], v, rtol=1e-5, atol=1e-6)
+
+
+# --- checkpoints that reshard -------------------------------------------------------------------------------------
+
+def test_checkpoint_reshards_between_world_sizes_and_single_process(shm_dir, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    saved = str(tmp_path / "at-4")
+    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, steps=2, more_steps=2, shm_dir=shm_dir, checkpoint=saved)
+    at_4 = succeeded(launch(4, 2, "dcp_save", cfg))
+    table_at_save = assemble(at_4, "at_save")
+    assert_matches(table_at_save, reference(4, "adam", {"lr": 0.01}, 2))
+
+    # World size 4 (2 hosts) -> 2, 1 and 3 ranks: the table as saved; at 4 again, training resumes exactly.
+    for world, local_world in [(2, 2), (1, 1), (3, 3), (4, 2)]:
+        loaded = succeeded(launch(world, local_world, "dcp_load", cfg))
+        got = assemble(loaded, "loaded")
+        torch.testing.assert_close(got["weight"], table_at_save["weight"], rtol=0, atol=0)
+        torch.testing.assert_close(got["optimizer_state"], table_at_save["optimizer_state"], rtol=0, atol=0)
+        assert got["steps"] == {2}
+        if world == 4:
+            after = assemble(loaded, "after")
+            torch.testing.assert_close(after["weight"], assemble(at_4, "after")["weight"], rtol=0, atol=0)
+
+    # Distributed -> a single-process HostEmbedding (no process group), and its files.
+    single = HostEmbedding(ROWS, DIM, optimizer="adam", optimizer_options={"lr": 0.01}, device="cpu")
+    state = {"emb": single.state_dict()}
+    dcp.load(state, checkpoint_id=saved)
+    single.load_state_dict(state["emb"])
+    torch.testing.assert_close(single.weight, table_at_save["weight"], rtol=0, atol=0)
+    torch.testing.assert_close(single.table.state(), table_at_save["optimizer_state"], rtol=0, atol=0)
+    single.save(str(tmp_path / "files"))
+    assert torch.equal(HostEmbedding.load(str(tmp_path / "files")).weight, table_at_save["weight"])
+
+    # A single-process HostEmbedding -> distributed at world size 3.
+    ref = reference(4, "adam", {"lr": 0.01}, 2)
+    from_single = str(tmp_path / "from-single")
+    dcp.save({"emb": ref.state_dict()}, checkpoint_id=from_single)
+    loaded = succeeded(launch(3, 3, "dcp_load", dict(cfg, checkpoint=from_single)))
+    got = assemble(loaded, "loaded")
+    torch.testing.assert_close(got["weight"], ref.weight, rtol=0, atol=0)
+    torch.testing.assert_close(got["optimizer_state"], ref.table.state(), rtol=0, atol=0)
+
+
+# --- faults and bad input -----------------------------------------------------------------------------------------
+
+def test_a_killed_rank_fails_the_others_within_the_timeout(shm_dir):
+    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, shm_dir=shm_dir, victim=2, timeout=20)
+    results = launch(3, 3, "kill", cfg, deadline=120)
+    assert "exit code 9" in results[2]
+    for r in (0, 1):
+        assert isinstance(results[r], dict) and results[r]["error"], results[r]
+        assert results[r]["seconds"] < 60, results[r]
+
+
+def test_an_out_of_range_id_is_an_index_error_on_its_rank(shm_dir):
+    cfg = dict(rows=ROWS, dim=DIM, shm_dir=shm_dir, bad_rank=1, timeout=15)
+    results = launch(2, 2, "bad_ids", cfg, deadline=120)
+    assert results[1].startswith("IndexError") and f"index {ROWS} " in results[1] and "rank 1" in results[1]
+    assert isinstance(results[0], str)  # its peer is gone: an error, not a hang
+
+
+def test_ranks_that_disagree_on_the_table_all_fail(shm_dir):
+    cfg = dict(shm_dir=shm_dir, kwargs=dict(num_embeddings=ROWS, embedding_dim=DIM), per_rank={1: {"embedding_dim": 7}})
+    results = launch(2, 2, "build", cfg, deadline=120)
+    for r in (0, 1):
+        assert results[r].startswith("ValueError") and "rank 1 has dim=7 where rank 0 has dim=6" in results[r], results[r]
+
+
+def test_a_world_size_that_is_no_multiple_of_the_hosts_is_refused(shm_dir):
+    cfg = dict(shm_dir=shm_dir, kwargs=dict(num_embeddings=ROWS, embedding_dim=DIM))
+    results = launch(3, 2, "build", cfg, deadline=120)
+    for r in range(3):
+        assert "world size 3 is not a multiple of the local world size 2" in results[r], results[r]
+
+
+def test_host_shards_hold_a_host_each(shm_dir):
+    cfg = dict(shm_dir=shm_dir, kwargs=dict(num_embeddings=ROWS, embedding_dim=DIM))
+    results = succeeded(launch(4, 2, "build", cfg))
+    # 61 rows in blocks of 16: host 0 holds rows 0-31, host 1 rows 32-60.
+    assert [results[r]["host_rows"] for r in range(4)] == [(32, DIM), (32, DIM), (29, DIM), (29, DIM)]
