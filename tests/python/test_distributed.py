@@ -251,3 +251,24 @@ def test_host_shards_hold_a_host_each(shm_dir):
     results = succeeded(launch(4, 2, "build", cfg))
     # 61 rows in blocks of 16: host 0 holds rows 0-31, host 1 rows 32-60.
     assert [results[r]["host_rows"] for r in range(4)] == [(32, DIM), (32, DIM), (29, DIM), (29, DIM)]
+
+
+def test_the_benchmark_runs_both_world_sizes_in_one_call():
+    """bench/distributed.py at tiny sizes (what it reports, not how fast)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(root / "bench" / "distributed.py"), "--backend", "gloo", "--worlds",
+                          "1,2", "--rows", "3000", "--dim", "8", "--batch", "256", "--items", "100", "--steps", "2",
+                          "--warmup", "1", "--threads", "1"], capture_output=True, text=True, timeout=240,
+                         env=dict(os.environ, PYTHONPATH=str(root / "python")))
+    assert run.returncode == 0, run.stderr
+    assert "vs world 1" in run.stdout
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    one, two = report["worlds"]["1"], report["worlds"]["2"]
+    assert one["mb_sent_per_rank_per_step"] == [0.0] and min(two["mb_sent_per_rank_per_step"]) > 0
+    for w in (one, two):  # one table in shared memory, however many ranks map it (+ a page or two per file here)
+        assert 0.9 < w["host_ram_ratio"] <= 1.05

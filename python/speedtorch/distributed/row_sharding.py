@@ -22,6 +22,7 @@ is done. With one host, stages 1 and 3 carry nothing and are skipped: the same c
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -64,15 +65,15 @@ def _bucket(ids: torch.Tensor, dest: torch.Tensor, world: int):
     return order, torch.bincount(dest, minlength=world)
 
 
-def _exchange_counts(send_counts: torch.Tensor, group) -> tuple[list[int], list[int]]:
+def _exchange_counts(send_counts: torch.Tensor) -> tuple[list[int], list[int]]:
     recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts, group=group)
+    dist.all_to_all_single(recv_counts, send_counts)
     return send_counts.tolist(), recv_counts.tolist()
 
 
-def _all_to_all(send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group) -> torch.Tensor:
+def _all_to_all(send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
     out = send.new_empty((sum(recv_counts), *send.shape[1:]))
-    dist.all_to_all_single(out, send.contiguous(), recv_counts, send_counts, group=group)
+    dist.all_to_all_single(out, send.contiguous(), recv_counts, send_counts)
     return out
 
 
@@ -86,7 +87,17 @@ class RowSharding:
         self.comm_device = comm_device  # where collectives take tensors: cpu for Gloo, the GPU for NCCL
         self.reduction = reduction
         self.host_start = layout.host_range(layout.topology.host)[0]
-        self.bytes_sent = 0  # by this rank's collectives, since construction (bench/distributed.py reads it)
+        # What this rank's collectives cost since construction (bench/distributed.py reads them): bytes sent to
+        # other ranks, and host seconds inside collective calls (with NCCL, the waits for split sizes and fences).
+        self.bytes_sent = 0
+        self.collective_seconds = 0.0
+
+    def _timed(self, collective, *args):
+        start = time.perf_counter()
+        try:
+            return collective(*args)
+        finally:
+            self.collective_seconds += time.perf_counter() - start
 
     # --- 1. input dist: where ids go -------------------------------------------------------------------------
 
@@ -94,10 +105,10 @@ class RowSharding:
         topo = self.layout.topology
         dest = self.layout.owner_of(ids).to(self.comm_device)
         order, counts = _bucket(ids, dest, topo.world_size)
-        send_counts, recv_counts = _exchange_counts(counts, None)
+        send_counts, recv_counts = self._timed(_exchange_counts, counts)
         sent = ids.to(self.comm_device)[order]
         self._count_sent(send_counts, 8)
-        return _all_to_all(sent, send_counts, recv_counts, None), order, send_counts, recv_counts
+        return self._timed(_all_to_all, sent, send_counts, recv_counts), order, send_counts, recv_counts
 
     # --- 2. lookup: where rows are read ------------------------------------------------------------------------
 
@@ -108,7 +119,7 @@ class RowSharding:
 
     def _output_dist(self, served: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         self._count_sent(recv_counts, served.shape[1] * served.element_size(), counts_exchanged=False)
-        return _all_to_all(served, recv_counts, send_counts, None)  # the reverse of the input dist
+        return self._timed(_all_to_all, served, recv_counts, send_counts)  # the reverse of the input dist
 
     def gather(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
         """Rows for ``ids`` (1-D, in range) on ``device``."""
@@ -134,12 +145,12 @@ class RowSharding:
             grad = grad / topo.world_size  # as DDP averages dense gradients over the ranks
         dest = self.layout.owner_of(ids).to(self.comm_device)
         order, counts = _bucket(ids, dest, topo.world_size)
-        send_counts, recv_counts = _exchange_counts(counts, None)
+        send_counts, recv_counts = self._timed(_exchange_counts, counts)
         sent_ids = ids.to(self.comm_device)[order]
         sent_grad = grad.to(self.comm_device)[order]
         self._count_sent(send_counts, 8 + grad.shape[1] * sent_grad.element_size())
-        owned_ids = _all_to_all(sent_ids, send_counts, recv_counts, None)
-        owned_grad = _all_to_all(sent_grad, send_counts, recv_counts, None)
+        owned_ids = self._timed(_all_to_all, sent_ids, send_counts, recv_counts)
+        owned_grad = self._timed(_all_to_all, sent_grad, send_counts, recv_counts)
         self.shard.apply_gradients(owned_ids - self.host_start, owned_grad)
         self.fence()
 
@@ -152,4 +163,4 @@ class RowSharding:
         """Returns once every rank of this host has finished its writes to the shared rows."""
         if self.comm_device.type == "cuda":
             torch.cuda.current_stream(self.comm_device).synchronize()  # the owner's UVA kernels have landed
-        dist.barrier(group=self.host_group)
+        self._timed(dist.barrier, self.host_group)
