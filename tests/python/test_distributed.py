@@ -270,5 +270,7 @@ def test_the_benchmark_runs_both_world_sizes_in_one_call():
     report = json.loads(run.stdout.strip().splitlines()[-1])
     one, two = report["worlds"]["1"], report["worlds"]["2"]
     assert one["mb_sent_per_rank_per_step"] == [0.0] and min(two["mb_sent_per_rank_per_step"]) > 0
-    for w in (one, two):  # one table in shared memory, however many ranks map it (+ a page or two per file here)
-        assert 0.9 < w["host_ram_ratio"] <= 1.05
+    # One table in shared memory, however many ranks map it: not two. (The host-wide figure also moves with other
+    # processes' shared memory, which at these tiny sizes is not negligible: the bound is loose.)
+    for w in (one, two):
+        assert 0.9 < w["host_ram_ratio"] < 1.5
