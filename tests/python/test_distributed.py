@@ -274,3 +274,21 @@ def test_the_benchmark_runs_both_world_sizes_in_one_call():
     # processes' shared memory, which at these tiny sizes is not negligible: the bound is loose.)
     for w in (one, two):
         assert 0.9 < w["host_ram_ratio"] < 1.5
+
+
+def test_the_torchrun_example_of_the_docs_runs(tmp_path):
+    """docs/distributed.md's training script, run as it says: torchrun with two processes (Gloo on this CPU)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = re.search(r"```python\n(# train\.py.*?)```", (root / "docs" / "distributed.md").read_text(), re.S)[1]
+    (tmp_path / "train.py").write_text(script)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(_free_port()), str(tmp_path / "train.py")],
+                         capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(root / "python"), OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"loss \d+\.\d+ after 20 steps on 2 ranks", run.stdout), run.stdout
