@@ -4,9 +4,9 @@ rank trains its own `--batch` Zipf(1.2) user ids per step against one `--rows` x
 per-rank item table (the dense part; not synchronized here, so that each world size does the same work per rank).
 
 Per world size it prints steps/s per rank (median step after warm-up) and its ratio to world size 1 (weak scaling:
-the target at 2 GPUs is >= 0.9x), host RAM taken by the table (shared memory grown while it was built, initialised
-and trained, over the bytes of rows + Adam state: target <= 1.01x whatever the number of ranks), the bytes each rank
-sent per step, and the time each rank spent in collective calls per step.
+the target at 2 GPUs is >= 0.9x), host RAM taken by the table (the resident pages of the shared files the host's
+ranks map, each file once, over the bytes of its rows + Adam state: target <= 1.01x whatever the number of ranks),
+the bytes each rank sent per step, and the time each rank spent in collective calls per step.
 
     python bench/distributed.py                      # NCCL, one GPU per rank, the full workload (needs 2 GPUs)
     python bench/distributed.py --backend gloo       # Gloo on the CPU; small default sizes
@@ -32,13 +32,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
 
-def shmem_bytes() -> int:
-    """The host's shared memory in use (tmpfs pages), from /proc/meminfo."""
-    with open("/proc/meminfo") as f:
+def mapped_table_files() -> dict:
+    """The shared table files this process maps (they are unlinked once mapped): (device, inode) -> resident bytes,
+    from /proc/self/smaps. Ranks that map the same inode share its pages: the host holds one copy."""
+    out, key = {}, None
+    with open("/proc/self/smaps") as f:
         for line in f:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1]) * 1024
-    return 0
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's header line
+                path = " ".join(fields[5:])
+                key = (fields[3], fields[4]) if "/speedtorch-" in path and ".npy" in path else None
+            elif key is not None and fields[0] == "Rss:":
+                out[key] = out.get(key, 0) + int(fields[1]) * 1024
+    return out
 
 
 def rank_main(rank: int, world: int, local_world: int, port: int, args, out_dir: str) -> None:
@@ -57,8 +63,6 @@ def rank_main(rank: int, world: int, local_world: int, port: int, args, out_dir:
         torch.set_num_threads(args.threads)
     dist.init_process_group(args.backend, rank=rank, world_size=world)
     control = dist.new_group(backend="gloo")
-    dist.barrier(group=control)
-    shm_before = shmem_bytes()
     users = DistributedHostEmbedding(args.rows, args.dim, optimizer="adam", optimizer_options={"lr": 1e-3},
                                      device=device, init_std=0.1, seed=0)
     items = torch.nn.Embedding(args.items, args.dim, sparse=True, device=device)
@@ -88,13 +92,20 @@ def rank_main(rank: int, world: int, local_world: int, port: int, args, out_dir:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     dist.barrier(group=control)
-    shm_after = shmem_bytes()
+    files = [None] * world  # every rank's mapped files: the host's RAM is each distinct file once
+    dist.all_gather_object(files, mapped_table_files(), group=control)
+    host_files = {}
+    for ranks_files in files[:local_world]:  # host 0's ranks
+        for key, resident in ranks_files.items():
+            host_files[key] = max(host_files.get(key, 0), resident)
     table_bytes = args.rows * args.dim * 4 + users.table.state().shape[1] * args.rows * 4
     result = {
         "ms_per_step": statistics.median(times) * 1e3,
         "bytes_sent_per_step": (sharding.bytes_sent - sent0) / args.steps,
         "collective_ms_per_step": (sharding.collective_seconds - coll0) / args.steps * 1e3,
-        "host_ram_ratio": (shm_after - shm_before) / table_bytes,
+        # Host 0's copy over the bytes of the rows and state of the rows it holds.
+        "host_ram_ratio": sum(host_files.values()) / (table_bytes * local_world / world),
+        "files_per_host": len(host_files),
         "table_gb": table_bytes / 1e9,
     }
     torch.save(result, os.path.join(out_dir, f"{rank}.pt"))

@@ -2,7 +2,8 @@
 its results (or its error) to a file the test reads. Kept apart from the tests so the children import no pytest.
 
 Every rank knows every rank's batch (seeded by step and rank), so the test can train a single-process reference on
-their concatenation.
+their concatenation. With SPEEDTORCH_TEST_DIST_BACKEND=nccl the ranks use NCCL, one GPU each (the multi-GPU run),
+and their tables feed the GPUs over UVA.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import traceback
 
 import torch
 import torch.distributed as dist
+
+#: Where the ranks compute: the CPU with Gloo, a GPU per rank with NCCL (set by run()).
+DEVICE = torch.device("cpu")
 
 # (name, options) of every optimizer, with options that exercise their state.
 OPTIMIZERS = [
@@ -47,7 +51,7 @@ def train(module, rank: int, steps: int, first_step: int, num_rows: int, size: i
         ids, weights = batch(step, rank, num_rows, size, dim)
         if prefetched is not None:
             ids = prefetched  # the very tensor prefetch() was given: forward takes the rows it gathered
-        (module(ids) * weights).sum().backward()
+        (module(ids) * weights.to(DEVICE)).sum().backward()
         if prefetch:  # asked before step(): the module must wait for this step's updates by every rank
             prefetched = batch(step + 1, rank, num_rows, size, dim)[0]
             module.prefetch(prefetched)
@@ -66,10 +70,13 @@ def blocks(module) -> dict:
 def scenario_train(rank, cfg):
     from speedtorch.distributed import DistributedHostEmbedding
 
+    global DEVICE
+    if cfg.get("device") == "cuda" and DEVICE.type == "cpu":  # GPU compute with Gloo between the ranks
+        DEVICE = torch.device("cuda", rank % torch.cuda.device_count())
     out = {}
     for name, options in cfg["optimizers"]:
         m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer=name, optimizer_options=options,
-                                     device="cpu", reduction=cfg["reduction"], shm_dir=cfg["shm_dir"])
+                                     device=DEVICE, reduction=cfg["reduction"], shm_dir=cfg["shm_dir"])
         m.table.copy_(initial_table(cfg["rows"], cfg["dim"]))
         train(m, rank, cfg["steps"], 0, cfg["rows"], cfg["batch"], cfg["dim"], prefetch=cfg.get("prefetch", False))
         out[name] = blocks(m)
@@ -87,9 +94,9 @@ def scenario_ddp(rank, cfg):
         def __init__(self):
             super().__init__()
             self.emb = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam",
-                                                optimizer_options={"lr": 0.01}, device="cpu",
-                                                shm_dir=cfg["shm_dir"])
-            self.dense = torch.nn.Linear(cfg["dim"], 1)
+                                                optimizer_options={"lr": 0.01}, device=DEVICE,
+                                                shm_dir=cfg["shm_dir"], seed=0)
+            self.dense = torch.nn.Linear(cfg["dim"], 1).to(DEVICE)  # initialised as the test's reference is
 
         def forward(self, ids):
             return self.dense(self.emb(ids)).squeeze(-1)
@@ -97,17 +104,17 @@ def scenario_ddp(rank, cfg):
     torch.manual_seed(0)
     model = Model()
     model.emb.table.copy_(initial_table(cfg["rows"], cfg["dim"]))
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model, device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     for step in range(cfg["steps"]):
         ids, weights = batch(step, rank, cfg["rows"], cfg["batch"], cfg["dim"])
-        loss = (ddp(ids) - weights[:, 0]).pow(2).mean()
+        loss = (ddp(ids) - weights[:, 0].to(DEVICE)).pow(2).mean()
         loss.backward()
         model.emb.step()
         opt.step()
         opt.zero_grad()
     out = blocks(model.emb)
-    out["dense"] = {k: v.clone() for k, v in model.dense.state_dict().items()}
+    out["dense"] = {k: v.cpu().clone() for k, v in model.dense.state_dict().items()}
     return out
 
 
@@ -118,7 +125,7 @@ def scenario_dcp_save(rank, cfg):
     from speedtorch.distributed import DistributedHostEmbedding
 
     m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam", optimizer_options={"lr": 0.01},
-                                 device="cpu", shm_dir=cfg["shm_dir"])
+                                 device=DEVICE, shm_dir=cfg["shm_dir"])
     m.table.copy_(initial_table(cfg["rows"], cfg["dim"]))
     train(m, rank, cfg["steps"], 0, cfg["rows"], cfg["batch"], cfg["dim"])
     dcp.save({"emb": m.state_dict()}, checkpoint_id=cfg["checkpoint"])
@@ -134,7 +141,7 @@ def scenario_dcp_load(rank, cfg):
     from speedtorch.distributed import DistributedHostEmbedding
 
     m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam", optimizer_options={"lr": 0.01},
-                                 device="cpu", shm_dir=cfg["shm_dir"], seed=5)
+                                 device=DEVICE, shm_dir=cfg["shm_dir"], seed=5)
     state = {"emb": m.state_dict()}
     dcp.load(state, checkpoint_id=cfg["checkpoint"])
     m.load_state_dict(state["emb"])
@@ -147,10 +154,10 @@ def scenario_kill(rank, cfg):
     """Rank ``victim`` dies (SIGKILL-like exit) in the middle of a step; the others must fail, not hang."""
     from speedtorch.distributed import DistributedHostEmbedding
 
-    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], device="cpu", shm_dir=cfg["shm_dir"])
+    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], device=DEVICE, shm_dir=cfg["shm_dir"])
     train(m, rank, 1, 0, cfg["rows"], cfg["batch"], cfg["dim"])
     ids, weights = batch(1, rank, cfg["rows"], cfg["batch"], cfg["dim"])
-    (m(ids) * weights).sum().backward()
+    (m(ids) * weights.to(DEVICE)).sum().backward()
     if rank == cfg["victim"]:
         os._exit(9)
     start = time.monotonic()
@@ -164,7 +171,7 @@ def scenario_kill(rank, cfg):
 def scenario_bad_ids(rank, cfg):
     from speedtorch.distributed import DistributedHostEmbedding
 
-    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], device="cpu", shm_dir=cfg["shm_dir"])
+    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], device=DEVICE, shm_dir=cfg["shm_dir"])
     ids = torch.tensor([0, 1, cfg["rows"] if rank == cfg["bad_rank"] else 2])
     m(ids).sum().backward()
     m.step()
@@ -177,7 +184,7 @@ def scenario_build(rank, cfg):
 
     kwargs = dict(cfg["kwargs"])
     kwargs.update(cfg.get("per_rank", {}).get(rank, {}))
-    m = DistributedHostEmbedding(device="cpu", shm_dir=cfg["shm_dir"], **kwargs)
+    m = DistributedHostEmbedding(device=DEVICE, shm_dir=cfg["shm_dir"], **kwargs)
     return {"host_rows": tuple(m.weight.shape)}
 
 
@@ -189,8 +196,13 @@ def run(rank: int, world: int, port: int, local_world: int, scenario: str, cfg: 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(local_world),
                       LOCAL_RANK=str(rank % local_world), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
+    global DEVICE
+    backend = os.environ.get("SPEEDTORCH_TEST_DIST_BACKEND", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        DEVICE = torch.device("cuda", torch.cuda.current_device())
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
+        dist.init_process_group(backend, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=cfg.get("timeout", 60)))
         result = SCENARIOS[scenario](rank, cfg)
         torch.save(result, os.path.join(out_dir, f"{rank}.pt"))

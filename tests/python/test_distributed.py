@@ -20,6 +20,10 @@ from speedtorch.distributed import HostTopology, RowLayout
 from speedtorch.nn import HostEmbedding
 
 ROWS, DIM, BATCH, STEPS = 61, 6, 16, 3  # 61 rows: blocks of unequal size at every world size
+# SPEEDTORCH_TEST_DIST_BACKEND=nccl runs every test here with NCCL and a GPU per rank (the multi-GPU run): the GPU's
+# fused kernels round differently from the CPU reference, hence the tolerance.
+NCCL = os.environ.get("SPEEDTORCH_TEST_DIST_BACKEND", "gloo") == "nccl"
+TOL = dict(rtol=1e-4, atol=1e-5) if NCCL else dict(rtol=1e-5, atol=1e-6)
 
 
 def _free_port() -> int:
@@ -102,8 +106,8 @@ def assemble(results: dict, *path: str) -> dict:
 
 
 def assert_matches(got: dict, ref: HostEmbedding) -> None:
-    torch.testing.assert_close(got["weight"], ref.weight, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got["optimizer_state"], ref.table.state(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["weight"], ref.weight, **TOL)
+    torch.testing.assert_close(got["optimizer_state"], ref.table.state(), **TOL)
     assert got["steps"] == {ref.table.step_count()}
 
 
@@ -140,6 +144,20 @@ def test_training_equals_single_process(world, local_world, reduction, shm_dir):
         assert min(sent) > 0  # gradients of rows other ranks own did travel
 
 
+@pytest.mark.gpu
+def test_gpu_ranks_on_one_gpu_equal_single_process(shm_dir):
+    """Two ranks computing on a GPU (UVA reads and fused UVA updates of the shared table): Gloo between them, so one
+    GPU is enough; the multi-GPU run repeats every test here with NCCL (SPEEDTORCH_TEST_DIST_BACKEND=nccl)."""
+    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, steps=STEPS, reduction="mean", shm_dir=shm_dir, device="cuda",
+               optimizers=[("adam", {"lr": 0.05}), ("sgd", {"lr": 0.1, "momentum": 0.9})])
+    results = succeeded(launch(2, 2, "train", cfg))
+    for name, options in cfg["optimizers"]:
+        got = assemble(results, name)
+        ref = reference(2, name, options, STEPS)
+        torch.testing.assert_close(got["weight"], ref.weight, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got["optimizer_state"], ref.table.state(), rtol=1e-4, atol=1e-5)
+
+
 def test_prefetch_before_step_sees_every_ranks_update(shm_dir):
     cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, steps=STEPS, reduction="mean", shm_dir=shm_dir, prefetch=True,
                optimizers=[("adam", {"lr": 0.05})])
@@ -153,7 +171,7 @@ def test_ddp_around_the_model(shm_dir):
     # The reference: one process, the mean of the ranks' losses (what DDP's averaged gradients amount to).
     torch.manual_seed(0)
     emb = HostEmbedding(ROWS, DIM, optimizer="adam", optimizer_options={"lr": 0.01}, device="cpu",
-                        state_beside_rows=False)
+                        state_beside_rows=False, seed=0)
     dense = torch.nn.Linear(DIM, 1)
     emb.table.copy_(workers.initial_table(ROWS, DIM))
     opt = torch.optim.SGD(dense.parameters(), lr=0.1)
@@ -165,11 +183,11 @@ def test_ddp_around_the_model(shm_dir):
         opt.step()
         opt.zero_grad()
     got = assemble(results)
-    torch.testing.assert_close(got["weight"], emb.weight, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got["optimizer_state"], emb.table.state(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["weight"], emb.weight, **TOL)
+    torch.testing.assert_close(got["optimizer_state"], emb.table.state(), **TOL)
     for r in range(4):
         for k, v in dense.state_dict().items():
-            torch.testing.assert_close(results[r]["dense"][k], v, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(results[r]["dense"][k], v, **TOL)
 
 
 # --- checkpoints that reshard -------------------------------------------------------------------------------------
@@ -270,10 +288,9 @@ def test_the_benchmark_runs_both_world_sizes_in_one_call():
     report = json.loads(run.stdout.strip().splitlines()[-1])
     one, two = report["worlds"]["1"], report["worlds"]["2"]
     assert one["mb_sent_per_rank_per_step"] == [0.0] and min(two["mb_sent_per_rank_per_step"]) > 0
-    # One table in shared memory, however many ranks map it: not two. (The host-wide figure also moves with other
-    # processes' shared memory, which at these tiny sizes is not negligible: the bound is loose.)
+    # One table in shared memory, however many ranks map it, not one per rank (+ the .npy headers' pages at this size).
     for w in (one, two):
-        assert 0.9 < w["host_ram_ratio"] < 1.5
+        assert 1.0 <= w["host_ram_ratio"] <= 1.02
 
 
 def test_the_torchrun_example_of_the_docs_runs(tmp_path):
