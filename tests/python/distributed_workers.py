@@ -185,7 +185,10 @@ def scenario_build(rank, cfg):
     kwargs = dict(cfg["kwargs"])
     kwargs.update(cfg.get("per_rank", {}).get(rank, {}))
     m = DistributedHostEmbedding(device=DEVICE, shm_dir=cfg["shm_dir"], **kwargs)
-    return {"host_rows": tuple(m.weight.shape)}
+    block = m.state_dict()["weight"].to_local()
+    # A block with a storage of its own is what DCP writes from shared memory without copying it.
+    return {"host_rows": tuple(m.weight.shape), "block_storage_is_block": block.untyped_storage().nbytes() == block.nbytes,
+            "block_shares_table": block.data_ptr() in range(m.weight.data_ptr(), m.weight.data_ptr() + m.weight.nbytes)}
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}

@@ -269,6 +269,7 @@ def test_host_shards_hold_a_host_each(shm_dir):
     results = succeeded(launch(4, 2, "build", cfg))
     # 61 rows in blocks of 16: host 0 holds rows 0-31, host 1 rows 32-60.
     assert [results[r]["host_rows"] for r in range(4)] == [(32, DIM), (32, DIM), (29, DIM), (29, DIM)]
+    assert all(results[r]["block_storage_is_block"] and results[r]["block_shares_table"] for r in range(4))
 
 
 def test_the_benchmark_runs_both_world_sizes_in_one_call():
