@@ -104,6 +104,34 @@ def test_prefetch_sees_the_current_steps_update(device):
     torch.testing.assert_close(got.cpu(), host.weight[second])
 
 
+@pytest.mark.gpu
+def test_prefetch_keeps_the_hybrid_rows_it_reads_alive(monkeypatch):
+    """prefetch reads a hybrid table's device-resident rows on a side stream; when the current stream replaces them
+    (set_hot_rows) before that read ran, their memory must not go to a new tensor that the current stream writes."""
+    n, d, hot = 4096, 64, 1024
+    emb = HostEmbedding(n, d, device="cuda", seed=0, optimizer="sgd", placement="hybrid", hot_rows=torch.arange(hot))
+    table = emb.table
+    split = table._split
+
+    def slow_split(ids):  # holds the side stream back between the split and the read of the hot rows
+        out = split(ids)
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s on the stream current here: prefetch's side stream
+        return out
+
+    monkeypatch.setattr(table, "_split", slow_split)
+    ids = torch.arange(hot, device="cuda")  # all hot
+    expected = table.host.table()[:hot].clone()  # the hot rows equal their host copies
+    emb.prefetch(ids)
+    monkeypatch.setattr(table, "_split", split)
+    old_rows = table.hot_table.data_ptr()
+    emb.set_hot_rows(torch.arange(hot, 2 * hot))  # frees the old hot rows while the side stream has yet to read them
+    fillers = [torch.full((hot, d), float("nan"), device="cuda") for _ in range(16)]
+    assert old_rows not in {f.data_ptr() for f in fillers}, "the side stream's rows went to a new tensor"
+    got = emb(ids)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
 def test_autocast_forward_and_update():
     host = HostEmbedding(100, 8, device="cpu", seed=5, optimizer="sgd", optimizer_options={"lr": 0.1})
     lin = torch.nn.Linear(8, 1)
