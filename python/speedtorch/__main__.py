@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     usage = ("usage: python -m speedtorch {info,demo,transfer-demo} [options]  (demo --help for its options)\n"
-             "  info           versions, build, GPUs and their PCIe links, host RAM, pinned copy bandwidth\n"
+             "  info           versions, build, GPUs and their PCIe links, host RAM, pinned-copy bandwidth (GPU)\n"
              "  demo           trains a recommender with its user table in pinned host RAM (the main job)\n"
              "  transfer-demo  gathers/scatters batches of rows, speedtorch against plain torch")
     if not argv or argv[0] in ("-h", "--help"):
@@ -16,8 +17,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "info":
-        from .info import report
+        from .info import __doc__ as about, report
 
+        # No options, but argparse gives --help and rejects anything else instead of ignoring it.
+        argparse.ArgumentParser(prog="python -m speedtorch info", description=about).parse_args(rest)
         print(report())
         return 0
     if command == "demo":

@@ -15,6 +15,14 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def host_memory_words() -> str:
+    """Where a PinnedEmbedding's rows live on this machine, for the demos' output: memory is only pinned (page-locked
+    for the GPU) when there is a GPU."""
+    from . import pinned_empty
+
+    return "pinned host RAM" if pinned_empty(1, 1).is_pinned() else "host RAM (not pinned: no GPU)"
+
+
 def median_seconds(fn: Callable[[], object], reps: int = 10, warmup: int = 3) -> float:
     """Median seconds per call over `reps` calls after `warmup` calls, synchronizing the GPU around each call."""
     for _ in range(warmup):

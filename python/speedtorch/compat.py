@@ -8,9 +8,10 @@ move with :func:`speedtorch.gather` / :func:`speedtorch.scatter_`, and files are
 This module owns the swap protocol: before the forward pass the rows a batch names are copied, in place, from the
 full collections into a batch-sized model variable and into its optimizer's per-parameter state; after the optimizer
 step they are copied back. It also owns the fix for ids repeated within a batch, which SpeedTorch lost (the last
-copy's write won): while such a batch is swapped in, a gradient hook on the model variable sums the gradients of an
-id's copies into its first copy, so the optimizer updates that copy exactly as torch.optim updates one row with the
-summed gradient, and the first copy of each id (row and optimizer state) is what is written back.
+copy's write won, with the other copies' updates lost): while such a batch is swapped in, a gradient hook on the
+model variable sums the gradients of an id's copies into its last copy, so the optimizer updates that copy exactly as
+torch.optim updates one row with the summed gradient. Write-backs are plain scatter_ calls, whose rule for repeated
+ids (the last occurrence wins) then writes that copy (row and optimizer state): one rule, the operator's own.
 
 docs/migration.md maps every call here to the native API (:class:`speedtorch.nn.HostEmbedding`) and lists the
 differences from SpeedTorch.
@@ -163,11 +164,10 @@ def _wait_for_stream(device: torch.device) -> None:
 
 
 class _SwappedBatch:
-    """The ids of one swap (flat, int64) and which copy of each id is written back.
+    """The ids of one swap (flat, int64).
 
-    Without repeated ids every copy is written back to its row. With repeats, ``unique_ids`` are written back from
-    the copy at ``first_positions`` (the id's first occurrence), and :meth:`gradient_merger` moves the gradients
-    of all of an id's copies onto that first copy.
+    Every copy is written back with one scatter_, so for a repeated id the last copy wins (scatter_'s rule);
+    :meth:`gradient_merger` moves the gradients of all of an id's copies onto that last copy.
     """
 
     def __init__(self, ids: torch.Tensor, capacity: int, where: str):
@@ -180,14 +180,12 @@ class _SwappedBatch:
         self.has_duplicates = unique_ids.numel() < self.count
         if self.has_duplicates:
             positions = torch.arange(self.count, device=ids.device)
-            first = torch.full((unique_ids.numel(),), self.count, dtype=torch.int64, device=ids.device)
-            first.scatter_reduce_(0, inverse, positions, reduce="amin")
-            self.unique_ids = unique_ids
-            self.first_positions = first
-            # For every row of the model variable, the row that receives its gradient: the first copy of its id
-            # (rows past the batch, when the batch is smaller than the variable, keep their own).
+            last = torch.full((unique_ids.numel(),), -1, dtype=torch.int64, device=ids.device)
+            last.scatter_reduce_(0, inverse, positions, reduce="amax")
+            # For every row of the model variable, the row that receives its gradient: the last copy of its id, the
+            # one scatter_ keeps (rows past the batch, when the batch is smaller than the variable, keep their own).
             self.gradient_target = torch.arange(capacity, device=ids.device)
-            self.gradient_target[: self.count] = first[inverse]
+            self.gradient_target[: self.count] = last[inverse]
 
     def check_same_ids(self, ids: torch.Tensor, where: str) -> None:
         if not torch.equal(ids.to(self.ids.device), self.ids):
@@ -196,7 +194,7 @@ class _SwappedBatch:
                              f"retrievedNegIndexes to both")
 
     def gradient_merger(self, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-        """A gradient hook for the model variable (on ``device``): each id's copies' gradients summed into its first
+        """A gradient hook for the model variable (on ``device``): each id's copies' gradients summed into its last
         copy, zero on the others."""
         target = self.gradient_target.to(device)
 
@@ -222,13 +220,8 @@ class _SwappedBatch:
             destination[: self.count].copy_(rows)
 
     def write_back_(self, collection: torch.Tensor, source: torch.Tensor) -> None:
-        rows = source.detach()[: self.count]
-        if self.has_duplicates:
-            rows = rows.index_select(0, self.first_positions.to(rows.device))
-            ids = self.unique_ids
-        else:
-            ids = self.ids
-        scatter_(collection, ids, rows.to(collection.dtype))
+        # Repeated ids: scatter_ keeps the last copy, the one the gradient hook gave the summed gradient.
+        scatter_(collection, self.ids, source.detach()[: self.count].to(collection.dtype))
 
 
 # --- model switchers -----------------------------------------------------------------------------------------------
@@ -331,8 +324,8 @@ class ModelFactory:
             self._gradient_hook = self.weight.register_hook(batch.gradient_merger(self.weight.device))
 
     def afterOptimizerStep(self, retrievedPosIndexes, retrievedNegIndexes=None) -> None:
-        """Writes the model variable's updated rows back to the collection (each repeated id once, from its first
-        copy). The indexes must be those of the last :meth:`beforeForwardPass`."""
+        """Writes the model variable's updated rows back to the collection (a repeated id from its last copy, as
+        scatter_). The indexes must be those of the last :meth:`beforeForwardPass`."""
         collection = self._require_collection("afterOptimizerStep")
         _check_write_back(self._batch, self._where, retrievedPosIndexes, retrievedNegIndexes)
         self._batch.write_back_(collection, self.weight)
@@ -553,7 +546,7 @@ class OptimizerFactory:
         self._batch = batch
 
     def afterOptimizerStep(self, retrievedPosIndexes, retrievedNegIndexes=None) -> None:
-        """Writes the updated state rows back (each repeated id once, from its first copy, which the
+        """Writes the updated state rows back (a repeated id from its last copy, as scatter_: the copy the
         :class:`ModelFactory` of this variable gave the summed gradient)."""
         state = self._require_init("afterOptimizerStep")
         _check_write_back(self._batch, self._where, retrievedPosIndexes, retrievedNegIndexes)

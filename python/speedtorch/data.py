@@ -14,7 +14,7 @@ shows it always).
 from __future__ import annotations
 
 import os
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -38,10 +38,31 @@ def save_npy(tensor: torch.Tensor, path: PathLike) -> str:
     return torch.ops.speedtorch.save_npy(tensor, os.fspath(path))
 
 
-def load_npy(path: PathLike, *, pinned: bool = True) -> torch.Tensor:
+def load_npy(path: PathLike, *, pinned: bool = True, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """A new host tensor holding a ``.npy`` file, read straight into exact-size pinned memory (``pinned=True``) or
-    ordinary memory. The header is validated (dtype, shape, byte order, Fortran order, truncation)."""
-    return torch.ops.speedtorch.load_npy(os.fspath(path), pinned)
+    ordinary memory. The header is validated (dtype, shape, byte order, Fortran order, truncation).
+
+    bfloat16 is stored as its raw bits (``'<u2'``): the rows of a table saved by ``PinnedEmbedding.save`` /
+    ``HostEmbedding.save``, whose ``.meta.json`` says bfloat16, load as bfloat16; a plain ``'<u2'`` file loads as
+    uint16 unless ``dtype=torch.bfloat16`` asks for its bits as bfloat16. Any other ``dtype`` must be the file's."""
+    path = os.fspath(path)
+    stored, _ = npy_info(path)
+    if dtype is None and stored == torch.uint16 and _table_dtype(path) == "bfloat16":
+        dtype = torch.bfloat16
+    if dtype is not None and dtype != stored and not (dtype == torch.bfloat16 and stored == torch.uint16):
+        raise ValueError(f"load_npy: {path} holds {str(stored).replace('torch.', '')}, not dtype={dtype}; only "
+                         f"bfloat16 is read from another type (its uint16 bits). To convert, use "
+                         f"load_npy_into_(torch.empty(shape, dtype=...), path)")
+    tensor = torch.ops.speedtorch.load_npy(path, pinned)
+    return tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor  # the same bits, no copy
+
+
+def _table_dtype(path: str) -> Optional[str]:
+    """The dtype the meta file of a saved table names, when ``path`` is such a table's rows file."""
+    stem = path[:-4] if path.endswith(".npy") else path
+    if not os.path.isfile(stem + ".meta.json"):
+        return None
+    return torch.ops.speedtorch.read_embedding_meta(path)[1]
 
 
 def load_npy_into_(tensor: torch.Tensor, path: PathLike) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""`python -m speedtorch info`: versions, build, GPUs with their PCIe links, host RAM, and a quick measured pinned
-host<->GPU bandwidth."""
+"""`python -m speedtorch info`: versions, build, GPUs with their PCIe links, host RAM, and, with a GPU, a quick
+measured pinned-copy bandwidth (host<->GPU)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,7 @@ def report() -> str:
     lines.append(f"host RAM:           {ram:.1f} GiB" if ram is not None else "host RAM:           unknown")
     if not torch.cuda.is_available():
         lines.append("GPUs:               none (CPU-only: tables stay on the host, ops run on CPU threads)")
+        lines.append("pinned copy:        no GPU: no pinned-copy bandwidth to measure")
         return "\n".join(lines)
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)

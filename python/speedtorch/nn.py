@@ -209,6 +209,12 @@ class HostEmbedding(torch.nn.Module):
             ready.record(self._side_stream)
         for t in (unique, inverse, rows):
             t.record_stream(current)
+        # The side stream may still be reading the table's device tensors (a hybrid table's hot rows) after this
+        # returns, and may have made new ones there (_refresh_hot_rows) that the current stream then uses: whichever
+        # stream frees them, the caching allocator must reuse their memory only once both streams are done.
+        if hasattr(self.table, "record_stream"):
+            self.table.record_stream(self._side_stream)
+            self.table.record_stream(current)
         self._prefetched = (next_input, unique, inverse, rows, ready)
         self._updated_since_prefetch = []
 

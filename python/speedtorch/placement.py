@@ -101,6 +101,12 @@ class DeviceTable:
             generator = torch.Generator(self.device).manual_seed(seed)
         self._table.normal_(mean, std, generator=generator)
 
+    def record_stream(self, stream) -> None:
+        """Marks the table and state as used on ``stream`` (Tensor.record_stream), for work queued there on them."""
+        for t in (self._table, self._state):
+            if t is not None and t.is_cuda:
+                t.record_stream(stream)
+
     def copy_(self, src: torch.Tensor) -> None:
         if tuple(src.shape) != tuple(self._table.shape):
             raise RuntimeError(f"DeviceTable.copy_: src must have shape {tuple(self._table.shape)}, got "
@@ -294,6 +300,13 @@ class HybridTable:
             torch.ops.speedtorch.scatter_(self.hot_table, slots[hot_pos], src[hot_pos.to(src.device)])
         if cold_pos.numel():
             self.host.scatter_(ids[cold_pos], src[cold_pos.to(src.device)])
+
+    def record_stream(self, stream) -> None:
+        """Marks the device tensors as used on ``stream`` (Tensor.record_stream): the caching allocator keeps their
+        memory until the work queued there is done, even when another stream replaces them (set_hot_rows)."""
+        for t in (self.remap, self.hot_ids, self.hot_table, self.hot_state, self.counts):
+            if t is not None and t.is_cuda:
+                t.record_stream(stream)
 
     def copy_(self, src: torch.Tensor) -> None:
         self.host.copy_(src)

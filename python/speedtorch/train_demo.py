@@ -1,7 +1,8 @@
 """`python -m speedtorch demo`: trains the recommender of speedtorch.recommender with its user table and Adam state
-in pinned host RAM (a HostEmbedding), shows the loss falling with a progress bar, and compares steps/s with the
-plain-PyTorch way in the same process (the user table on the CPU with nn.Embedding(sparse=True) + SparseAdam, as
-one does when the table does not fit on the GPU). Runs on the GPU when there is one, else on the CPU."""
+in host RAM (a HostEmbedding; pinned when there is a GPU), shows the loss falling with a progress bar, and compares
+steps/s with the plain-PyTorch way in the same process (the user table on the CPU with nn.Embedding(sparse=True) +
+SparseAdam, as one does when the table does not fit on the GPU). Runs on the GPU when there is one, else on the
+CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 
 import torch
 
-from .benchmarking import format_table
+from .benchmarking import format_table, host_memory_words
 from .recommender import make_way, zipf_batches
 
 
@@ -51,15 +52,18 @@ def _train(way_name, args, device, batches, progress):
 
 def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(prog="python -m speedtorch demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m speedtorch demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__ + f" Sizes default to what suits the hardware ({'a GPU' if gpu else 'no GPU'} here).")
     parser.add_argument("--rows", type=int, default=4_000_000 if gpu else 200_000, help="user table rows")
-    parser.add_argument("--dim", type=int, default=128 if gpu else 32)
-    parser.add_argument("--items", type=int, default=100_000 if gpu else 10_000)
-    parser.add_argument("--batch", type=int, default=65_536 if gpu else 4_096)
-    parser.add_argument("--steps", type=int, default=200 if gpu else 100)
-    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--dim", type=int, default=128 if gpu else 32, help="embedding width")
+    parser.add_argument("--items", type=int, default=100_000 if gpu else 10_000, help="item table rows (on the "
+                        "compute device)")
+    parser.add_argument("--batch", type=int, default=65_536 if gpu else 4_096, help="interactions per step")
+    parser.add_argument("--steps", type=int, default=200 if gpu else 100, help="timed steps per way")
+    parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
     parser.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU is present")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if gpu and not args.cpu else "cpu")
     torch.manual_seed(0)
@@ -67,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = zipf_batches(args.rows, args.batch, 8, num_items=args.items)
     if device.type == "cuda":
         batches = [tuple(t.to(device) for t in b) for b in batches]
-    print(f"user table {args.rows:,} x {args.dim} float32 + Adam state in pinned host RAM "
+    print(f"user table {args.rows:,} x {args.dim} float32 + Adam state in {host_memory_words()} "
           f"({args.rows * args.dim * 12 / 1e9:.2f} GB); {args.items:,} items; batch {args.batch:,} Zipf(1.2) users; "
           f"compute on {device}")
     results = []

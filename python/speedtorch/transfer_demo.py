@@ -1,6 +1,6 @@
-"""`python -m speedtorch transfer-demo`: a row-swap loop over a pinned table, speedtorch against plain PyTorch in the same
-process. Each step gathers a batch of rows to the compute device, updates them there, and writes them back; both
-ways apply the same updates, so their tables must agree at the end."""
+"""`python -m speedtorch transfer-demo`: a row-swap loop over a PinnedEmbedding (pinned when there is a GPU),
+speedtorch against plain PyTorch in the same process. Each step gathers a batch of rows to the compute device,
+updates them there, and writes them back; both ways apply the same updates, so their tables must agree at the end."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import torch
 
 from . import PinnedEmbedding
-from .benchmarking import format_table
+from .benchmarking import format_table, host_memory_words
 
 
 def _progress(iterable, desc: str, enabled: bool):
@@ -36,18 +36,21 @@ def _run(name, steps, batches, device, fetch, store, progress):
 
 def main(argv: list[str] | None = None) -> int:
     has_gpu = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(prog="python -m speedtorch transfer-demo", description=__doc__)
-    parser.add_argument("--rows", type=int, default=4_000_000 if has_gpu else 1_000_000)
-    parser.add_argument("--dim", type=int, default=128 if has_gpu else 64)
-    parser.add_argument("--batch", type=int, default=65_536 if has_gpu else 16_384)
-    parser.add_argument("--steps", type=int, default=50)
+    parser = argparse.ArgumentParser(
+        prog="python -m speedtorch transfer-demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__ + f" Sizes default to what suits the hardware ({'a GPU' if has_gpu else 'no GPU'} here).")
+    parser.add_argument("--rows", type=int, default=4_000_000 if has_gpu else 1_000_000, help="table rows")
+    parser.add_argument("--dim", type=int, default=128 if has_gpu else 64, help="row width (float32)")
+    parser.add_argument("--batch", type=int, default=65_536 if has_gpu else 16_384, help="distinct rows per step")
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per way")
     parser.add_argument("--cpu", action="store_true", help="stay on the CPU even when a GPU is present")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if has_gpu and not args.cpu else "cpu")
     progress = not args.no_progress
 
-    print(f"table {args.rows:,} x {args.dim} float32 ({args.rows * args.dim * 4 / 1e9:.2f} GB) in pinned host RAM; "
+    print(f"table {args.rows:,} x {args.dim} float32 ({args.rows * args.dim * 4 / 1e9:.2f} GB) in "
+          f"{host_memory_words()}; "
           f"batch {args.batch:,} unique rows; compute on {device}")
     emb = PinnedEmbedding(args.rows, args.dim)
     emb.uniform_(-0.1, 0.1, 0)
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     moved = 2 * args.batch * args.dim * 4 * args.steps
     rows = [
         {"way": "speedtorch gather + scatter_", "steps/s": args.steps / t_speed, "GB/s": moved / t_speed / 1e9},
-        {"way": "torch index + copy (pinned)", "steps/s": args.steps / t_torch, "GB/s": moved / t_torch / 1e9},
+        {"way": "torch index + copy" + (" (pinned)" if reference.is_pinned() else ""), "steps/s": args.steps / t_torch,
+         "GB/s": moved / t_torch / 1e9},
     ]
     print(format_table(rows, ["way", "steps/s", "GB/s"]))
     print(f"speedtorch is {t_torch / t_speed:.2f}x the plain-PyTorch step rate; tables agree: {agree}")

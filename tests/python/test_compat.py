@@ -245,6 +245,41 @@ def test_repeated_ids_sgd_equals_nn_embedding(device, sparse):
     assert not variable.weight._backward_hooks  # the gradient merge is removed with the batch
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_repeated_ids_last_copy_wins_as_in_scatter(device):
+    """One rule for repeated ids, scatter_'s: the last copy of an id is what is written back (rows and state), and
+    the gradient hook sums the copies' gradients into that last copy."""
+    variable = torch.nn.Embedding(4, 2).to(device)
+    optimizer = torch.optim.SGD(variable.parameters(), lr=0.5, momentum=0.9)
+    switcher = SpeedTorch.ModelFactory(variable, 10, 2)
+    switcher.zerosInit()
+    state_switcher = SpeedTorch.OptimizerFactory(optimizer, 10, 2, variable, "weight")
+    state_switcher.optInit()
+    ids = torch.tensor([7, 3, 7, 3])
+    switcher.beforeForwardPass(ids)
+    state_switcher.beforeForwardPass(ids)
+    grad_out = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]], device=device)
+    (variable(torch.arange(4, device=device)) * grad_out).sum().backward()
+    # Copies 0 and 2 hold id 7, copies 1 and 3 id 3: each id's gradient sum lands on its last copy.
+    expected_grad = torch.tensor([[0.0, 0.0], [0.0, 0.0], [6.0, 8.0], [10.0, 12.0]], device=device)
+    torch.testing.assert_close(variable.weight.grad, expected_grad, rtol=0, atol=0)
+    optimizer.step()
+    switcher.afterOptimizerStep(ids)
+    state_switcher.afterOptimizerStep(ids)
+    wait_for(device)
+    torch.testing.assert_close(switcher.collection[[7, 3]].cpu(), -0.5 * expected_grad[2:].cpu(), rtol=0, atol=0)
+    momentum = state_switcher.collections["momentum_buffer"]
+    torch.testing.assert_close(momentum[[7, 3]].cpu(), expected_grad[2:].cpu(), rtol=0, atol=0)
+
+    # Without the hook (a .grad written by hand, or no gradient at all) the last copy still wins.
+    switcher.beforeForwardPass(ids)
+    with torch.no_grad():
+        variable.weight.copy_(grad_out)
+    switcher.afterOptimizerStep(ids)
+    wait_for(device)
+    torch.testing.assert_close(switcher.collection[[7, 3]].cpu(), grad_out[2:].cpu(), rtol=0, atol=0)
+
+
 # --- OptimizerFactory against torch.optim on the touched rows --------------------------------------------------------
 
 OPTIMIZER_CASES = [

@@ -54,6 +54,27 @@ def test_bfloat16_round_trips_as_raw_bits(tmp_path):
     assert torch.equal(back, tensor)
 
 
+def test_load_npy_gives_bfloat16_back(tmp_path):
+    """A bfloat16 table saved by PinnedEmbedding.save loads as bfloat16 (its meta file says so); a plain '<u2' file
+    cannot say, so it loads as uint16 unless dtype=torch.bfloat16 asks for the same bits as bfloat16."""
+    table = speedtorch.PinnedEmbedding(20, 8, torch.bfloat16)
+    table.normal_(0.0, 1.0, 0)
+    table.save(str(tmp_path / "t.npy"))
+    back = data.load_npy(tmp_path / "t.npy")
+    assert back.dtype == torch.bfloat16
+    assert torch.equal(back.view(torch.uint16), table.table().view(torch.uint16))  # bit for bit
+    assert back.is_pinned() == speedtorch.pinned_empty(1).is_pinned()
+
+    tensor = torch.randn(20, 8).to(torch.bfloat16)
+    data.save_npy(tensor, tmp_path / "b.npy")
+    assert data.load_npy(tmp_path / "b.npy").dtype == torch.uint16
+    back = data.load_npy(tmp_path / "b.npy", dtype=torch.bfloat16)
+    assert back.dtype == torch.bfloat16 and torch.equal(back.view(torch.uint16), tensor.view(torch.uint16))
+    assert data.load_npy(tmp_path / "b.npy", dtype=torch.uint16).dtype == torch.uint16
+    with pytest.raises(ValueError, match="holds uint16.*dtype=torch.float32"):
+        data.load_npy(tmp_path / "b.npy", dtype=torch.float32)
+
+
 def test_save_npy_takes_strided_tensors_and_the_same_data_hashes_the_same(tmp_path):
     base = torch.randn(30, 16)
     strided = base[::2, 3:11]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -34,9 +37,36 @@ def test_pinned_when_cuda_present():
     assert t.is_pinned() == (torch.cuda.is_available() and "cuda=none" not in speedtorch.build_info())
 
 
+def _mapping_covers(begin: int, end: int) -> bool:
+    """Whether one mapping of this process holds the whole address range [begin, end)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= begin and end <= hi:
+            return True
+    return False
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
 def test_memory_freed_with_last_reference():
-    t = speedtorch.pinned_empty(1 << 20, 4)  # 16 MiB
+    nbytes = 64 << 20
+    rss_before = _rss_bytes()
+    t = speedtorch.pinned_empty(nbytes // 16, 4)  # 64 MiB, its own mapping
+    begin = t.data_ptr()
+    t.fill_(1.0)  # every page resident (page-locked ones are from the start)
     view = t[5:10]
     del t
-    view.fill_(1.0)  # the view still owns the buffer
-    assert float(view.sum()) == 5 * 4
+    assert float(view.sum()) == 5 * 4  # the view still owns the buffer
+    assert _mapping_covers(begin, begin + nbytes)
+    rss_touched = _rss_bytes()
+    assert rss_touched - rss_before > nbytes // 2
+    del view
+    gc.collect()
+    assert not _mapping_covers(begin, begin + nbytes), "the buffer is still mapped after its last reference went"
+    assert rss_touched - _rss_bytes() > nbytes // 2, "the buffer's pages are still resident"

@@ -1,5 +1,6 @@
 """GPU routes of gather / scatter_: pinned host table <-> GPU through the UVA kernel, the staged path and both at
-once; GPU-resident tables; index errors found by the GPU; ordering between UVA kernels and CPU access."""
+once; GPU-resident tables; index errors found before launch and by the kernels themselves; ordering between UVA
+kernels and CPU access."""
 
 from __future__ import annotations
 
@@ -123,14 +124,15 @@ def test_torch_pinned_memory_table_works():
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("bad", [-1, 1000, 2**40])
 def test_gpu_index_errors_raise_and_touch_nothing(fraction, bad):
+    """CUDA indices are checked before any kernel is launched (one reduction, then the host names the bad one)."""
     force_split(fraction)
     table = random_table(1000, 16, pinned=True)
     before = table.clone()
     indices = torch.randint(0, 1000, (600,), device="cuda")
     indices[123] = bad
-    with pytest.raises(IndexError, match=f"holds {bad} at flat position 123"):
+    with pytest.raises(IndexError, match=f"holds {bad} at flat position 123.*negative indices are not wrapped"):
         speedtorch.gather(table, indices)
-    with pytest.raises(IndexError, match=f"holds {bad} at flat position 123"):
+    with pytest.raises(IndexError, match=f"holds {bad} at flat position 123.*negative indices are not wrapped"):
         speedtorch.scatter_(table, indices, torch.randn(600, 16, device="cuda"))
     torch.cuda.synchronize()
     assert torch.equal(table, before)
@@ -167,7 +169,33 @@ def test_gpu_table_index_errors():
         speedtorch.gather(table, torch.tensor([0, 100], device="cuda"))
     with pytest.raises(IndexError, match="holds -5 at flat position 1"):
         speedtorch.scatter_(table, torch.tensor([3, -5, 7], device="cuda"), torch.randn(3, 4, device="cuda"))
+    assert torch.equal(table, before)
+
+
+@pytest.mark.parametrize("table_on", ["pinned", "cuda"])
+@pytest.mark.parametrize("bad", [-1, 1000, 2**40])
+def test_gpu_kernels_find_bad_indices_and_touch_nothing(table_on, bad):
+    """With deferred checks nothing is validated before launch: the kernels meet the bad index themselves, never
+    touch its row, and a scatter_ writes all rows or none."""
+    force_split(1.0)  # UVA only: a staged share's indices are checked on the host before any copy
+    table = random_table(1000, 16, pinned=True) if table_on == "pinned" else random_table(1000, 16).cuda()
+    before = table.clone()
+    indices = torch.randint(0, 1000, (600,), device="cuda")
+    indices[123] = bad
+    found_by_gpu = f"holds {bad} at flat position 123.*found by the GPU; the row was not touched"
+    speedtorch.set_deferred_index_checks(True)
+    out = speedtorch.gather(table, indices)  # no wait, no raise
+    with pytest.raises(IndexError, match=found_by_gpu):
+        speedtorch.check_index_errors()
+    keep = torch.arange(600, device="cuda") != 123
+    torch.testing.assert_close(out[keep].cpu(), before.cpu()[indices[keep].cpu()], rtol=0, atol=0)
+    assert torch.isnan(out[123].cpu()).all()  # never another row's data
+    speedtorch.scatter_(table, indices, torch.randn(600, 16, device="cuda"))
+    with pytest.raises(IndexError, match=found_by_gpu):
+        speedtorch.check_index_errors()
+    torch.cuda.synchronize()
     assert torch.equal(table, before)  # all rows or none
+    speedtorch.check_index_errors()  # cleared
 
 
 def test_deferred_index_checks():
