@@ -227,9 +227,6 @@ def test_missing_sidecar_rows_say_how_the_path_was_resolved(tmp_path, monkeypatc
         torch.jit.load("model.pt")
 
 
-@pytest.mark.xfail(strict=True, reason="csrc: a missing side.state.npy fails in read_embedding_meta, whose message "
-                   "does not say how the sidecar path was resolved (unpickle_embedding checks only the rows and meta "
-                   "files); needs a C++ change in csrc/embedding/embedding_pickle.cpp")
 def test_missing_sidecar_state_says_how_the_path_was_resolved(tmp_path, monkeypatch):
     _model_with_a_relative_sidecar(tmp_path, monkeypatch)
     (tmp_path / "side.state.npy").unlink()
