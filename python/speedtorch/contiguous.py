@@ -8,6 +8,7 @@ breaks.
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Union
 
 import torch
@@ -42,6 +43,19 @@ def _split_names(parameters: ParamsArg) -> tuple[list[torch.Tensor], list[str]]:
     return params, names
 
 
+def _reattach_grads(flat, buffer, params, views, _grad) -> None:
+    if flat.grad is None:  # the optimizer's zero_grad(set_to_none=True): every gradient of the group is gone
+        buffer.zero_()
+        flat.grad = buffer
+        for p, view in zip(params, views):
+            p.grad = view
+        return
+    for p, view in zip(params, views):
+        if p.grad is None:  # the module's zero_grad(set_to_none=True)
+            view.zero_()
+            p.grad = view
+
+
 class ContiguousParams:
     """Moves ``parameters`` (an iterable of tensors, or of ``(name, tensor)`` pairs such as
     ``model.named_parameters()``) into one flat buffer per (device, dtype) and makes each parameter and its
@@ -51,7 +65,7 @@ class ContiguousParams:
         params = speedtorch.ContiguousParams(model.named_parameters())
         opt = torch.optim.Adam(params.contiguous())
         for x in data:
-            params.zero_grad()                      # not opt.zero_grad(): that sets the flat .grad to None
+            opt.zero_grad()                         # or model.zero_grad(), or params.zero_grad()
             model(x).sum().backward()
             params.assert_buffer_is_valid()         # names a parameter or grad that was replaced
             torch.nn.utils.clip_grad_norm_(params.contiguous(), 1.0)
@@ -61,6 +75,25 @@ class ContiguousParams:
     def __init__(self, parameters: ParamsArg):
         params, names = _split_names(parameters)
         self._impl = torch.classes.speedtorch.ContiguousParams(params, names)
+        self._hooks = self._reattach_grads_before_backward()
+
+    def _reattach_grads_before_backward(self) -> list:
+        """``optimizer.zero_grad()`` and ``model.zero_grad()`` set gradients to None (torch's default): one hook
+        per group, run before the first gradient of a backward reaches the group, points them back at their
+        zeroed views, so autograd accumulates into the flat buffer again (as FSDP routes its views' gradients into
+        its flat parameter). One Python call per group per backward; nothing is copied."""
+        params = self._impl.original()
+        views = [p.grad for p in params]  # the constructor pointed every .grad at its view of the flat buffer
+        flats, buffers = self._impl.contiguous(), self._impl.grad_buffers()
+        members: dict[int, list[int]] = {}
+        for i in range(len(params)):
+            members.setdefault(self._impl.group_of(i), []).append(i)
+        return [torch.autograd.graph.register_multi_grad_hook(
+                    [params[i] for i in idx],
+                    functools.partial(_reattach_grads, flats[g], buffers[g], [params[i] for i in idx],
+                                      [views[i] for i in idx]),
+                    mode="any")
+                for g, idx in members.items()]
 
     @property
     def script_object(self):
@@ -89,8 +122,8 @@ class ContiguousParams:
         return self._impl.buffer_is_valid()
 
     def zero_grad(self) -> None:
-        """Zeroes the flat gradient buffers in place and points every ``.grad`` back at its view (undoing a
-        ``zero_grad(set_to_none=True)`` of the module or optimizer)."""
+        """Zeroes the flat gradient buffers in place and points every ``.grad`` back at its view at once (the
+        optimizer's or module's ``zero_grad()`` leaves that to the next backward)."""
         self._impl.zero_grad()
 
     def __len__(self) -> int:

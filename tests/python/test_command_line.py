@@ -4,6 +4,7 @@ says what it measured and where the table lives."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +32,10 @@ def test_info_rejects_unknown_arguments(capsys):
 
 
 def test_info_rejects_unknown_arguments_from_the_shell():
+    # The child imports speedtorch from where this process did (the source tree under `make test`).
+    env = dict(os.environ, PYTHONPATH=str(Path(speedtorch.__file__).resolve().parents[1]))
     result = subprocess.run([sys.executable, "-m", "speedtorch", "info", "--bogus"], capture_output=True, text=True,
-                            cwd=ROOT, timeout=120)
+                            cwd=ROOT, timeout=120, env=env)
     assert result.returncode == 2
     assert "unrecognized arguments: --bogus" in result.stderr
 
