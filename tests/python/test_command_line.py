@@ -89,3 +89,20 @@ def test_train_demo_says_where_the_table_lives(capsys):
     out = capsys.readouterr().out
     assert f"in {_host_memory_words()} " in out
     assert ("pinned host RAM" in out) == speedtorch.pinned_empty(1, 1).is_pinned()
+
+
+def test_a_build_without_torch_says_how_to_install(tmp_path):
+    """What `pip install .` with build isolation meets: a Python without torch. CMake must say why and what to run."""
+    import shutil
+    import venv
+
+    if shutil.which("cmake") is None:
+        pytest.skip("no cmake")
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "env")  # a bare interpreter: no torch, like pip's build env
+    result = subprocess.run(["cmake", "-S", str(ROOT), "-B", str(tmp_path / "build"),
+                             f"-DPython3_EXECUTABLE={tmp_path / 'env' / 'bin' / 'python'}"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    message = " ".join(result.stderr.split())
+    assert "needs PyTorch >= 2.4 importable by" in message
+    assert "pip install scikit-build-core cmake ninja" in message and "pip install --no-build-isolation ." in message
