@@ -117,10 +117,10 @@ def main() -> int:
     model = torch.jit.script(Recommender(args.users, args.items, args.dim))
     if args.sidecar:
         model.users.set_sidecar(args.sidecar)
-    torch.jit.save(model, str(args.out))
+    speedtorch.jit_save(model, args.out)  # atomic: a failed save keeps the model file that was there
     if args.batches:
-        torch.jit.save(torch.jit.script(make_batches(args.users, args.items, args.num_batches, args.batch)),
-                       str(args.batches))
+        speedtorch.jit_save(torch.jit.script(make_batches(args.users, args.items, args.num_batches, args.batch)),
+                            args.batches)
     return 0
 
 

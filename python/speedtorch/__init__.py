@@ -28,6 +28,7 @@ from .ops import (  # noqa: E402
 #: TorchScript (as a module attribute) and C++.
 PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
 
+from .jit_save import jit_save  # noqa: E402
 from . import data, nn, placement  # noqa: E402  (.npy files; HostEmbedding; gpu / hybrid placement)
 from . import compat  # noqa: E402  (SpeedTorch 0.x's API over the ops; docs/migration.md)
 
@@ -47,6 +48,7 @@ __all__ = [
     "compat",
     "data",
     "gather",
+    "jit_save",
     "nn",
     "library_path",
     "pinned_empty",
