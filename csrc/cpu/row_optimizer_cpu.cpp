@@ -20,11 +20,20 @@ void update_rows(const OptimizerRows& t, const OptimizerHyper& h, int64_t global
     auto* step = reinterpret_cast<int32_t*>(header);
     const int32_t k = *step + 1;
     *step = k;
-    const RowStep r = row_step(h, k, global_step);
+    RowStep r = row_step(h, k, global_step);
     float* s0 = header + kStateHeaderFloats;
     float* s1 = s0 + dim;
     float* s2 = s1 + dim;
     const float* g = grads + i * dim;
+    if (h.kind == OptimizerKind::kRowwiseAdagrad) {
+      float sum_squares = 0.f;
+      for (int64_t j = 0; j < dim; ++j) {
+        const float gj = decayed_gradient(h, static_cast<float>(w[j]), g[j]);
+        sum_squares += gj * gj;
+      }
+      float* accumulator = header + kRowwiseAccumulatorFloat;
+      r.clr = rowwise_adagrad_scale(h, *accumulator, r.first, sum_squares, dim, accumulator);
+    }
     for (int64_t j = 0; j < dim; ++j) {
       w[j] = static_cast<T>(update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j));
     }

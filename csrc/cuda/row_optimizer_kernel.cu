@@ -33,6 +33,12 @@ struct RowLanes {
   }
 };
 
+// The sum of `value` over the lanes of this thread's group (every lane gets it).
+__device__ float group_sum(float value, const RowLanes& pos, int lanes) {
+  for (int offset = lanes / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(pos.group_mask, value, offset);
+  return value;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     row_optimizer_kernel(OptimizerRows t, OptimizerHyper h, int64_t global_step, const int64_t* __restrict__ rows,
@@ -44,13 +50,26 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     float* header = t.state + row * t.state_stride_floats;
     auto* step = reinterpret_cast<int32_t*>(header);
     const int32_t k = *step + 1;
-    __syncwarp(pos.group_mask);  // every lane has read the count before lane 0 moves it on
-    if (pos.lane == 0) *step = k;
-    const RowStep r = row_step(h, k, global_step);
+    RowStep r = row_step(h, k, global_step);
+    const float* g = grads + i * t.dim;
+    float accumulator = 0.f;
+    if (h.kind == OptimizerKind::kRowwiseAdagrad) {  // the row's mean squared gradient, before any element moves
+      float part = 0.f;
+      for (int64_t j = pos.lane; j < t.dim; j += lanes) {
+        const float gj = decayed_gradient(h, static_cast<float>(w[j]), g[j]);
+        part += gj * gj;
+      }
+      r.clr = rowwise_adagrad_scale(h, header[kRowwiseAccumulatorFloat], r.first, group_sum(part, pos, lanes), t.dim,
+                                    &accumulator);
+    }
+    __syncwarp(pos.group_mask);  // every lane has read the header before lane 0 moves it on
+    if (pos.lane == 0) {
+      *step = k;
+      if (h.kind == OptimizerKind::kRowwiseAdagrad) header[kRowwiseAccumulatorFloat] = accumulator;
+    }
     float* s0 = header + kStateHeaderFloats;
     float* s1 = s0 + t.dim;
     float* s2 = s1 + t.dim;
-    const float* g = grads + i * t.dim;
     for (int64_t j = pos.lane; j < t.dim; j += lanes) {
       w[j] = static_cast<T>(update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j));
     }
@@ -120,7 +139,8 @@ template <typename T>
 void launch_typed(const OptimizerRows& t, const OptimizerHyper& h, int64_t global_step, const int64_t* rows,
                   const float* grads, int64_t count, int max_blocks, cudaStream_t stream) {
   const int64_t wbytes = 4 * static_cast<int64_t>(sizeof(T));
-  if (vec4_enabled() && t.dim % 4 == 0 && aligned(t.weights, wbytes) && t.weight_stride_bytes % wbytes == 0 &&
+  // Row-wise Adagrad reduces over the row before updating it: the scalar kernel's two passes.
+  if (vec4_enabled() && h.kind != OptimizerKind::kRowwiseAdagrad && t.dim % 4 == 0 && aligned(t.weights, wbytes) && t.weight_stride_bytes % wbytes == 0 &&
       aligned(t.state, 16) && t.state_stride_floats % 4 == 0 && aligned(grads, 16)) {
     const int lanes = row_access::lanes_per_row(t.dim / 4);
     row_optimizer_vec4_kernel<T><<<row_access::grid_for(count, lanes, max_blocks), kThreadsPerBlock, 0, stream>>>(

@@ -30,6 +30,7 @@ const std::vector<KindInfo>& kinds() {
       {"adadelta", OptimizerKind::kAdadelta, 1.0f, {"rho", "eps", "weight_decay"}},
       {"asgd", OptimizerKind::kASGD, 1e-2f, {"lambd", "alpha", "t0", "weight_decay"}},
       {"rprop", OptimizerKind::kRprop, 1e-2f, {"etaminus", "etaplus", "step_size_min", "step_size_max"}},
+      {"rowwise_adagrad", OptimizerKind::kRowwiseAdagrad, 1e-2f, {"eps", "weight_decay", "initial_accumulator_value"}},
   };
   return table;
 }
@@ -71,6 +72,7 @@ OptimizerHyper parse_optimizer(const std::string& kind_name, const c10::Dict<std
   h.lr = info->default_lr;
   if (h.kind == OptimizerKind::kRMSprop) h.eps = 1e-8f;
   if (h.kind == OptimizerKind::kAdagrad) h.eps = 1e-10f;
+  if (h.kind == OptimizerKind::kRowwiseAdagrad) h.eps = 1e-8f;  // FBGEMM's default
   if (h.kind == OptimizerKind::kAdadelta) h.eps = 1e-6f;
   if (h.kind == OptimizerKind::kAdamW) h.weight_decay = 1e-2f;  // torch.optim.AdamW's default
   for (const auto& entry : options) {

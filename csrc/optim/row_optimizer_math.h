@@ -2,9 +2,14 @@
 // and the CUDA kernel (cuda/row_optimizer_kernel.cu). Each update follows torch.optim's single-tensor code for one
 // element, so a row updated here equals torch.optim applied to the touched rows (maximize=False).
 //
-// A row's optimizer state is float32: a 4-float header (the row's own step count, as int32 bits, then spare) and
-// `slots` vectors of `dim` floats. Rows never touched keep zero state, so first-touch initialisation (Adagrad's
-// initial accumulator, Rprop's step sizes) keys on the row's step count.
+// A row's optimizer state is float32: a 4-float header (the row's own step count, as int32 bits; then row-wise
+// Adagrad's accumulator; then spare) and `slots` vectors of `dim` floats. Rows never touched keep zero state, so
+// first-touch initialisation (Adagrad's initial accumulator, Rprop's step sizes) keys on the row's step count.
+//
+// Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD, the default of TorchRec's tables) keeps one float per row: the
+// sum over steps of the mean over the row of the squared gradient. Its update needs that mean before any element
+// moves, so the loops call rowwise_adagrad_scale() once per row (with the row's sum of squares) and then
+// update_element() per element.
 #pragma once
 
 #include <cmath>
@@ -18,10 +23,14 @@
 
 namespace speedtorch {
 
-enum class OptimizerKind : int32_t { kSGD, kAdagrad, kAdam, kAdamW, kAdamax, kRMSprop, kAdadelta, kASGD, kRprop };
+enum class OptimizerKind : int32_t {
+  kSGD, kAdagrad, kAdam, kAdamW, kAdamax, kRMSprop, kAdadelta, kASGD, kRprop, kRowwiseAdagrad
+};
 
 // Floats before the first state vector of a state row.
 constexpr int64_t kStateHeaderFloats = 4;
+// Where row-wise Adagrad keeps its accumulator in the header.
+constexpr int64_t kRowwiseAccumulatorFloat = 1;
 
 enum class WeightType : int32_t { kFloat, kHalf, kBFloat16 };
 
@@ -82,8 +91,23 @@ inline int64_t state_slots(const OptimizerHyper& h) {
     case OptimizerKind::kAdadelta: return 2;
     case OptimizerKind::kASGD: return 1;
     case OptimizerKind::kRprop: return 2;
+    case OptimizerKind::kRowwiseAdagrad: return 0;  // its one float lives in the header
   }
   return 0;
+}
+
+// The gradient element the update uses (weight decay added, as torch.optim's L2 penalty).
+SPEEDTORCH_HOST_DEVICE float decayed_gradient(const OptimizerHyper& h, float w, float g) {
+  return h.weight_decay != 0.f ? g + h.weight_decay * w : g;
+}
+
+// Row-wise Adagrad, once per row: adds the row's mean squared gradient (`sum_squares` over `dim` elements of
+// decayed_gradient) to its accumulator and returns the step's scale lr / (sqrt(accumulator) + eps).
+SPEEDTORCH_HOST_DEVICE float rowwise_adagrad_scale(const OptimizerHyper& h, float accumulator, bool first,
+                                                   float sum_squares, int64_t dim, float* new_accumulator) {
+  const float sum = (first ? h.initial_accumulator_value : accumulator) + sum_squares / static_cast<float>(dim);
+  *new_accumulator = sum;
+  return h.lr / (sqrtf(sum) + h.eps);
 }
 
 // Per-row scalars a step needs, computed once per row from its step count k (1 on a row's first update).
@@ -208,6 +232,8 @@ SPEEDTORCH_HOST_DEVICE float update_element(const OptimizerHyper& h, const RowSt
       *s0 = r.mu != 1.f ? *s0 + (w - *s0) * r.mu : w;
       return w;
     }
+    case OptimizerKind::kRowwiseAdagrad:
+      return w - r.clr * decayed_gradient(h, w, g);  // r.clr: rowwise_adagrad_scale() of this row
     case OptimizerKind::kRprop: {
       // s0: prev, s1: step size (lr on a row's first update).
       float step_size = r.first ? h.lr : *s1;

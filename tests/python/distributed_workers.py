@@ -30,6 +30,7 @@ OPTIMIZERS = [
     ("adadelta", {"lr": 1.0}),
     ("asgd", {"lr": 0.01, "t0": 2}),
     ("rprop", {"lr": 0.01}),
+    ("rowwise_adagrad", {"lr": 0.1, "weight_decay": 0.01}),
 ]
 
 

@@ -25,3 +25,26 @@ def last_wins_reference(table: torch.Tensor, indices: torch.Tensor, src: torch.T
     for position, row in enumerate(flat):
         out[row] = rows[position]
     return out
+
+
+class RowwiseAdagrad(torch.optim.Optimizer):
+    """FBGEMM's EXACT_ROWWISE_ADAGRAD in plain torch, for 2-D parameters (rows x dim): each row keeps one float, the
+    sum over steps of the mean over the row of its squared gradient (weight decay added to the gradient first), and
+    moves by lr * g / (sqrt(sum) + eps). The reference speedtorch's "rowwise_adagrad" is tested against."""
+
+    def __init__(self, params, lr=1e-2, eps=1e-8, weight_decay=0.0, initial_accumulator_value=0.0):
+        super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay,
+                                      initial_accumulator_value=initial_accumulator_value))
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ARG002
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad + group["weight_decay"] * p
+                state = self.state[p]
+                if "sum" not in state:
+                    state["sum"] = torch.full((p.shape[0],), float(group["initial_accumulator_value"]))
+                state["sum"] += g.pow(2).mean(1)
+                p -= group["lr"] * g / (state["sum"].sqrt() + group["eps"]).unsqueeze(1)

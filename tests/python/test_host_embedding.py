@@ -219,3 +219,47 @@ def test_scripted_training_step():
         opt.step()
         torch.testing.assert_close(loss, ref_loss.detach())
         torch.testing.assert_close(e.table(), ref.weight.detach())
+
+
+def test_rowwise_adagrad_everywhere(tmp_path):
+    """Row-wise Adagrad through HostEmbedding equals the plain-torch reference, and its one float per row survives
+    save / load, state_dict and TorchScript like every optimizer's state."""
+    from helpers import RowwiseAdagrad
+
+    n, d = 40, 8
+    options = {"lr": 0.1, "eps": 1e-6}  # (weight decay is tested on the op, tests/python/test_row_optimizer.py)
+    emb = HostEmbedding(n, d, optimizer="rowwise_adagrad", optimizer_options=options, device="cpu", seed=0)
+    reference = torch.nn.Embedding(n, d, _weight=emb.weight.clone())
+    opt = RowwiseAdagrad(reference.parameters(), **options)
+    for step in range(4):
+        ids = torch.randint(0, n, (24,), generator=torch.Generator().manual_seed(step))
+        target = torch.randn(24, d, generator=torch.Generator().manual_seed(100 + step))
+        (emb(ids) * target).sum().backward()
+        emb.step()
+        opt.zero_grad()
+        (reference(ids) * target).sum().backward()
+        opt.step()  # rows outside the batch have a zero gradient: neither they nor their sums move
+    torch.testing.assert_close(emb.weight, reference.weight.detach(), rtol=1e-5, atol=1e-6)
+    assert emb.table.state().shape == (n, 4)
+
+    emb.save(str(tmp_path / "rw"))
+    loaded = HostEmbedding.load(str(tmp_path / "rw"))
+    assert loaded.table.optimizer() == "rowwise_adagrad" and torch.equal(loaded.table.state(), emb.table.state())
+    other = HostEmbedding(n, d, optimizer="rowwise_adagrad", optimizer_options=options, device="cpu")
+    other.load_state_dict(emb.state_dict())
+    assert torch.equal(other.weight, emb.weight) and torch.equal(other.table.state(), emb.table.state())
+
+    class Scripted(torch.nn.Module):
+        def __init__(self, table):
+            super().__init__()
+            self.table = table
+
+        def forward(self, ids: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+            self.table.apply_gradients(ids, grad)
+            return self.table.gather(ids, None)
+
+    table = speedtorch.PinnedEmbedding(n, d)
+    table.set_optimizer("rowwise_adagrad", options, True)
+    rows = torch.jit.script(Scripted(table))(torch.tensor([3]), torch.ones(1, d))
+    torch.testing.assert_close(rows, table.table()[3:4])
+    assert torch.allclose(table.state()[3, 1], torch.tensor(1.0))  # the mean of the squared ones

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import speedtorch
+from helpers import RowwiseAdagrad
 
 # (speedtorch name, options, torch.optim class, its kwargs)
 CASES = [
@@ -29,6 +30,9 @@ CASES = [
     ("adadelta", {"lr": 1.0, "weight_decay": 0.01}, torch.optim.Adadelta, {"lr": 1.0, "weight_decay": 0.01}),
     ("asgd", {"lr": 0.01, "t0": 2}, torch.optim.ASGD, {"lr": 0.01, "t0": 2}),
     ("rprop", {"lr": 0.01}, torch.optim.Rprop, {"lr": 0.01}),
+    ("rowwise_adagrad", {"lr": 0.1}, RowwiseAdagrad, {"lr": 0.1}),
+    ("rowwise_adagrad", {"lr": 0.1, "eps": 1e-6, "weight_decay": 0.01, "initial_accumulator_value": 0.1},
+     RowwiseAdagrad, {"lr": 0.1, "eps": 1e-6, "weight_decay": 0.01, "initial_accumulator_value": 0.1}),
 ]
 IDS = [f"{c[0]}-{i}" for i, c in enumerate(CASES)]
 
@@ -135,14 +139,25 @@ def test_gpu_pinned_table_matches_torch_optim(case, fraction):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [CASES[4], CASES[10], CASES[13]], ids=[IDS[4], IDS[10], IDS[13]])
+@pytest.mark.parametrize("case", [CASES[4], CASES[10], CASES[13], CASES[15]], ids=[IDS[4], IDS[10], IDS[13], IDS[15]])
 def test_gpu_rows_of_odd_width(case):
     # A width that is not a multiple of 4 takes the scalar kernel (24 takes the 16-byte one).
     check_against_torch(case, "cuda", pinned=True, fraction=1.0, d=7)
 
 
+def test_rowwise_adagrad_keeps_one_float_per_row():
+    """Its state is the 16-byte header (step count, the row's accumulator): 128x less than Adagrad's at dim 128."""
+    assert speedtorch.PinnedEmbedding.state_width("rowwise_adagrad", {}, 128) == 4
+    assert speedtorch.PinnedEmbedding.state_width("adagrad", {}, 128) == 4 + 128
+    w, state = torch.randn(6, 8), torch.zeros(6, 4)
+    g = torch.randn(2, 8)
+    torch.ops.speedtorch.row_optimizer_step_(w, state, torch.tensor([1, 4]), g, "rowwise_adagrad", {}, 1)
+    torch.testing.assert_close(state[[1, 4], 1], g.pow(2).mean(1))  # the accumulator, beside the step count
+    assert state[[1, 4], 0].view(torch.int32).tolist() == [1, 1]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES[4:6], ids=IDS[4:6])
+@pytest.mark.parametrize("case", CASES[4:6] + CASES[15:16], ids=IDS[4:6] + IDS[15:16])
 def test_gpu_resident_table_matches_torch_optim(case):
     check_against_torch(case, "cuda")
 
