@@ -3,7 +3,9 @@
 # benchmark, the CPU-path benchmark, and (SANITIZE=1) compute-sanitizer over the GPU tests. TRAIN=1 adds
 # bench/train.py (TRAIN_ARGS passes options; SCALE_ROWS=N adds its scale run), RACECHECK=1 compute-sanitizer
 # racecheck, LOADTEST=1 the server's load test on CPU and GPU, FUSED=1 the fused-step kernel variants, CONTIG=1
-# bench/contiguous.py, TESTS=0 / DEMO=0 skip the tests / info+demo, TRANSFER=0 stops before the transfer benchmarks.
+# bench/contiguous.py, DIST=1 the distributed table (bench/distributed.py at world sizes 1 and 2, and with 2+ GPUs
+# tests/python/test_distributed.py again with NCCL), TESTS=0 / DEMO=0 skip the tests / info+demo, TRANSFER=0 stops
+# before the transfer benchmarks.
 # Logs and JSON go to $OUT (or bench/out). Usage: bash bench/device_run.sh [transfer bench args...]
 set -u
 OUT=${OUT:-bench/out}
@@ -83,6 +85,14 @@ if [ "${LOADTEST:-0}" = 1 ]; then
     $PY torchscript_examples/load_test.py --server build/torchscript_examples/speedtorch_server \
       --model /tmp/lt_model.pt --clients 16 --requests 400 --threads 16 --device $dev 2>&1 | grep -v Warn | tail -12
   done
+fi
+
+if [ "${DIST:-0}" = 1 ]; then
+  step distributed
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    SPEEDTORCH_TEST_DIST_BACKEND=nccl $PY -m pytest tests/python/test_distributed.py -q -p no:cacheprovider -rf       >"$OUT/distributed_nccl.log" 2>&1; echo "distributed tests (NCCL) rc=$?"; tail -3 "$OUT/distributed_nccl.log"
+  fi
+  $PY bench/distributed.py ${DIST_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/distributed.log" | tail -6
 fi
 
 if [ "${CONTIG:-0}" = 1 ]; then
