@@ -397,3 +397,25 @@ def test_a_read_only_mapped_table_serves_in_a_host_embedding(tmp_path):
     module(torch.tensor([2])).sum().backward()
     with pytest.raises(RuntimeError, match="read-only"):
         module.step()
+
+
+def test_create_makes_zero_files_that_open_shares(tmp_path):
+    """PinnedEmbedding.create: zero rows and state over new files (what the distributed table shares per host)."""
+    path = str(tmp_path / "shared")
+    a = speedtorch.PinnedEmbedding.create(path, 300, 8, torch.bfloat16, "adam", {"lr": 0.1})
+    assert a.mapping() == "r+" and a.table().dtype == torch.bfloat16 and a.state().shape == (300, 4 + 2 * 8)
+    assert torch.count_nonzero(a.table()) == 0 and torch.count_nonzero(a.state()) == 0
+    b = speedtorch.PinnedEmbedding.open(path, "r+")  # another mapping of the same pages
+    a.apply_gradients(torch.tensor([5, 7]), torch.ones(2, 8))
+    assert torch.equal(b.table(), a.table()) and torch.equal(b.state(), a.state())
+    assert torch.count_nonzero(b.table()[5]) == 8
+    a.flush()
+    assert np.load(path + ".npy").shape == (300, 8)  # files NumPy reads
+    assert speedtorch.PinnedEmbedding.load(path, True).optimizer() == "adam"  # hashes match the contents
+    with pytest.raises(RuntimeError, match="File exists"):
+        speedtorch.PinnedEmbedding.create(path, 300, 8, torch.float32, "", {})
+    with pytest.raises(RuntimeError, match="num_rows must be > 0"):
+        speedtorch.PinnedEmbedding.create(str(tmp_path / "empty"), 0, 8, torch.float32, "", {})
+    with pytest.raises(RuntimeError, match="unknown optimizer"):
+        speedtorch.PinnedEmbedding.create(str(tmp_path / "bad"), 10, 8, torch.float32, "adamm", {})
+    assert not any(p.name.startswith("bad") for p in tmp_path.iterdir())  # nothing half-made is left
