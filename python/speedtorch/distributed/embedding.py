@@ -45,7 +45,7 @@ class DistributedHostEmbedding(HostEmbedding):
         table.normal_(0.0, init_std, seed)
         super().__init__(num_embeddings, embedding_dim, mode=mode, optimizer=optimizer,
                          optimizer_options=optimizer_options, device=device, dtype=dtype, table=table)
-        self._mesh = DeviceMesh.from_group(table._control, "cpu")
+        self._mesh = DeviceMesh.from_group(table.control_group, "cpu")
         self._awaiting_step = False  # a forward ran whose update step() has not applied yet
         self._queued_prefetch: Optional[torch.Tensor] = None
 

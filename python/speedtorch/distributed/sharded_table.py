@@ -54,7 +54,7 @@ class ShardedHostTable:
         options = {k: float(v) for k, v in (options or {}).items()}
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("ShardedHostTable: call torch.distributed.init_process_group first")
-        self._control = _control_group()
+        self.control_group = _control_group()
         if local_world_size is None:
             local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
         self._check_same_everywhere(num_rows=num_rows, dim=dim, dtype=str(dtype), optimizer=optimizer,
@@ -83,7 +83,7 @@ class ShardedHostTable:
     def _check_same_everywhere(self, **config) -> None:
         # Before any other collective: a rank whose table differs would otherwise hang or corrupt the others.
         everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, config, group=self._control)
+        dist.all_gather_object(everyone, config, group=self.control_group)
         for rank, other in enumerate(everyone):
             for name, value in other.items():
                 if value != everyone[0][name]:
@@ -167,7 +167,7 @@ class ShardedHostTable:
         """N(mean, std^2) rows whose values depend only on ``seed`` and the row, not on the world size."""
         if seed is None:
             seed_list = [int(torch.randint(0, 2**62, ()))]
-            dist.broadcast_object_list(seed_list, src=0, group=self._control)
+            dist.broadcast_object_list(seed_list, src=0, group=self.control_group)
             seed = seed_list[0]
         start, end = self.layout.rank_range(self.layout.topology.rank)
         mine = self.rank_rows(self.table())
