@@ -17,8 +17,10 @@ import torch.nn.functional as F
 
 from . import PinnedEmbedding
 from .placement import DeviceTable, HybridTable
+from .table_state import copy_table_entries, load_table_entries, set_table_extra_state, table_entries, table_extra_state
+from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding"]
+__all__ = ["HostEmbedding", "track_table_state"]
 
 
 class _HostRows(torch.autograd.Function):
@@ -251,44 +253,18 @@ class HostEmbedding(torch.nn.Module):
 
     # --- persistence -------------------------------------------------------------------------------------------
 
-    # state_dict: the table, its optimizer state and step count as tensors that share the table's memory (no copy),
-    # so torch.save, training frameworks and torch.distributed.checkpoint keep the embedding like any parameter.
-    # load_state_dict writes them back in place. The optimizer's name and options travel as extra state.
+    # state_dict: the table, its optimizer state and step count, sharing the table's memory, and the optimizer as
+    # extra state (speedtorch/table_state.py); load_state_dict writes them back in place.
 
     def _table_tensors(self) -> dict:
         """The state_dict entries (name -> tensor); subclasses may return other tensor types (DTensor)."""
-        out = {"weight": self.table.table()}
-        if self.table.optimizer():
-            out["optimizer_state"] = self.table.state()
-        out["optimizer_step"] = torch.tensor(self.table.step_count(), dtype=torch.int64)
-        return out
+        return table_entries(self.table)
 
     def get_extra_state(self) -> dict:
-        return {"format": "speedtorch.HostEmbedding/1", "optimizer": self.table.optimizer(),
-                "optimizer_options": dict(self.table.optimizer_options())}
+        return table_extra_state(self.table)
 
     def set_extra_state(self, state) -> None:
-        if not isinstance(state, dict) or state.get("format") != "speedtorch.HostEmbedding/1":
-            raise RuntimeError(f"{type(self).__name__}.load_state_dict: _extra_state is not a HostEmbedding's "
-                               f"(got {type(state).__name__}); the checkpoint was written by another module")
-        optimizer, options = state["optimizer"], {k: float(v) for k, v in state["optimizer_options"].items()}
-        if optimizer != self.table.optimizer():
-            raise RuntimeError(f"{type(self).__name__}.load_state_dict: the checkpoint's optimizer is "
-                               f"{optimizer or 'none'!r}, this module's is {self.table.optimizer() or 'none'!r}; "
-                               f"build the module with optimizer={optimizer!r}")
-        if options != dict(self.table.optimizer_options()):
-            # As torch.optim's load_state_dict restores lr & co: the checkpoint's options win (the state is
-            # loaded right after, so resetting it here loses nothing).
-            self._set_optimizer_options(optimizer, options)
-
-    def _set_optimizer_options(self, optimizer: str, options: dict) -> None:
-        if not hasattr(self.table, "set_optimizer"):
-            raise RuntimeError(f"{type(self).__name__}.load_state_dict: the checkpoint's optimizer options "
-                               f"{options} differ from this module's {dict(self.table.optimizer_options())}, and a "
-                               f"{type(self.table).__name__} cannot change them; build the module with them")
-        weight, state = self.table.table(), self.table.state()
-        beside = state is not None and weight.stride(0) != weight.shape[1]
-        self.table.set_optimizer(optimizer, options, beside)
+        set_table_extra_state(self.table, state, type(self).__name__)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -301,38 +277,18 @@ class HostEmbedding(torch.nn.Module):
         our_keys = {prefix + name for name in self._table_tensors()}
         rest = {k: v for k, v in state_dict.items() if k not in our_keys}
         super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        ours = self._table_tensors()  # set_extra_state may have re-laid the optimizer state out
-        found = {}
-        for name, target in ours.items():
-            key = prefix + name
-            if key not in state_dict:
-                missing_keys.append(key)
-                continue
-            value = state_dict[key]
-            if not isinstance(value, torch.Tensor):
-                error_msgs.append(f"{key}: expected a tensor, got {type(value).__name__}")
-            elif tuple(value.shape) != tuple(target.shape):
-                error_msgs.append(f"size mismatch for {key}: the checkpoint holds shape {tuple(value.shape)}, this "
-                                  f"{type(self).__name__} has {tuple(target.shape)}")
-            else:
-                found[name] = value
-        if len(found) != len(ours) or error_msgs:
+                                      error_msgs)  # the extra state first: it may re-lay the optimizer state out
+        found = load_table_entries(self._table_tensors(), state_dict, prefix, missing_keys, error_msgs,
+                                   type(self).__name__)
+        if found is None or error_msgs:
             return  # nothing is written unless every entry fits
         self._sync_for_host_access()
-        with torch.no_grad():
-            self._copy_table_tensors(found)
+        self._copy_table_tensors(found)
         self._pending.clear()
         self._prefetched = None
 
     def _copy_table_tensors(self, found: dict) -> None:
-        """Writes loaded entries into the table, in place."""
-        self.table.copy_(found["weight"])
-        if "optimizer_state" in found:
-            state = self.table.state()
-            if state.data_ptr() != found["optimizer_state"].data_ptr():
-                state.copy_(found["optimizer_state"])
-        self.table.set_step_count(int(found["optimizer_step"]))
+        copy_table_entries(self.table, found)
 
     def _sync_for_host_access(self) -> None:
         # Updates still running on the GPU must land before the host rows are handed out or overwritten.

@@ -1,0 +1,123 @@
+"""A table's entries in a module's ``state_dict``: its rows, optimizer state and step count as tensors that share
+the table's memory (no copy), and its optimizer's name and options as extra state, so ``torch.save``, training
+frameworks and ``torch.distributed.checkpoint`` keep an embedding table like any parameter; loading writes them
+back in place and refuses entries of another shape.
+
+:class:`speedtorch.nn.HostEmbedding` (every placement, and the distributed module) keeps its table this way; a
+module that holds a :class:`speedtorch.PinnedEmbedding` itself calls :func:`track_table_state` once.
+
+Entries under the table's prefix: ``weight``, ``optimizer_state`` (when there is an optimizer), ``optimizer_step``
+and ``_extra_state`` (``{"format", "optimizer", "optimizer_options"}``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = ["track_table_state", "table_entries", "table_extra_state", "set_table_extra_state", "load_table_entries"]
+
+FORMAT = "speedtorch.HostEmbedding/1"
+
+
+def table_entries(table) -> dict:
+    out = {"weight": table.table()}
+    if table.optimizer():
+        out["optimizer_state"] = table.state()
+    out["optimizer_step"] = torch.tensor(table.step_count(), dtype=torch.int64)
+    return out
+
+
+def table_extra_state(table) -> dict:
+    return {"format": FORMAT, "optimizer": table.optimizer(), "optimizer_options": dict(table.optimizer_options())}
+
+
+def set_table_extra_state(table, state, owner: str) -> None:
+    """Checks a checkpoint's optimizer against the table's; its options win (as torch.optim's load_state_dict
+    restores lr & co), re-configuring the optimizer when they differ (its state is loaded right after)."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise RuntimeError(f"{owner}.load_state_dict: _extra_state is not a speedtorch table's (got "
+                           f"{type(state).__name__}); the checkpoint was written by another module")
+    optimizer, options = state["optimizer"], {k: float(v) for k, v in state["optimizer_options"].items()}
+    if optimizer != table.optimizer():
+        raise RuntimeError(f"{owner}.load_state_dict: the checkpoint's optimizer is {optimizer or 'none'!r}, this "
+                           f"table's is {table.optimizer() or 'none'!r}; build it with optimizer={optimizer!r}")
+    if options == dict(table.optimizer_options()):
+        return
+    if not hasattr(table, "set_optimizer"):
+        raise RuntimeError(f"{owner}.load_state_dict: the checkpoint's optimizer options {options} differ from this "
+                           f"table's {dict(table.optimizer_options())}, and a {type(table).__name__} cannot change "
+                           f"them; build it with them")
+    weight, state_rows = table.table(), table.state()
+    table.set_optimizer(optimizer, options, state_rows is not None and weight.stride(0) != weight.shape[1])
+
+
+def load_table_entries(targets: dict, state_dict, prefix: str, missing_keys: list, error_msgs: list,
+                       owner: str):
+    """The checkpoint's entries for ``targets`` (name -> the table's tensor), or None (with the reason recorded in
+    ``missing_keys`` / ``error_msgs``) unless every one is there with the right shape."""
+    found = {}
+    for name, target in targets.items():
+        key = prefix + name
+        if key not in state_dict:
+            missing_keys.append(key)
+            continue
+        value = state_dict[key]
+        if not isinstance(value, torch.Tensor):
+            error_msgs.append(f"{key}: expected a tensor, got {type(value).__name__}")
+        elif tuple(value.shape) != tuple(target.shape):
+            error_msgs.append(f"size mismatch for {key}: the checkpoint holds shape {tuple(value.shape)}, this "
+                              f"{owner} has {tuple(target.shape)}")
+        else:
+            found[name] = value
+    return found if len(found) == len(targets) else None
+
+
+@torch.no_grad()
+def copy_table_entries(table, found: dict) -> None:
+    """Writes loaded entries into the table, in place (entries that already are the table's tensors are skipped)."""
+    table.copy_(found["weight"])
+    if "optimizer_state" in found:
+        state = table.state()
+        if state.data_ptr() != found["optimizer_state"].data_ptr():
+            state.copy_(found["optimizer_state"])
+    table.set_step_count(int(found["optimizer_step"]))
+
+
+def _save_hook(name, module, state_dict, prefix, local_metadata):  # noqa: ARG001
+    table = getattr(module, name)
+    for entry, value in table_entries(table).items():
+        state_dict[f"{prefix}{name}.{entry}"] = value
+    state_dict[f"{prefix}{name}._extra_state"] = table_extra_state(table)
+
+
+def _load_hook(name, module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,  # noqa: ARG001
+               error_msgs):
+    table, owner = getattr(module, name), f"{type(module).__name__}.{name}"
+    ours = f"{prefix}{name}."
+    extra = ours + "_extra_state"
+    if extra in state_dict:
+        set_table_extra_state(table, state_dict[extra], owner)
+    else:
+        missing_keys.append(extra)
+    targets = table_entries(table)
+    found = load_table_entries(targets, state_dict, ours, missing_keys, error_msgs, owner)
+    for key in [k for k in state_dict if k.startswith(ours)]:  # taken here, so the module reports none of them
+        if key != extra and key[len(ours):] not in targets:
+            unexpected_keys.append(key)
+        del state_dict[key]
+    if found is not None and extra not in missing_keys and not error_msgs:
+        copy_table_entries(table, found)
+
+
+def track_table_state(module: torch.nn.Module, name: str) -> torch.nn.Module:
+    """Makes ``module.<name>`` (a :class:`speedtorch.PinnedEmbedding` attribute) part of ``module.state_dict()`` and
+    ``load_state_dict()``: ``<name>.weight``, ``<name>.optimizer_state``, ``<name>.optimizer_step`` and
+    ``<name>._extra_state``. Call it once, after setting the attribute; returns ``module``."""
+    if not isinstance(getattr(module, name, None), torch.ScriptObject):
+        raise TypeError(f"track_table_state: {type(module).__name__}.{name} is not a speedtorch.PinnedEmbedding")
+    post_hook = getattr(module, "register_state_dict_post_hook", None) or module._register_state_dict_hook
+    post_hook(functools.partial(_save_hook, name))
+    module.register_load_state_dict_pre_hook(functools.partial(_load_hook, name))
+    return module
