@@ -29,7 +29,7 @@ from .ops import (  # noqa: E402
 PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
 
 from .jit_save import jit_save  # noqa: E402
-from . import data, nn, placement  # noqa: E402  (.npy files; HostEmbedding; gpu / hybrid placement)
+from . import data, nn, optim, placement  # noqa: E402  (.npy files; HostEmbedding; gpu / hybrid placement)
 from . import compat  # noqa: E402  (SpeedTorch 0.x's API over the ops; docs/migration.md)
 
 __version__ = "0.1.0"
@@ -50,6 +50,7 @@ __all__ = [
     "gather",
     "jit_save",
     "nn",
+    "optim",
     "library_path",
     "pinned_empty",
     "placement",

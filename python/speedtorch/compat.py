@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from . import data as _data
+from . import optim as _optim
 from .ops import gather, pinned_empty, scatter_
 
 __all__ = [
@@ -429,6 +430,8 @@ _STATE_LAYOUTS: dict[type, Callable[[dict], tuple[dict, dict]]] = {
     torch.optim.ASGD: lambda g: ({"ax": 0.0}, {"step": 0.0, "eta": float(g["lr"]), "mu": 1.0}),
     torch.optim.Rprop: lambda g: ({"prev": 0.0, "step_size": float(g["lr"])}, {"step": 0.0}),
     torch.optim.SGD: lambda g: ({"momentum_buffer": 0.0} if g["momentum"] != 0 else {}, {}),
+    # Rows of rows x 4 float32 (step count bits, accumulator): created by the optimizer's own init_state.
+    _optim.RowwiseAdagrad: lambda g: ({"state_rows": 0.0}, {}),
 }
 
 
@@ -501,13 +504,17 @@ class OptimizerFactory:
         group = self._group_of_parameter()
         row_fills, scalars = self._layout(group)
         state = self.given_optimizer.state[self.parameter]
-        if not state:
+        if not state and hasattr(self.given_optimizer, "init_state"):  # speedtorch.optim's own layouts
+            state = self.given_optimizer.init_state(self.parameter)
+        elif not state:
             for name in row_fills:
                 state[name] = torch.zeros_like(self.parameter, memory_format=torch.preserve_format)
             state.update(scalars)
             self.given_optimizer.__setstate__(self.given_optimizer.__getstate__())
+        # State with a row per parameter row: param-shaped (torch.optim's) or rows x k (row-wise Adagrad's).
         row_shaped = [name for name, value in state.items()
-                      if isinstance(value, torch.Tensor) and value.shape == self.parameter.shape]
+                      if isinstance(value, torch.Tensor) and value.dim() == 2
+                      and value.shape[0] == self.parameter.shape[0]]
         missing = [name for name in row_fills if name not in row_shaped]
         if missing:
             raise ValueError(f"{self._where}.optInit: the optimizer's state for model.{self.variable_name} has no "
@@ -515,8 +522,10 @@ class OptimizerFactory:
                              f"state was created?)")
         self.collections = {}
         for name in row_shaped:
-            collection = _allocate((self.total_classes, self.embed_dimension), self.dtype, self.CPUPinn,
-                                   self.parameter.device)
+            held = state[name]
+            # Float32 state rows holding bit patterns (a step count) must not be converted to `dtype`.
+            dtype = self.dtype if held.shape == self.parameter.shape else held.dtype
+            collection = _allocate((self.total_classes, held.shape[1]), dtype, self.CPUPinn, self.parameter.device)
             fill = row_fills.get(name, 0.0)  # state a newer torch adds: assumed to start at zero
             if fill != 0.0:
                 collection.fill_(fill)

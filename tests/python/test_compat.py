@@ -293,12 +293,15 @@ OPTIMIZER_CASES = [
     pytest.param(torch.optim.RMSprop, {"lr": 0.01, "momentum": 0.5, "centered": True}, id="RMSprop"),
     pytest.param(torch.optim.ASGD, {"lr": 0.05, "t0": 2.0, "lambd": 1e-3}, id="ASGD"),
     pytest.param(torch.optim.Rprop, {"lr": 0.05}, id="Rprop"),
+    pytest.param(speedtorch.optim.RowwiseAdagrad, {"lr": 0.1, "weight_decay": 0.01, "initial_accumulator_value": 0.1},
+                 id="RowwiseAdagrad"),
 ]
 
 
 def row_state(state: dict, parameter: torch.Tensor) -> dict:
+    """State with a row per parameter row: torch.optim's (parameter-shaped) and row-wise Adagrad's (rows x 4)."""
     return {name: value for name, value in state.items()
-            if isinstance(value, torch.Tensor) and value.shape == parameter.shape}
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[0] == parameter.shape[0]}
 
 
 def scalar_state(state: dict, parameter: torch.Tensor) -> dict:

@@ -166,3 +166,37 @@ def test_gpu_resident_table_matches_torch_optim(case):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_half_tables(dtype):
     check_against_torch(CASES[4], "cuda", table_dtype=dtype, pinned=True, fraction=1.0)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_rowwise_adagrad_torch_optimizer_equals_the_reference(sparse):
+    """speedtorch.optim.RowwiseAdagrad (the fused op on a parameter's rows) against plain torch."""
+    from helpers import RowwiseAdagrad as Reference
+
+    options = {"lr": 0.1, "weight_decay": 0.01, "initial_accumulator_value": 0.1}
+    start = torch.randn(30, 6)
+    ours, theirs = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    opt, ref = speedtorch.optim.RowwiseAdagrad([ours], **options), Reference([theirs], **options)
+    for step in range(4):
+        rows = torch.randperm(30)[:10]
+        grad = torch.zeros(30, 6)
+        grad[rows] = torch.randn(10, 6)
+        ours.grad = grad.to_sparse(1) if sparse else grad.clone()  # as nn.Embedding(sparse=True)
+        theirs.grad = grad.clone()
+        opt.step()
+        if sparse:  # a sparse gradient moves only its rows: the reference must leave the others alone too
+            keep, keep_sum = theirs.detach().clone(), ref.state[theirs]["sum"].clone() if ref.state[theirs] else None
+            ref.step()
+            untouched = torch.ones(30, dtype=torch.bool)
+            untouched[rows] = False
+            with torch.no_grad():
+                theirs[untouched] = keep[untouched]
+                if keep_sum is not None:
+                    ref.state[theirs]["sum"][untouched] = keep_sum[untouched]
+                else:
+                    ref.state[theirs]["sum"][untouched] = options["initial_accumulator_value"]
+        else:
+            ref.step()
+    torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        speedtorch.optim.RowwiseAdagrad([torch.nn.Parameter(torch.ones(3))]).init_state(torch.ones(3))
