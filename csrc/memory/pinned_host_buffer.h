@@ -98,8 +98,17 @@ bool cuda_device_available();
 // cudaHostRegister'ed range). Unlike Tensor::is_pinned(), it does not depend on PyTorch having initialised CUDA.
 bool is_pinned_host_memory(const void* ptr);
 
-// Whether `ptr` lies in a PinnedHostBuffer registered for GPU reads only: GPU kernels must not write there (the
-// write would be an illegal address that ruins the CUDA context), so the operators refuse before launching.
+// Whether `ptr` lies in a PinnedHostBuffer that GPUs may only read (a mode 'r' mapping, pinned or not, or an 'r+'
+// one registered read-only): GPU kernels must not write there (the write would be an illegal address that ruins
+// the CUDA context), so the operators refuse before launching.
 bool is_device_read_only_host_memory(const void* ptr);
+
+// Whether `ptr` lies in a PinnedHostBuffer mapping a file read-only (mode 'r'), pinned or not: a CPU write there
+// is a SIGSEGV that kills the process.
+bool is_read_only_host_memory(const void* ptr);
+
+// Throws c10::Error naming `op` and `arg` when `tensor` is host memory mapped read-only (is_read_only_host_memory).
+// Every operator that writes a caller's tensor calls it before writing.
+void check_host_memory_writable(const at::Tensor& tensor, const char* op, const char* arg);
 
 }  // namespace speedtorch
