@@ -24,6 +24,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
 #include <torch/version.h>
+
+#include "transfer/host_access_tracker.h"
 #endif
 
 namespace speedtorch {
@@ -214,6 +216,8 @@ void PinnedHostBuffer::pin() {
 void PinnedHostBuffer::unpin() {
 #ifdef SPEEDTORCH_WITH_CUDA
   if (pinned_) {
+    // Kernels still queued on the memory must finish before it leaves the GPU's address space.
+    release_uva_accesses_in(data_, mapped_size_);
     if (device_read_only_ && mapping_ != FileMapping::kReadOnly) remove_read_only_range(data_);
     device_read_only_ = false;
     C10_CUDA_CHECK(cudaHostUnregister(data_));
@@ -238,6 +242,9 @@ PinnedHostBuffer::~PinnedHostBuffer() {
   remove_read_only_range(data_);  // the address range may be reused by writable memory next
 #ifdef SPEEDTORCH_WITH_CUDA
   if (pinned_) {
+    // UVA kernels still queued on the memory (a table dropped right after a scatter_ from the GPU, or after an
+    // optimizer step) would touch it after munmap: wait for them first.
+    release_uva_accesses_in(data_, mapped_size_);
     // Never throw from a destructor; an unregister failure (e.g. at driver shutdown) only leaks the lock.
     if (cudaHostUnregister(data_) != cudaSuccess) (void)cudaGetLastError();
   }

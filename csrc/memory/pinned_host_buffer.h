@@ -32,7 +32,8 @@ enum class FileMapping {
 
 class PinnedHostBuffer {
  public:
-  // Allocates `bytes` (> 0) of zeroed host memory and page-locks it when a CUDA device is present.
+  // Allocates `bytes` (> 0) of zeroed host memory and page-locks it when a CUDA device is present. Destruction
+  // waits for the UVA kernels still queued on the memory before it is unregistered and unmapped.
   // Throws c10::Error with an actionable message when the memory cannot be had.
   explicit PinnedHostBuffer(std::size_t bytes, bool pin = true);
   // Maps the whole (non-empty) file at `path` as `mapping` says (not kNone), page-locked when `pin` and a CUDA
@@ -56,7 +57,8 @@ class PinnedHostBuffer {
 
   // Page-locks and registers the memory with CUDA when a device is present (a no-op when already pinned).
   void pin();
-  // Unregisters the memory from CUDA (no GPU work may use it any more) so that discard() can release it.
+  // Unregisters the memory from CUDA so that discard() can release it, after waiting for the GPU work still queued
+  // on it (transfer/host_access_tracker.h).
   void unpin();
   // Returns the whole pages inside [offset, offset + bytes) to the OS (they read as zero afterwards). Used to
   // release a table while it is copied into a new layout, so both never exist at full size. Needs unpin() first.

@@ -232,3 +232,45 @@ def test_large_transfer_with_the_default_policy():
     speedtorch.scatter_(table, indices, src)
     torch.cuda.synchronize()
     torch.testing.assert_close(table, expected, rtol=0, atol=0)
+
+
+def _keep_stream_busy() -> None:
+    """Queues ~0.5 s of GPU work on the current stream, so what is launched next is still queued afterwards."""
+    torch.cuda._sleep(1_000_000_000)
+
+
+def test_freeing_a_table_waits_for_its_queued_scatter():
+    """A temporary pinned table dropped right after a scatter_ from the GPU was unmapped under the queued kernel
+    (issue 13): releasing the memory now waits for the kernels still using it."""
+    force_split(1.0)
+    table = speedtorch.pinned_empty(2000, 64)
+    indices = torch.randint(0, 2000, (1000,))  # CPU indices: validated on the host, so nothing waits for the stream
+    src = torch.randn(1000, 64, device="cuda")
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    _keep_stream_busy()
+    speedtorch.scatter_(table, indices, src)
+    assert not stream.query(), "the scatter kernel should still be queued behind the sleep"
+    del table
+    assert stream.query(), "freeing the table returned before the kernel writing it had finished"
+    torch.cuda.synchronize()  # the context is intact
+
+
+def test_freeing_an_embedding_waits_for_its_queued_step():
+    """The same for a PinnedEmbedding dropped right after an optimizer step from GPU gradients. The step waits for
+    its stream while it de-duplicates the batch, so the update kernel is kept busy by its size instead: every row of
+    a 300 MB table and its Adam state, over PCIe."""
+    num_rows, dim = 200_000, 128
+    emb = speedtorch.PinnedEmbedding(num_rows, dim, torch.float32)
+    emb.set_optimizer("adam", {"lr": 0.01}, True)
+    indices = torch.randperm(num_rows)
+    grad = torch.randn(num_rows, dim, device="cuda")
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    emb.apply_gradients(indices, grad)
+    queued = not stream.query()
+    del emb
+    assert stream.query(), "freeing the table returned before the step updating it had finished"
+    torch.cuda.synchronize()  # the context is intact
+    if not queued:
+        pytest.skip("the step had finished before the table was freed; nothing was left to wait for")
