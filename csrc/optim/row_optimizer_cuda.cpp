@@ -63,8 +63,8 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
   if (config.uva_fraction < 0) {
     plan.uva_rows = count;
   } else {
-    plan = plan_transfer(config, TransferDirection::kHostToDevice, touched_bytes(num_rows, record_stride, span),
-                         row_bytes, count, at::get_num_threads());
+    plan = plan_transfer(config, touched_bytes(num_rows, record_stride, span), row_bytes, count,
+                         at::get_num_threads());
   }
   const void* weights_key = weights.storage().data();
   const void* state_key = state.storage().data();

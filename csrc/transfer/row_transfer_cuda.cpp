@@ -100,11 +100,19 @@ c10::cuda::CUDAStream copy_stream_after(const c10::cuda::CUDAStream& stream, cud
   return copy;
 }
 
+// Whole rows per chunk: at least one, the ring being sized for the rows (staging_chunk_bytes_for).
+int64_t rows_per_staging_chunk(const StagingRing& ring, const HostRows& rows) {
+  const int64_t n = ring.chunk_bytes() / rows.row_bytes;
+  TORCH_INTERNAL_ASSERT(n >= 1, "staging chunk of ", ring.chunk_bytes(), " bytes cannot hold a row of ",
+                        rows.row_bytes, " bytes");
+  return n;
+}
+
 // Staged gather of positions [first, count): CPU threads fill a chunk, the copy engine moves it while the next fills.
 template <typename Index>
 void staged_gather(const HostRows& rows, const Index* host_idx, int64_t first, int64_t count, char* out_device,
                    StagingRing& ring, cudaStream_t copy) {
-  const int64_t rows_per_chunk = std::max<int64_t>(1, ring.chunk_bytes() / rows.row_bytes);
+  const int64_t rows_per_chunk = rows_per_staging_chunk(ring, rows);
   int slot = 0;
   for (int64_t begin = first; begin < count; begin += rows_per_chunk, slot = (slot + 1) % StagingRing::kChunks) {
     const int64_t n = std::min(rows_per_chunk, count - begin);
@@ -120,7 +128,7 @@ void staged_gather(const HostRows& rows, const Index* host_idx, int64_t first, i
 template <typename Index>
 void staged_scatter(const HostRows& rows, const Index* host_idx, int64_t first, int64_t count, const char* src_device,
                     const uint8_t* host_keep, StagingRing& ring, cudaStream_t copy) {
-  const int64_t rows_per_chunk = std::max<int64_t>(1, ring.chunk_bytes() / rows.row_bytes);
+  const int64_t rows_per_chunk = rows_per_staging_chunk(ring, rows);
   const int64_t chunks = (count - first + rows_per_chunk - 1) / rows_per_chunk;
   auto issue = [&](int64_t chunk) {
     const int slot = static_cast<int>(chunk % StagingRing::kChunks);
@@ -158,8 +166,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   // host only when the staged path needs them.
   std::optional<IndexSpan> span = validate_indices(indices, rows.num_rows, stream.stream(), op);
   const int64_t footprint = touched_bytes(rows.num_rows, rows.row_stride_bytes, span);
-  const TransferPlan plan = plan_transfer(config, TransferDirection::kHostToDevice, footprint, rows.row_bytes, count,
-                                          at::get_num_threads());
+  const TransferPlan plan = plan_transfer(config, footprint, rows.row_bytes, count, at::get_num_threads());
   at::Tensor host_idx;
   if (indices.is_cpu() || plan.staged_rows > 0) host_idx = indices.cpu();
   if (!span.has_value() && host_idx.defined()) span = check_host_indices(host_idx, rows.num_rows, op);
@@ -168,7 +175,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   std::optional<BorrowedStagingRing> ring;
   std::optional<c10::cuda::CUDAStream> copy;
   if (plan.staged_rows > 0) {
-    ring.emplace(device, config.staging_chunk_bytes);
+    ring.emplace(device, staging_chunk_bytes_for(config, rows.row_bytes));
     copy = copy_stream_after(stream, (*ring)->start_event(), device);
   }
   if (plan.uva_rows > 0) {
@@ -202,8 +209,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
 
   std::optional<IndexSpan> span = validate_indices(indices, rows.num_rows, stream.stream(), op);
   const int64_t footprint = touched_bytes(rows.num_rows, rows.row_stride_bytes, span);
-  const TransferPlan plan = plan_transfer(config, TransferDirection::kDeviceToHost, footprint, rows.row_bytes, count,
-                                          at::get_num_threads());
+  const TransferPlan plan = plan_transfer(config, footprint, rows.row_bytes, count, at::get_num_threads());
   at::Tensor host_idx;
   if (indices.is_cpu() || plan.staged_rows > 0) host_idx = indices.cpu();
   if (!span.has_value() && host_idx.defined()) span = check_host_indices(host_idx, rows.num_rows, op);
@@ -222,7 +228,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   std::optional<c10::cuda::CUDAStream> copy;
   at::Tensor host_keep;
   if (plan.staged_rows > 0) {
-    ring.emplace(device, config.staging_chunk_bytes);
+    ring.emplace(device, staging_chunk_bytes_for(config, rows.row_bytes));
     copy = copy_stream_after(stream, (*ring)->start_event(), device);
     if (writers.keep.defined()) {
       host_keep = at::empty({plan.staged_rows}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));

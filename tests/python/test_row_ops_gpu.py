@@ -274,3 +274,19 @@ def test_freeing_an_embedding_waits_for_its_queued_step():
     torch.cuda.synchronize()  # the context is intact
     if not queued:
         pytest.skip("the step had finished before the table was freed; nothing was left to wait for")
+
+
+@pytest.mark.parametrize("dim", [1025, 2048])
+def test_rows_wider_than_a_staging_chunk(dim):
+    """A row longer than staging_chunk_bytes was copied into a chunk anyway, past its end (issue 13): a chunk now
+    always holds at least one row."""
+    speedtorch.set_transfer_config(staging_chunk_bytes=4096, uva_fraction=0.0)  # every row staged
+    table = random_table(64, dim, pinned=True)  # float32: 4100 and 8192 bytes a row
+    indices = torch.tensor([5, 0, 63, 5, 17, 40, 41])
+    out = speedtorch.gather(table, indices, device="cuda")
+    torch.testing.assert_close(out.cpu(), table[indices], rtol=0, atol=0)
+    src = torch.randn(7, dim, device="cuda")
+    expected = last_wins_reference(table, indices, src.cpu())
+    speedtorch.scatter_(table, indices.cuda(), src)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(table, expected, rtol=0, atol=0)
