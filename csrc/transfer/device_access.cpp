@@ -7,12 +7,13 @@
 #include <c10/cuda/CUDAException.h>
 
 #include "cuda/device_index_error.h"
+#include "cuda/launch_shape.h"
 
 namespace speedtorch {
 
 int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
 
-int full_grid(int device) { return sm_count(device) * 8; }
+int full_grid(int device) { return sm_count(device) * row_access::kBlocksPerSm; }
 
 int uva_max_blocks(int device, const TransferConfig& config) {
   return static_cast<int>(sm_count(device) * config.uva_blocks_per_sm);
