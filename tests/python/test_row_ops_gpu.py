@@ -290,3 +290,15 @@ def test_rows_wider_than_a_staging_chunk(dim):
     speedtorch.scatter_(table, indices.cuda(), src)
     torch.cuda.synchronize()
     torch.testing.assert_close(table, expected, rtol=0, atol=0)
+
+
+def test_cuda_without_an_index_is_the_current_device():
+    """device='cuda' with CPU indices went to cuda:0 whatever the current device (issue 13). Only a machine with two
+    GPUs tells the two apart; on one, this checks that the rows land on the current device."""
+    table = random_table(10, 4, pinned=True)
+    last = torch.cuda.device_count() - 1
+    with torch.cuda.device(last):
+        out = speedtorch.gather(table, torch.tensor([1, 2]), device="cuda")
+        assert out.device == torch.device("cuda", torch.cuda.current_device())
+        assert out.device.index == last
+    torch.testing.assert_close(out.cpu(), table[[1, 2]], rtol=0, atol=0)
