@@ -194,7 +194,6 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
     C10_CUDA_CHECK(cudaEventRecord((*ring)->done_event(), copy->stream()));
     C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), (*ring)->done_event(), 0));
   }
-  if (!span.has_value()) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
@@ -251,33 +250,32 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
     });
     // Every chunk copy (and the keep copy before them) was waited for: the copy stream holds nothing of ours.
   }
-  if (!span.has_value()) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 void gather_cuda_table(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
   const int device = table.get_device();
   c10::cuda::CUDAGuard guard(table.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  const bool validated = validate_indices(indices, table.size(0), stream.stream(), op).has_value();
+  // Bad indices raise here; in deferred mode or under capture the kernels flag them (cuda/device_index_error.h).
+  validate_indices(indices, table.size(0), stream.stream(), op);
   const at::Tensor dev_idx = indices_on(indices, table.device());
   launch_row_gather(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
                     static_cast<char*>(out.data_ptr()), device_index_error_record(device),
                     full_grid(device), stream.stream());
-  if (!validated) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 void scatter_cuda_table(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
   const int device = table.get_device();
   c10::cuda::CUDAGuard guard(table.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  const bool validated = validate_indices(indices, table.size(0), stream.stream(), op).has_value();
+  // Bad indices raise here; in deferred mode or under capture the kernels flag them (cuda/device_index_error.h).
+  validate_indices(indices, table.size(0), stream.stream(), op);
   const at::Tensor dev_idx = indices_on(indices, table.device());
   const WriterMask writers = mark_writers(dev_idx, table.size(0), device, stream.stream());
   launch_row_scatter(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
                      static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
                      writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device), full_grid(device),
                      stream.stream());
-  if (!validated) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 }  // namespace speedtorch

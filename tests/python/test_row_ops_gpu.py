@@ -302,3 +302,43 @@ def test_cuda_without_an_index_is_the_current_device():
         assert out.device == torch.device("cuda", torch.cuda.current_device())
         assert out.device.index == last
     torch.testing.assert_close(out.cpu(), table[[1, 2]], rtol=0, atol=0)
+
+
+def test_index_errors_stay_with_their_call():
+    """A bad index raises in the call (and thread) that passed it; another thread's good calls never see it, and a
+    deferred error is left for check_index_errors, not raised by a later checked call."""
+    import threading
+
+    table = random_table(100, 8, pinned=True)
+    good = torch.randint(0, 100, (64,), device="cuda")
+    bad = good.clone()
+    bad[7] = 100
+    errors = {"good": [], "bad": 0}
+
+    def good_calls():
+        try:
+            for _ in range(50):
+                speedtorch.gather(table, good)
+        except Exception as error:  # noqa: BLE001 - any error here is the failure
+            errors["good"].append(error)
+
+    def bad_calls():
+        for _ in range(50):
+            with pytest.raises(IndexError, match="holds 100 at flat position 7"):
+                speedtorch.gather(table, bad)
+            errors["bad"] += 1
+
+    threads = [threading.Thread(target=good_calls), threading.Thread(target=bad_calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == {"good": [], "bad": 50}
+
+    speedtorch.set_deferred_index_checks(True)
+    speedtorch.gather(table, bad)  # flagged by the kernel, not raised
+    speedtorch.set_deferred_index_checks(False)
+    speedtorch.gather(table, good)  # a checked call does not raise the deferred error
+    with pytest.raises(IndexError, match="holds 100 at flat position 7"):
+        speedtorch.check_index_errors()
+    speedtorch.check_index_errors()  # cleared
