@@ -8,7 +8,6 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -43,8 +42,11 @@ std::array<Shard, kShards>& shards() {
 }
 
 Shard& shard_of(const void* key) {
-  // Tables start on page boundaries (or at offsets within one buffer): hash the address, not its low bits.
-  return shards()[std::hash<std::uintptr_t>{}(reinterpret_cast<std::uintptr_t>(key) >> 6) % kShards];
+  // Tables start on page boundaries, so the low bits of their addresses are all zero (std::hash is the identity
+  // here): take the top bits of a multiplicative (Fibonacci) hash instead.
+  const uint64_t mixed = static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(key)) * 0x9E3779B97F4A7C15ull;
+  static_assert(kShards == 16, "the shift below takes 4 bits");
+  return shards()[mixed >> 60];
 }
 
 cudaEvent_t take_event_locked(Shard& s, int device) {
@@ -137,6 +139,8 @@ void release_uva_accesses_in(const void* begin, std::size_t bytes) noexcept {
         const cudaError_t err = cudaEventSynchronize(p.event);
         if (err != cudaSuccess) {
           (void)cudaGetLastError();
+          // At process exit the runtime may be gone before the last tables: nothing runs any more, say nothing.
+          if (err == cudaErrorCudartUnloading) continue;
           std::fprintf(stderr, "speedtorch: waiting for GPU work on host memory being released failed: %s\n",
                        cudaGetErrorString(err));
         }
