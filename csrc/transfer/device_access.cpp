@@ -1,6 +1,7 @@
 // Shared pieces of the GPU routes (see device_access.h).
 #include "transfer/device_access.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/aminmax.h>
 #include <ATen/ops/stack.h>
@@ -30,6 +31,14 @@ char* mapped_address(const at::Tensor& host, const char* op, const char* arg) {
                 "); allocate it with speedtorch.pinned_empty / speedtorch.PinnedEmbedding or Tensor.pin_memory()");
   }
   return static_cast<char*>(device) + (data - static_cast<char*>(allocation));
+}
+
+void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUDAStream& stream) {
+  const void* allocation = host.storage().data();
+  note_uva_access(allocation, access, stream.device_index(), stream.stream());
+  // A no-op (false) for memory PyTorch's allocator does not own, such as speedtorch's pinned buffers.
+  (void)at::getHostAllocator(at::kCUDA)->record_event(const_cast<void*>(allocation),
+                                                       host.storage().data_ptr().get_context(), stream.unwrap());
 }
 
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device) {

@@ -184,7 +184,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
     const UvaShare share = uva_share(dev_idx, plan.uva_rows, table, footprint, config, device, stream.stream());
     launch_row_gather(gpu_rows(table, mapped_address(table, op, "table")), share.view, out_ptr, device_index_error_record(device),
                       uva_max_blocks(device, config), stream.stream());
-    note_uva_access(key, UvaAccess::kRead, device, stream.stream());
+    note_uva_use(table, UvaAccess::kRead, stream);
   }
   if (plan.staged_rows > 0) {
     wait_for_uva_conflicts(key, UvaAccess::kRead);
@@ -241,7 +241,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
                        static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
                        writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device),
                        uva_max_blocks(device, config), stream.stream());
-    note_uva_access(key, UvaAccess::kWrite, device, stream.stream());
+    note_uva_use(table, UvaAccess::kWrite, stream);
   }
   if (plan.staged_rows > 0) {
     with_index_type(host_idx, [&](const auto* p) {

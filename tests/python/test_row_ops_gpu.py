@@ -256,6 +256,23 @@ def test_freeing_a_table_waits_for_its_queued_scatter():
     torch.cuda.synchronize()  # the context is intact
 
 
+def test_torch_pinned_table_is_not_reused_under_a_queued_scatter():
+    """The same for memory from Tensor.pin_memory(): PyTorch's allocator gave a freed block to the next pin_memory()
+    at once, while our queued kernel still wrote it. The launch now records its stream with that allocator."""
+    force_split(1.0)
+    table = torch.zeros(2000, 64).pin_memory()
+    indices = torch.arange(1000)
+    src = torch.ones(1000, 64, device="cuda")
+    torch.cuda.synchronize()
+    _keep_stream_busy()
+    speedtorch.scatter_(table, indices, src)
+    del table
+    other = torch.empty(2000, 64).pin_memory()  # the same block, if the allocator thought it free
+    other.zero_()
+    torch.cuda.synchronize()
+    assert other.count_nonzero() == 0, "a pinned block was reused while a queued scatter_ still wrote it"
+
+
 def test_freeing_an_embedding_waits_for_its_queued_step():
     """The same for a PinnedEmbedding dropped right after an optimizer step from GPU gradients. The step waits for
     its stream while it de-duplicates the batch, so the update kernel is kept busy by its size instead: every row of
