@@ -99,7 +99,8 @@ void note_uva_access(const void* key, UvaAccess access, int device, cudaStream_t
   Shard& s = shard_of(key);
   std::lock_guard<std::mutex> lock(s.mutex);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  // Tables freed or no longer used leave entries behind: sweep them out once they could make the shard large.
+  // Tables no longer used, and PyTorch's pinned blocks (freed without telling us), leave entries behind: sweep them
+  // out once they could make the shard large.
   if (s.pending.size() >= std::max(s.sweep_at, kFirstSweepAt)) sweep_locked(s);
   auto& list = s.pending[key];
   // Drop what has completed so the list stays as short as the work in flight.
