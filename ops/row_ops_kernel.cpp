@@ -2,6 +2,7 @@
 #include "row_ops_kernel.h"
 
 #include <ATen/ops/empty.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <vector>
@@ -45,9 +46,15 @@ std::vector<int64_t> rows_shape(const at::Tensor& indices, int64_t dim) {
 
 at::Device output_device(const at::Tensor& indices, std::optional<at::Device> device) {
   at::Device d = device.value_or(indices.device());
-  // 'cuda' without an index means the current device, as torch does.
+  // 'cuda' without an index means the indices' GPU when they are on one, else the current device, as torch does.
+  // Without a usable GPU there is no current device to ask for (the driver would fail first): the checks that
+  // follow name the real problem.
   if (d.is_cuda() && !d.has_index()) {
-    d = indices.is_cuda() ? indices.device() : at::Device(at::kCUDA, 0);
+    if (indices.is_cuda()) {
+      d = indices.device();
+    } else if (cuda_device_available()) {
+      d = c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice();
+    }
   }
   return d;
 }

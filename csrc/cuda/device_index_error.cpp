@@ -16,9 +16,10 @@ namespace {
 constexpr int kMaxDevices = 64;
 
 struct Records {
-  std::mutex mutex;
-  std::array<DeviceIndexError*, kMaxDevices> device{};  // device memory, written by kernels
-  std::array<DeviceIndexError*, kMaxDevices> host{};    // pinned mirror read by the host
+  std::mutex allocate_mutex;  // taken only to allocate a device's record
+  std::mutex check_mutex;     // one reader-and-clearer at a time
+  std::array<std::atomic<DeviceIndexError*>, kMaxDevices> device{};  // device memory, written by kernels
+  std::array<DeviceIndexError*, kMaxDevices> host{};                 // pinned mirror read by the host
 };
 
 Records& records() {
@@ -28,51 +29,23 @@ Records& records() {
 
 std::atomic<bool> g_deferred{false};
 
-// Copies the record to the host (caller holds the mutex and has synchronised what must be seen), clears it, and
-// throws if it was flagged.
-void read_and_clear_locked(int device, cudaStream_t stream, const char* op, const char* arg) {
-  Records& r = records();
-  C10_CUDA_CHECK(cudaMemcpyAsync(r.host[device], r.device[device], sizeof(DeviceIndexError), cudaMemcpyDeviceToHost,
-                                 stream));
-  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const DeviceIndexError seen = *r.host[device];
-  if (seen.flag == 0) return;
-  C10_CUDA_CHECK(cudaMemsetAsync(r.device[device], 0, sizeof(DeviceIndexError), stream));
-  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-  TORCH_CHECK_INDEX(false, op, ": ", arg, " holds ", seen.value, " at flat position ", seen.position,
-                    "; every index must be in [0, ", seen.num_rows, ") for a table of ", seen.num_rows,
-                    " rows (found by the GPU; the row was not touched)");
-}
-
 }  // namespace
 
 DeviceIndexError* device_index_error_record(int device) {
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "speedtorch: device index ", device, " out of range");
   Records& r = records();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  if (r.device[device] == nullptr) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    void* d = nullptr;
-    void* h = nullptr;
-    C10_CUDA_CHECK(cudaMalloc(&d, sizeof(DeviceIndexError)));
-    C10_CUDA_CHECK(cudaMemset(d, 0, sizeof(DeviceIndexError)));
-    C10_CUDA_CHECK(cudaHostAlloc(&h, sizeof(DeviceIndexError), cudaHostAllocDefault));
-    r.device[device] = static_cast<DeviceIndexError*>(d);
-    r.host[device] = static_cast<DeviceIndexError*>(h);
-  }
-  return r.device[device];
-}
-
-void raise_if_device_index_error(int device, cudaStream_t stream, const char* op, const char* arg) {
-  if (g_deferred.load()) return;
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  if (status != cudaStreamCaptureStatusNone) return;  // no synchronisation is allowed while capturing
-  device_index_error_record(device);
-  Records& r = records();
-  std::lock_guard<std::mutex> lock(r.mutex);
+  if (DeviceIndexError* record = r.device[device].load(std::memory_order_acquire)) return record;
+  std::lock_guard<std::mutex> lock(r.allocate_mutex);
+  if (DeviceIndexError* record = r.device[device].load(std::memory_order_acquire)) return record;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  read_and_clear_locked(device, stream, op, arg);
+  void* d = nullptr;
+  void* h = nullptr;
+  C10_CUDA_CHECK(cudaMalloc(&d, sizeof(DeviceIndexError)));
+  C10_CUDA_CHECK(cudaMemset(d, 0, sizeof(DeviceIndexError)));
+  C10_CUDA_CHECK(cudaHostAlloc(&h, sizeof(DeviceIndexError), cudaHostAllocDefault));
+  r.host[device] = static_cast<DeviceIndexError*>(h);
+  r.device[device].store(static_cast<DeviceIndexError*>(d), std::memory_order_release);
+  return r.device[device].load(std::memory_order_acquire);
 }
 
 void set_deferred_index_checks(bool deferred) { g_deferred.store(deferred); }
@@ -80,12 +53,22 @@ bool deferred_index_checks() { return g_deferred.load(); }
 
 void check_deferred_index_errors() {
   Records& r = records();
-  std::lock_guard<std::mutex> lock(r.mutex);
+  // Launches never wait for this lock (their records are read lock-free), so device-wide waits under it only
+  // hold up other checkers.
+  std::lock_guard<std::mutex> lock(r.check_mutex);
   for (int device = 0; device < kMaxDevices; ++device) {
-    if (r.device[device] == nullptr) continue;
+    DeviceIndexError* record = r.device[device].load(std::memory_order_acquire);
+    if (record == nullptr) continue;
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     C10_CUDA_CHECK(cudaDeviceSynchronize());  // the record may be written from any stream
-    read_and_clear_locked(device, nullptr, "speedtorch.check_index_errors", "indices");
+    C10_CUDA_CHECK(cudaMemcpy(r.host[device], record, sizeof(DeviceIndexError), cudaMemcpyDeviceToHost));
+    const DeviceIndexError seen = *r.host[device];
+    if (seen.flag == 0) continue;
+    C10_CUDA_CHECK(cudaMemset(record, 0, sizeof(DeviceIndexError)));
+    TORCH_CHECK_INDEX(false, "speedtorch.check_index_errors: indices holds ", seen.value, " at flat position ",
+                      seen.position, "; every index must be in [0, ", seen.num_rows, ") for a table of ",
+                      seen.num_rows, " rows (found by the GPU on cuda:", device, " while index checks were "
+                      "deferred; the row was not touched)");
   }
 }
 

@@ -1,8 +1,11 @@
 // A per-device record that GPU kernels fill when they meet an index outside [0, num_rows).
 //
-// Kernels never touch a row for such an index; they flag it here, and the host raises a c10::IndexError naming the
-// value and position, either at once (waiting for the caller's stream) or, in deferred mode and under CUDA graph
-// capture, at the next speedtorch.check_index_errors().
+// Kernels never touch a row for such an index; they flag it here. Only deferred checks read the record: by
+// default every op validates its CUDA indices before launching anything (transfer/device_access.h,
+// validate_indices: a reduction on the caller's stream and a wait for that stream only), so its kernels never meet
+// a bad index and its error is raised in the calling thread. In deferred mode, and under CUDA graph capture, the
+// kernels find bad indices and speedtorch.check_index_errors() reports them: the first flagged on each device since
+// the last check, whichever thread or stream launched it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,19 +22,16 @@ struct DeviceIndexError {
   int64_t num_rows;
 };
 
-// The record of `device` (allocated and zeroed on first use; lives for the process).
+// The record of `device` (allocated and zeroed on first use; lives for the process). Lock-free once allocated:
+// every launch asks for it.
 DeviceIndexError* device_index_error_record(int device);
-
-// Reports what the kernels enqueued so far on `stream` flagged: waits for `stream`, then throws c10::IndexError
-// (and clears the record) if an index was out of range. Does nothing but return when deferred checks are on or
-// `stream` is being captured into a CUDA graph.
-void raise_if_device_index_error(int device, cudaStream_t stream, const char* op, const char* arg);
 
 // Deferred mode: kernels still flag bad indices, but only check_deferred_index_errors() reports them.
 void set_deferred_index_checks(bool deferred);
 bool deferred_index_checks();
 
-// Waits for every device that has a record and throws if any flagged an index (clearing it).
+// Waits for every device that has a record (device-wide: the record may be written from any stream), then throws
+// c10::IndexError for the first device whose record is flagged, clearing it.
 void check_deferred_index_errors();
 
 }  // namespace speedtorch

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cuda/launch_shape.h"
+
 namespace speedtorch {
 namespace row_access {
 
@@ -26,11 +28,6 @@ inline int lanes_per_row(int64_t vectors_per_row) {
   while (lanes < 32 && lanes < vectors_per_row) lanes *= 2;
   return lanes;
 }
-
-constexpr int kThreadsPerBlock = 256;
-
-// A full machine's worth of resident blocks: enough loads in flight to cover PCIe latency.
-constexpr int kBlocksPerSm = 2048 / kThreadsPerBlock;
 
 // Enough blocks to give every row its lanes, capped at `max_blocks` (the grid strides over the rest).
 inline unsigned grid_for(int64_t rows, int lanes, int max_blocks) {

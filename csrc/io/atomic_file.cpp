@@ -68,13 +68,21 @@ void AtomicFile::commit(bool sync_directory) {
   if (sync_directory) sync_directory_of(path_);
 }
 
+void check_directory_sync(const std::string& directory, int fsync_result, int fsync_errno) {
+  TORCH_CHECK(fsync_result == 0, "speedtorch: flushing directory ", directory, " to disk (fsync) failed: ",
+              std::strerror(fsync_errno), "; the files just renamed into it may not survive a crash");
+}
+
 void sync_directory_of(const std::string& path) {
   // The rename itself must reach the disk for the new file to survive a crash.
-  const int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    (void)::fsync(dir);
-    ::close(dir);
-  }
+  const std::string directory = directory_of(path);
+  const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  TORCH_CHECK(dir >= 0, "speedtorch: cannot open directory ", directory, " to flush it to disk: ",
+              std::strerror(errno));
+  const int rc = ::fsync(dir);
+  const int err = errno;
+  ::close(dir);
+  check_directory_sync(directory, rc, err);
 }
 
 void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what) {

@@ -36,8 +36,13 @@ class AtomicFile {
   bool committed_ = false;
 };
 
-// Flushes the directory holding `path` to disk, so renames into it survive a crash.
+// Flushes the directory holding `path` to disk, so renames into it survive a crash. Throws c10::Error naming the
+// directory when it cannot be opened or flushed.
 void sync_directory_of(const std::string& path);
+
+// Throws c10::Error naming `directory` and the cause unless `fsync_result` (fsync's return value, with its errno)
+// reports success. Separate so that the failure path, which no test can provoke on a healthy disk, is tested.
+void check_directory_sync(const std::string& directory, int fsync_result, int fsync_errno);
 
 // Writes `bytes` to `path` atomically (AtomicFile, finished and committed).
 void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what);

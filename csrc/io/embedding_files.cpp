@@ -19,6 +19,7 @@
 #include "io/json_value.h"
 #include "io/message_text.h"
 #include "io/npy_file.h"
+#include "memory/pinned_host_buffer.h"
 
 namespace speedtorch::io {
 namespace {
@@ -328,6 +329,8 @@ void load_embedding_files(const std::string& path, const EmbeddingMeta& meta, co
   const EmbeddingPaths paths = embedding_paths(path);
   TORCH_CHECK(table.defined() && table.dim() == 2 && table.size(0) == meta.num_rows && table.size(1) == meta.dim,
               "speedtorch.load: the destination table must be ", meta.num_rows, " x ", meta.dim);
+  check_host_memory_writable(table, "speedtorch.load", "the destination table");
+  check_host_memory_writable(state, "speedtorch.load", "the destination optimizer state");
   NpyReader table_reader(paths.table);
   table_reader.read(table);
   if (verify && !meta.table_hash.empty()) {

@@ -498,6 +498,7 @@ uint64_t save_npy(const at::Tensor& tensor, const std::string& path) {
 
 uint64_t load_npy_into(const at::Tensor& dst, const std::string& path) {
   TORCH_CHECK(dst.defined(), "speedtorch.load_npy_into_: tensor is undefined");
+  check_host_memory_writable(dst, "speedtorch.load_npy_into_", "tensor");
   NpyReader reader(path);
   TORCH_CHECK(dst.sizes() == c10::IntArrayRef(reader.header().shape), "speedtorch.load_npy_into_: ", path,
               " holds an array of shape ", c10::IntArrayRef(reader.header().shape), ", the tensor has shape ",

@@ -17,34 +17,70 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #ifdef SPEEDTORCH_WITH_CUDA
 #include <ATen/Context.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
 #include <torch/version.h>
+
+#include "transfer/host_access_tracker.h"
 #endif
 
 namespace speedtorch {
 namespace {
 
-// The ranges registered read-only with CUDA: [begin, end) by begin.
+// Every buffer whose memory some writer must not write, by begin: mode 'r' mappings (the CPU faults on a write,
+// and GPUs may only read them), pinned or not, and 'r+' mappings that GPUs were allowed to pin for reads only.
+struct ReadOnlyRange {
+  std::uintptr_t end;
+  bool host_writes_fault;  // true: nobody may write (mode 'r'); false: only GPUs may not
+};
 std::mutex read_only_ranges_mutex;
-std::map<std::uintptr_t, std::uintptr_t>& read_only_ranges() {
-  static std::map<std::uintptr_t, std::uintptr_t> ranges;
-  return ranges;
+std::map<std::uintptr_t, ReadOnlyRange>& read_only_ranges() {
+  static auto* ranges = new std::map<std::uintptr_t, ReadOnlyRange>();  // buffers may die during static destruction
+  return *ranges;
 }
 
-}  // namespace
+void add_read_only_range(const void* data, std::size_t bytes, bool host_writes_fault) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
+  read_only_ranges()[begin] = ReadOnlyRange{begin + bytes, host_writes_fault};
+}
 
-bool is_device_read_only_host_memory(const void* ptr) {
+void remove_read_only_range(const void* data) {
+  std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
+  read_only_ranges().erase(reinterpret_cast<std::uintptr_t>(data));
+}
+
+// The registered range holding `ptr`, if any.
+std::optional<ReadOnlyRange> read_only_range_of(const void* ptr) {
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
   const auto& ranges = read_only_ranges();
   auto it = ranges.upper_bound(p);
-  if (it == ranges.begin()) return false;
+  if (it == ranges.begin()) return std::nullopt;
   --it;
-  return p < it->second;
+  if (p >= it->second.end) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace
+
+bool is_device_read_only_host_memory(const void* ptr) { return read_only_range_of(ptr).has_value(); }
+
+bool is_read_only_host_memory(const void* ptr) {
+  const std::optional<ReadOnlyRange> range = read_only_range_of(ptr);
+  return range.has_value() && range->host_writes_fault;
+}
+
+void check_host_memory_writable(const at::Tensor& tensor, const char* op, const char* arg) {
+  if (!tensor.defined() || !tensor.is_cpu() || tensor.numel() == 0) return;
+  TORCH_CHECK(!is_read_only_host_memory(tensor.storage().data()), op, ": ", arg, " is a read-only file mapping "
+              "(speedtorch.data.open_npy / speedtorch.map_npy / PinnedEmbedding.open with mode 'r'): writing it "
+              "would crash the process. Open the file with mode 'r+' (changes reach the file) or 'c' "
+              "(copy-on-write), or load it into memory");
 }
 
 bool cuda_device_available() {
@@ -116,6 +152,8 @@ PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping,
   ::close(fd);  // the mapping keeps the file
   TORCH_CHECK(p != MAP_FAILED, "speedtorch: could not map ", path, " (mmap: ", std::strerror(err), ")");
   data_ = p;
+  // Known from the start, pinned or not: the operators refuse to write it (the CPU would fault) before they try.
+  if (mapping == FileMapping::kReadOnly) add_read_only_range(data_, mapped_size_, /*host_writes_fault=*/true);
   if (pin_now) pin_or_unmap();
 }
 
@@ -129,6 +167,7 @@ void PinnedHostBuffer::pin_or_unmap() {
   try {
     pin();
   } catch (...) {  // a constructor that throws runs no destructor: release the mapping here
+    remove_read_only_range(data_);
     munmap(data_, mapped_size_);
     data_ = nullptr;
     throw;
@@ -167,10 +206,9 @@ void PinnedHostBuffer::pin() {
   }
   pinned_ = true;
   device_read_only_ = read_only;
-  if (read_only) {
-    std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
-    const auto begin = reinterpret_cast<std::uintptr_t>(data_);
-    read_only_ranges()[begin] = begin + mapped_size_;
+  // A mode 'r' mapping is registered from its construction; an 'r+' one becomes read-only for GPUs only here.
+  if (read_only && mapping_ != FileMapping::kReadOnly) {
+    add_read_only_range(data_, mapped_size_, /*host_writes_fault=*/false);
   }
 #endif
 }
@@ -178,11 +216,10 @@ void PinnedHostBuffer::pin() {
 void PinnedHostBuffer::unpin() {
 #ifdef SPEEDTORCH_WITH_CUDA
   if (pinned_) {
-    if (device_read_only_) {
-      std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
-      read_only_ranges().erase(reinterpret_cast<std::uintptr_t>(data_));
-      device_read_only_ = false;
-    }
+    // Kernels still queued on the memory must finish before it leaves the GPU's address space.
+    release_uva_accesses_in(data_, mapped_size_);
+    if (device_read_only_ && mapping_ != FileMapping::kReadOnly) remove_read_only_range(data_);
+    device_read_only_ = false;
     C10_CUDA_CHECK(cudaHostUnregister(data_));
     pinned_ = false;
   }
@@ -202,12 +239,12 @@ void PinnedHostBuffer::discard(std::size_t offset, std::size_t bytes) {
 
 PinnedHostBuffer::~PinnedHostBuffer() {
   if (data_ == nullptr) return;
+  remove_read_only_range(data_);  // the address range may be reused by writable memory next
 #ifdef SPEEDTORCH_WITH_CUDA
   if (pinned_) {
-    if (device_read_only_) {  // the address range may be reused by writable memory next
-      std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
-      read_only_ranges().erase(reinterpret_cast<std::uintptr_t>(data_));
-    }
+    // UVA kernels still queued on the memory (a table dropped right after a scatter_ from the GPU, or after an
+    // optimizer step) would touch it after munmap: wait for them first.
+    release_uva_accesses_in(data_, mapped_size_);
     // Never throw from a destructor; an unregister failure (e.g. at driver shutdown) only leaks the lock.
     if (cudaHostUnregister(data_) != cudaSuccess) (void)cudaGetLastError();
   }

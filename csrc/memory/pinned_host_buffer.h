@@ -32,7 +32,8 @@ enum class FileMapping {
 
 class PinnedHostBuffer {
  public:
-  // Allocates `bytes` (> 0) of zeroed host memory and page-locks it when a CUDA device is present.
+  // Allocates `bytes` (> 0) of zeroed host memory and page-locks it when a CUDA device is present. Destruction
+  // waits for the UVA kernels still queued on the memory before it is unregistered and unmapped.
   // Throws c10::Error with an actionable message when the memory cannot be had.
   explicit PinnedHostBuffer(std::size_t bytes, bool pin = true);
   // Maps the whole (non-empty) file at `path` as `mapping` says (not kNone), page-locked when `pin` and a CUDA
@@ -56,7 +57,8 @@ class PinnedHostBuffer {
 
   // Page-locks and registers the memory with CUDA when a device is present (a no-op when already pinned).
   void pin();
-  // Unregisters the memory from CUDA (no GPU work may use it any more) so that discard() can release it.
+  // Unregisters the memory from CUDA so that discard() can release it, after waiting for the GPU work still queued
+  // on it (transfer/host_access_tracker.h).
   void unpin();
   // Returns the whole pages inside [offset, offset + bytes) to the OS (they read as zero afterwards). Used to
   // release a table while it is copied into a new layout, so both never exist at full size. Needs unpin() first.
@@ -98,8 +100,17 @@ bool cuda_device_available();
 // cudaHostRegister'ed range). Unlike Tensor::is_pinned(), it does not depend on PyTorch having initialised CUDA.
 bool is_pinned_host_memory(const void* ptr);
 
-// Whether `ptr` lies in a PinnedHostBuffer registered for GPU reads only: GPU kernels must not write there (the
-// write would be an illegal address that ruins the CUDA context), so the operators refuse before launching.
+// Whether `ptr` lies in a PinnedHostBuffer that GPUs may only read (a mode 'r' mapping, pinned or not, or an 'r+'
+// one registered read-only): GPU kernels must not write there (the write would be an illegal address that ruins
+// the CUDA context), so the operators refuse before launching.
 bool is_device_read_only_host_memory(const void* ptr);
+
+// Whether `ptr` lies in a PinnedHostBuffer mapping a file read-only (mode 'r'), pinned or not: a CPU write there
+// is a SIGSEGV that kills the process.
+bool is_read_only_host_memory(const void* ptr);
+
+// Throws c10::Error naming `op` and `arg` when `tensor` is host memory mapped read-only (is_read_only_host_memory).
+// Every operator that writes a caller's tensor calls it before writing.
+void check_host_memory_writable(const at::Tensor& tensor, const char* op, const char* arg);
 
 }  // namespace speedtorch

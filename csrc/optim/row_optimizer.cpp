@@ -62,6 +62,9 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
                          const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op) {
   check_row_optimizer_arguments(weights, state, indices, grad, hyper, op);
   TORCH_CHECK(global_step >= 1, op, ": step must be >= 1, got ", global_step);
+  // Before any route: the CPU writing a mode 'r' mapping is a SIGSEGV, a GPU writing it ruins the CUDA context.
+  check_host_memory_writable(weights, op, "weights");
+  check_host_memory_writable(state, op, "state");
   if (indices.numel() == 0) return;
   const at::Tensor flat = indices.reshape({-1});
   const at::Tensor rows_grad = grad.reshape({-1, weights.size(1)});

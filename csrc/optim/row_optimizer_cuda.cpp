@@ -63,8 +63,8 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
   if (config.uva_fraction < 0) {
     plan.uva_rows = count;
   } else {
-    plan = plan_transfer(config, TransferDirection::kHostToDevice, touched_bytes(num_rows, record_stride, span),
-                         row_bytes, count, at::get_num_threads());
+    plan = plan_transfer(config, touched_bytes(num_rows, record_stride, span), row_bytes, count,
+                         at::get_num_threads());
   }
   const void* weights_key = weights.storage().data();
   const void* state_key = state.storage().data();
@@ -83,8 +83,8 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
                                               reinterpret_cast<float*>(mapped_address(state, op, "state")));
     launch_row_optimizer(rows, hyper, global_step, unique.const_data_ptr<int64_t>(), summed.const_data_ptr<float>(),
                          plan.uva_rows, uva_max_blocks(dev, config), stream.stream());
-    note_uva_access(weights_key, UvaAccess::kWrite, dev, stream.stream());
-    if (state_key != weights_key) note_uva_access(state_key, UvaAccess::kWrite, dev, stream.stream());
+    note_uva_use(weights, UvaAccess::kWrite, stream);
+    if (state_key != weights_key) note_uva_use(state, UvaAccess::kWrite, stream);
   }
   if (plan.staged_rows > 0) {  // runs while the kernel updates the other share
     const OptimizerRows rows = optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()),

@@ -1,18 +1,20 @@
 // Shared pieces of the GPU routes (see device_access.h).
 #include "transfer/device_access.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/aminmax.h>
 #include <ATen/ops/stack.h>
 #include <c10/cuda/CUDAException.h>
 
 #include "cuda/device_index_error.h"
+#include "cuda/launch_shape.h"
 
 namespace speedtorch {
 
 int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
 
-int full_grid(int device) { return sm_count(device) * 8; }
+int full_grid(int device) { return sm_count(device) * row_access::kBlocksPerSm; }
 
 int uva_max_blocks(int device, const TransferConfig& config) {
   return static_cast<int>(sm_count(device) * config.uva_blocks_per_sm);
@@ -29,6 +31,14 @@ char* mapped_address(const at::Tensor& host, const char* op, const char* arg) {
                 "); allocate it with speedtorch.pinned_empty / speedtorch.PinnedEmbedding or Tensor.pin_memory()");
   }
   return static_cast<char*>(device) + (data - static_cast<char*>(allocation));
+}
+
+void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUDAStream& stream) {
+  const void* allocation = host.storage().data();
+  note_uva_access(allocation, access, stream.device_index(), stream.stream());
+  // A no-op (false) for memory PyTorch's allocator does not own, such as speedtorch's pinned buffers.
+  (void)at::getHostAllocator(at::kCUDA)->record_event(const_cast<void*>(allocation),
+                                                       host.storage().data_ptr().get_context(), stream.unwrap());
 }
 
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device) {

@@ -3,11 +3,13 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <optional>
 
 #include "cpu/index_range_check.h"
+#include "transfer/host_access_tracker.h"
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {
@@ -20,6 +22,12 @@ int uva_max_blocks(int device, const TransferConfig& config);
 
 // The address a GPU kernel uses for element 0 of a pinned host tensor; a clear error when it is not mapped.
 char* mapped_address(const at::Tensor& host, const char* op, const char* arg);
+
+// Records that work just enqueued on `stream` reads or writes the pinned host tensor `host` over UVA: for the
+// host_access_tracker (CPU access to the rows, and freeing our pinned buffers, wait for it), and for PyTorch's
+// pinned-memory allocator when the memory is its own (Tensor.pin_memory()), which would otherwise hand the block
+// to the next allocation as soon as the tensor is freed, while the kernel still writes it.
+void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUDAStream& stream);
 
 // Indices on `device`, copied asynchronously (through pinned memory) when they are on the host.
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device);

@@ -5,8 +5,16 @@
 // a scatter could overwrite a row an earlier gather's kernel has not read yet. Each UVA launch records an event
 // against the table's allocation; host access waits for the pending events that conflict (writes before reads;
 // reads and writes before writes), and only for those: work on the stream that does not touch the table is not
-// waited for.
+// waited for. Releasing host memory (PinnedHostBuffer) waits for every pending access inside it: a queued kernel
+// must never touch unmapped memory.
+//
+// Entries whose accesses have all completed are dropped (at the next launch on the same allocation, by a sweep when
+// the number of allocations tracked has doubled, or when the memory is released), so the record stays as large as
+// the work in flight. The record is split into shards, each with its own lock, so launches on different tables
+// rarely wait for one another.
 #pragma once
+
+#include <cstddef>
 
 #ifdef SPEEDTORCH_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -24,9 +32,19 @@ void note_uva_access(const void* key, UvaAccess access, int device, cudaStream_t
 // Blocks the calling thread until the pending UVA accesses to `key` that conflict with a host access of the given
 // kind have completed.
 void wait_for_uva_conflicts(const void* key, UvaAccess host_access);
+
+// Blocks until every pending UVA access to an allocation whose key lies in [begin, begin + bytes) has completed,
+// and forgets those allocations: the memory is about to be unregistered or unmapped. Never throws (destructors
+// call it); a failed wait (a broken CUDA context) is reported on stderr.
+void release_uva_accesses_in(const void* begin, std::size_t bytes) noexcept;
+
+// How many allocations have pending (or not yet dropped) accesses recorded; for tests.
+std::size_t tracked_allocation_count();
 #else
 // Without CUDA nothing accesses host memory asynchronously.
 inline void wait_for_uva_conflicts(const void*, UvaAccess) {}
+inline void release_uva_accesses_in(const void*, std::size_t) noexcept {}
+inline std::size_t tracked_allocation_count() { return 0; }
 #endif
 
 }  // namespace speedtorch

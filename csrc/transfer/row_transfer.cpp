@@ -5,6 +5,7 @@
 
 #include "cpu/index_range_check.h"
 #include "cpu/row_copy_cpu.h"
+#include "memory/pinned_host_buffer.h"
 #include "transfer/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include "transfer/row_transfer_cuda.h"
@@ -69,6 +70,7 @@ void gather_rows(const at::Tensor& table, const at::Tensor& indices, at::Tensor&
 }
 
 void scatter_rows(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
+  check_host_memory_writable(table, op, "table");  // a write to a mode 'r' mapping is a SIGSEGV
   if (indices.numel() == 0) return;
   if (table.is_cpu() && src.is_cpu()) return scatter_cpu(table, indices, src, op);
 #ifdef SPEEDTORCH_WITH_CUDA

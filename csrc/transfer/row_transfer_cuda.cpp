@@ -100,11 +100,19 @@ c10::cuda::CUDAStream copy_stream_after(const c10::cuda::CUDAStream& stream, cud
   return copy;
 }
 
+// Whole rows per chunk: at least one, the ring being sized for the rows (staging_chunk_bytes_for).
+int64_t rows_per_staging_chunk(const StagingRing& ring, const HostRows& rows) {
+  const int64_t n = ring.chunk_bytes() / rows.row_bytes;
+  TORCH_INTERNAL_ASSERT(n >= 1, "staging chunk of ", ring.chunk_bytes(), " bytes cannot hold a row of ",
+                        rows.row_bytes, " bytes");
+  return n;
+}
+
 // Staged gather of positions [first, count): CPU threads fill a chunk, the copy engine moves it while the next fills.
 template <typename Index>
 void staged_gather(const HostRows& rows, const Index* host_idx, int64_t first, int64_t count, char* out_device,
                    StagingRing& ring, cudaStream_t copy) {
-  const int64_t rows_per_chunk = std::max<int64_t>(1, ring.chunk_bytes() / rows.row_bytes);
+  const int64_t rows_per_chunk = rows_per_staging_chunk(ring, rows);
   int slot = 0;
   for (int64_t begin = first; begin < count; begin += rows_per_chunk, slot = (slot + 1) % StagingRing::kChunks) {
     const int64_t n = std::min(rows_per_chunk, count - begin);
@@ -120,7 +128,7 @@ void staged_gather(const HostRows& rows, const Index* host_idx, int64_t first, i
 template <typename Index>
 void staged_scatter(const HostRows& rows, const Index* host_idx, int64_t first, int64_t count, const char* src_device,
                     const uint8_t* host_keep, StagingRing& ring, cudaStream_t copy) {
-  const int64_t rows_per_chunk = std::max<int64_t>(1, ring.chunk_bytes() / rows.row_bytes);
+  const int64_t rows_per_chunk = rows_per_staging_chunk(ring, rows);
   const int64_t chunks = (count - first + rows_per_chunk - 1) / rows_per_chunk;
   auto issue = [&](int64_t chunk) {
     const int slot = static_cast<int>(chunk % StagingRing::kChunks);
@@ -158,8 +166,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   // host only when the staged path needs them.
   std::optional<IndexSpan> span = validate_indices(indices, rows.num_rows, stream.stream(), op);
   const int64_t footprint = touched_bytes(rows.num_rows, rows.row_stride_bytes, span);
-  const TransferPlan plan = plan_transfer(config, TransferDirection::kHostToDevice, footprint, rows.row_bytes, count,
-                                          at::get_num_threads());
+  const TransferPlan plan = plan_transfer(config, footprint, rows.row_bytes, count, at::get_num_threads());
   at::Tensor host_idx;
   if (indices.is_cpu() || plan.staged_rows > 0) host_idx = indices.cpu();
   if (!span.has_value() && host_idx.defined()) span = check_host_indices(host_idx, rows.num_rows, op);
@@ -168,7 +175,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   std::optional<BorrowedStagingRing> ring;
   std::optional<c10::cuda::CUDAStream> copy;
   if (plan.staged_rows > 0) {
-    ring.emplace(device, config.staging_chunk_bytes);
+    ring.emplace(device, staging_chunk_bytes_for(config, rows.row_bytes));
     copy = copy_stream_after(stream, (*ring)->start_event(), device);
   }
   if (plan.uva_rows > 0) {
@@ -177,7 +184,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
     const UvaShare share = uva_share(dev_idx, plan.uva_rows, table, footprint, config, device, stream.stream());
     launch_row_gather(gpu_rows(table, mapped_address(table, op, "table")), share.view, out_ptr, device_index_error_record(device),
                       uva_max_blocks(device, config), stream.stream());
-    note_uva_access(key, UvaAccess::kRead, device, stream.stream());
+    note_uva_use(table, UvaAccess::kRead, stream);
   }
   if (plan.staged_rows > 0) {
     wait_for_uva_conflicts(key, UvaAccess::kRead);
@@ -187,7 +194,6 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
     C10_CUDA_CHECK(cudaEventRecord((*ring)->done_event(), copy->stream()));
     C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), (*ring)->done_event(), 0));
   }
-  if (!span.has_value()) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
@@ -202,8 +208,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
 
   std::optional<IndexSpan> span = validate_indices(indices, rows.num_rows, stream.stream(), op);
   const int64_t footprint = touched_bytes(rows.num_rows, rows.row_stride_bytes, span);
-  const TransferPlan plan = plan_transfer(config, TransferDirection::kDeviceToHost, footprint, rows.row_bytes, count,
-                                          at::get_num_threads());
+  const TransferPlan plan = plan_transfer(config, footprint, rows.row_bytes, count, at::get_num_threads());
   at::Tensor host_idx;
   if (indices.is_cpu() || plan.staged_rows > 0) host_idx = indices.cpu();
   if (!span.has_value() && host_idx.defined()) span = check_host_indices(host_idx, rows.num_rows, op);
@@ -222,7 +227,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   std::optional<c10::cuda::CUDAStream> copy;
   at::Tensor host_keep;
   if (plan.staged_rows > 0) {
-    ring.emplace(device, config.staging_chunk_bytes);
+    ring.emplace(device, staging_chunk_bytes_for(config, rows.row_bytes));
     copy = copy_stream_after(stream, (*ring)->start_event(), device);
     if (writers.keep.defined()) {
       host_keep = at::empty({plan.staged_rows}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
@@ -236,7 +241,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
                        static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
                        writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device),
                        uva_max_blocks(device, config), stream.stream());
-    note_uva_access(key, UvaAccess::kWrite, device, stream.stream());
+    note_uva_use(table, UvaAccess::kWrite, stream);
   }
   if (plan.staged_rows > 0) {
     with_index_type(host_idx, [&](const auto* p) {
@@ -245,33 +250,32 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
     });
     // Every chunk copy (and the keep copy before them) was waited for: the copy stream holds nothing of ours.
   }
-  if (!span.has_value()) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 void gather_cuda_table(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
   const int device = table.get_device();
   c10::cuda::CUDAGuard guard(table.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  const bool validated = validate_indices(indices, table.size(0), stream.stream(), op).has_value();
+  // Bad indices raise here; in deferred mode or under capture the kernels flag them (cuda/device_index_error.h).
+  validate_indices(indices, table.size(0), stream.stream(), op);
   const at::Tensor dev_idx = indices_on(indices, table.device());
   launch_row_gather(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
                     static_cast<char*>(out.data_ptr()), device_index_error_record(device),
                     full_grid(device), stream.stream());
-  if (!validated) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 void scatter_cuda_table(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
   const int device = table.get_device();
   c10::cuda::CUDAGuard guard(table.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  const bool validated = validate_indices(indices, table.size(0), stream.stream(), op).has_value();
+  // Bad indices raise here; in deferred mode or under capture the kernels flag them (cuda/device_index_error.h).
+  validate_indices(indices, table.size(0), stream.stream(), op);
   const at::Tensor dev_idx = indices_on(indices, table.device());
   const WriterMask writers = mark_writers(dev_idx, table.size(0), device, stream.stream());
   launch_row_scatter(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
                      static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
                      writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device), full_grid(device),
                      stream.stream());
-  if (!validated) raise_if_device_index_error(device, stream.stream(), op, "indices");
 }
 
 }  // namespace speedtorch

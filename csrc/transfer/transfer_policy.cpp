@@ -73,8 +73,8 @@ void set_transfer_config(const TransferConfig& config) {
   holder().config = config;
 }
 
-TransferPlan plan_transfer(const TransferConfig& c, TransferDirection /*direction*/, int64_t table_bytes,
-                           int64_t row_bytes, int64_t count, int threads) {
+TransferPlan plan_transfer(const TransferConfig& c, int64_t table_bytes, int64_t row_bytes, int64_t count,
+                           int threads) {
   TransferPlan plan;
   double fraction = c.uva_fraction;
   if (fraction < 0) {
@@ -92,6 +92,10 @@ TransferPlan plan_transfer(const TransferConfig& c, TransferDirection /*directio
                                       count);
   plan.staged_rows = count - plan.uva_rows;
   return plan;
+}
+
+int64_t staging_chunk_bytes_for(const TransferConfig& config, int64_t row_bytes) {
+  return std::max(config.staging_chunk_bytes, row_bytes);
 }
 
 }  // namespace speedtorch

@@ -13,8 +13,6 @@
 
 namespace speedtorch {
 
-enum class TransferDirection { kHostToDevice, kDeviceToHost };
-
 struct TransferConfig {
   // Share of rows given to the UVA path; < 0 chooses automatically. SPEEDTORCH_UVA_FRACTION.
   double uva_fraction = -1.0;
@@ -52,7 +50,13 @@ struct TransferPlan {
 TransferConfig transfer_config();
 void set_transfer_config(const TransferConfig& config);
 
-TransferPlan plan_transfer(const TransferConfig& config, TransferDirection direction, int64_t table_bytes,
-                           int64_t row_bytes, int64_t count, int threads);
+// The split of `count` rows of `row_bytes` over a table footprint of `table_bytes`, for gathers and scatters
+// alike: the config holds one set of rates, so the direction could not change the plan.
+TransferPlan plan_transfer(const TransferConfig& config, int64_t table_bytes, int64_t row_bytes, int64_t count,
+                           int threads);
+
+// Bytes per staging chunk for rows of `row_bytes`: the configured size, or one row where a row is longer, so that a
+// chunk always holds at least one whole row.
+int64_t staging_chunk_bytes_for(const TransferConfig& config, int64_t row_bytes);
 
 }  // namespace speedtorch

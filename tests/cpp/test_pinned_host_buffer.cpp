@@ -1,11 +1,16 @@
 // Tests for csrc/memory/pinned_host_buffer: exact size, zero fill, pinning, lifetime.
+#include <ATen/ops/from_blob.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
+#include "error_text.h"
 #include "memory/pinned_host_buffer.h"
+#include "temp_dir.h"
 
 namespace speedtorch {
 namespace {
@@ -56,6 +61,45 @@ TEST(PinnedEmpty, StorageOutlivesTheFirstTensor) {
 TEST(PinnedEmpty, ZeroRowsAndNegativeSizes) {
   EXPECT_EQ(pinned_empty({0, 8}, at::kFloat).numel(), 0);
   EXPECT_THROW(pinned_empty({-1, 8}, at::kFloat), c10::Error);
+}
+
+class ReadOnlyMappings : public speedtorch::testing::TempDirTest {
+ protected:
+  std::string file_of(std::size_t bytes) {
+    const std::string p = path("t.bin");
+    std::ofstream(p, std::ios::binary) << std::string(bytes, 'x');
+    return p;
+  }
+};
+
+// A mode 'r' mapping was registered only when CUDA pinned it, so without a GPU (or with pin=False) the operators
+// could not know that writing it is a SIGSEGV (issue 13).
+TEST_F(ReadOnlyMappings, AreKnownPinnedOrNot) {
+  const std::string file = file_of(10000);
+  for (const bool pin : {false, true}) {
+    const void* begin = nullptr;
+    {
+      PinnedHostBuffer buffer(file, FileMapping::kReadOnly, pin);
+      begin = buffer.data();
+      EXPECT_TRUE(is_read_only_host_memory(static_cast<const char*>(begin) + 9999)) << "pin " << pin;
+      EXPECT_TRUE(is_device_read_only_host_memory(begin)) << "pin " << pin;
+      const at::Tensor t = at::from_blob(buffer.data(), {10}, at::kByte);
+      const std::string message = testing::error_of([&] { check_host_memory_writable(t, "test_op", "table"); });
+      EXPECT_NE(message.find("test_op: table is a read-only file mapping"), std::string::npos) << message;
+    }
+    EXPECT_FALSE(is_read_only_host_memory(begin));  // the range may be reused by writable memory
+  }
+}
+
+TEST_F(ReadOnlyMappings, WritableMemoryIsNotReadOnly) {
+  PinnedHostBuffer anonymous(4096);
+  EXPECT_FALSE(is_read_only_host_memory(anonymous.data()));
+  PinnedHostBuffer copy_on_write(file_of(100), FileMapping::kCopyOnWrite, false);
+  EXPECT_FALSE(is_read_only_host_memory(copy_on_write.data()));
+  PinnedHostBuffer shared(file_of(100), FileMapping::kReadWrite, false);
+  EXPECT_FALSE(is_read_only_host_memory(shared.data()));
+  const at::Tensor t = at::from_blob(shared.data(), {10}, at::kByte);
+  EXPECT_EQ(testing::error_of([&] { check_host_memory_writable(t, "test_op", "table"); }), "");
 }
 
 }  // namespace

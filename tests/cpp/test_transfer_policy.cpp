@@ -10,19 +10,18 @@ namespace speedtorch {
 namespace {
 
 constexpr int64_t kGB = int64_t{1} << 30;
-constexpr auto kH2D = TransferDirection::kHostToDevice;
 
 TEST(TransferPolicy, SmallTablesAndTransfersUseUvaOnly) {
   const TransferConfig c;
-  EXPECT_EQ(plan_transfer(c, kH2D, 256 << 20, 512, 131072, 16).staged_rows, 0);  // within UVA reach
-  EXPECT_EQ(plan_transfer(c, kH2D, 5 * kGB, 512, 1000, 16).staged_rows, 0);      // 512 KB transfer
-  EXPECT_EQ(plan_transfer(c, kH2D, 5 * kGB, 4096, 131072, 16).staged_rows, 0);   // long rows
+  EXPECT_EQ(plan_transfer(c, 256 << 20, 512, 131072, 16).staged_rows, 0);  // within UVA reach
+  EXPECT_EQ(plan_transfer(c, 5 * kGB, 512, 1000, 16).staged_rows, 0);      // 512 KB transfer
+  EXPECT_EQ(plan_transfer(c, 5 * kGB, 4096, 131072, 16).staged_rows, 0);   // long rows
 }
 
 TEST(TransferPolicy, SpreadTablesSplitByRates) {
   const TransferConfig c;
-  const TransferPlan many = plan_transfer(c, kH2D, 5 * kGB, 512, 131072, 16);
-  const TransferPlan two = plan_transfer(c, kH2D, 5 * kGB, 512, 131072, 2);
+  const TransferPlan many = plan_transfer(c, 5 * kGB, 512, 131072, 16);
+  const TransferPlan two = plan_transfer(c, 5 * kGB, 512, 131072, 2);
   EXPECT_EQ(many.uva_rows + many.staged_rows, 131072);
   EXPECT_GT(many.staged_rows, 0);
   EXPECT_EQ(two.staged_rows, 0);  // two threads add too little: UVA alone
@@ -33,11 +32,20 @@ TEST(TransferPolicy, SpreadTablesSplitByRates) {
 TEST(TransferPolicy, ExplicitFractionWins) {
   TransferConfig c;
   c.uva_fraction = 0.0;
-  EXPECT_EQ(plan_transfer(c, kH2D, 1024, 512, 100, 1).uva_rows, 0);
+  EXPECT_EQ(plan_transfer(c, 1024, 512, 100, 1).uva_rows, 0);
   c.uva_fraction = 1.0;
-  EXPECT_EQ(plan_transfer(c, kH2D, 5 * kGB, 512, 100, 16).staged_rows, 0);
+  EXPECT_EQ(plan_transfer(c, 5 * kGB, 512, 100, 16).staged_rows, 0);
   c.uva_fraction = 0.25;
-  EXPECT_EQ(plan_transfer(c, kH2D, 5 * kGB, 512, 100, 16).uva_rows, 25);
+  EXPECT_EQ(plan_transfer(c, 5 * kGB, 512, 100, 16).uva_rows, 25);
+}
+
+// A row longer than the configured chunk used to be copied into it anyway, past its end (issue 13).
+TEST(TransferPolicy, StagingChunkHoldsAtLeastOneRow) {
+  TransferConfig c;
+  c.staging_chunk_bytes = 4096;
+  EXPECT_EQ(staging_chunk_bytes_for(c, 512), 4096);
+  EXPECT_EQ(staging_chunk_bytes_for(c, 4096), 4096);
+  EXPECT_GE(staging_chunk_bytes_for(c, 2048 * 4), 2048 * 4);  // a 2048-wide float32 row
 }
 
 TEST(TransferPolicy, ConfigIsValidatedAndRoundTrips) {

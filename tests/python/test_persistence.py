@@ -6,6 +6,9 @@ test_reliability.py."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,6 +150,55 @@ def test_open_npy_modes(tmp_path):
     assert np.load(path)[1, 2] == 99
     with pytest.raises(RuntimeError, match="mode"):
         data.open_npy(path, "w")
+
+
+# Every writing op called on a mode 'r' mapping, pinned or not. Before the ops checked, the first one was a SIGSEGV
+# (issue 13): the calls run in a subprocess so that such a crash fails this test instead of killing pytest.
+_WRITE_READ_ONLY_MAPPING = """
+import sys
+import torch
+import speedtorch
+from speedtorch import data
+
+path, state_path, pin = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+table = data.open_npy(path, "r", pin=pin)
+state = data.open_npy(state_path, "r", pin=pin)
+ids = torch.tensor([1, 3])
+calls = {
+    "scatter_": lambda: speedtorch.scatter_(table, ids, torch.ones(2, 3)),
+    "scatter_ (no rows)": lambda: speedtorch.scatter_(table, ids[:0], torch.ones(0, 3)),
+    "row_optimizer_step_": lambda: torch.ops.speedtorch.row_optimizer_step_(
+        table, torch.zeros(5, 16), ids, torch.ones(2, 3), "adagrad", {"lr": 0.1}, 1),
+    "row_optimizer_step_ (read-only state)": lambda: torch.ops.speedtorch.row_optimizer_step_(
+        torch.zeros(5, 3), state, ids, torch.ones(2, 3), "adagrad", {"lr": 0.1}, 1),
+    "load_npy_into_": lambda: data.load_npy_into_(table, path),
+}
+for name, call in calls.items():
+    try:
+        call()
+    except RuntimeError as error:
+        assert "read-only file mapping" in str(error), (name, str(error))
+        print(name, "refused")
+    else:
+        print(name, "wrote a read-only mapping")
+        sys.exit(1)
+assert float(table.sum()) == 0.0 and float(state.sum()) == 0.0
+"""
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_writing_ops_refuse_a_read_only_mapping(tmp_path, pin):
+    path = tmp_path / "r.npy"
+    np.save(path, np.zeros((5, 3), dtype=np.float32))
+    state_path = tmp_path / "state.npy"
+    np.save(state_path, np.zeros((5, 16), dtype=np.float32))
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "python"), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", _WRITE_READ_ONLY_MAPPING, str(path), str(state_path),
+                             "1" if pin else "0"],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, f"exit status {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert result.stdout.count("refused") == 5, result.stdout
 
 
 def test_numpy_view_shares_memory():

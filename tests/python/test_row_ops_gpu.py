@@ -260,3 +260,130 @@ def test_large_transfer_with_the_default_policy():
     speedtorch.scatter_(table, indices, src)
     torch.cuda.synchronize()
     torch.testing.assert_close(table, expected, rtol=0, atol=0)
+
+
+def _keep_stream_busy() -> None:
+    """Queues ~0.5 s of GPU work on the current stream, so what is launched next is still queued afterwards."""
+    torch.cuda._sleep(1_000_000_000)
+
+
+def test_freeing_a_table_waits_for_its_queued_scatter():
+    """A temporary pinned table dropped right after a scatter_ from the GPU was unmapped under the queued kernel
+    (issue 13): releasing the memory now waits for the kernels still using it."""
+    force_split(1.0)
+    table = speedtorch.pinned_empty(2000, 64)
+    indices = torch.randint(0, 2000, (1000,))  # CPU indices: validated on the host, so nothing waits for the stream
+    src = torch.randn(1000, 64, device="cuda")
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    _keep_stream_busy()
+    speedtorch.scatter_(table, indices, src)
+    assert not stream.query(), "the scatter kernel should still be queued behind the sleep"
+    del table
+    assert stream.query(), "freeing the table returned before the kernel writing it had finished"
+    torch.cuda.synchronize()  # the context is intact
+
+
+def test_torch_pinned_table_is_not_reused_under_a_queued_scatter():
+    """The same for memory from Tensor.pin_memory(): PyTorch's allocator gave a freed block to the next pin_memory()
+    at once, while our queued kernel still wrote it. The launch now records its stream with that allocator."""
+    force_split(1.0)
+    table = torch.zeros(2000, 64).pin_memory()
+    indices = torch.arange(1000)
+    src = torch.ones(1000, 64, device="cuda")
+    torch.cuda.synchronize()
+    _keep_stream_busy()
+    speedtorch.scatter_(table, indices, src)
+    del table
+    other = torch.empty(2000, 64).pin_memory()  # the same block, if the allocator thought it free
+    other.zero_()
+    torch.cuda.synchronize()
+    assert other.count_nonzero() == 0, "a pinned block was reused while a queued scatter_ still wrote it"
+
+
+def test_freeing_an_embedding_waits_for_its_queued_step():
+    """The same for a PinnedEmbedding dropped right after an optimizer step from GPU gradients. The step waits for
+    its stream while it de-duplicates the batch, so the update kernel is kept busy by its size instead: every row of
+    a 300 MB table and its Adam state, over PCIe."""
+    num_rows, dim = 200_000, 128
+    emb = speedtorch.PinnedEmbedding(num_rows, dim, torch.float32)
+    emb.set_optimizer("adam", {"lr": 0.01}, True)
+    indices = torch.randperm(num_rows)
+    grad = torch.randn(num_rows, dim, device="cuda")
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    emb.apply_gradients(indices, grad)
+    queued = not stream.query()
+    del emb
+    assert stream.query(), "freeing the table returned before the step updating it had finished"
+    torch.cuda.synchronize()  # the context is intact
+    if not queued:
+        pytest.skip("the step had finished before the table was freed; nothing was left to wait for")
+
+
+@pytest.mark.parametrize("dim", [1025, 2048])
+def test_rows_wider_than_a_staging_chunk(dim):
+    """A row longer than staging_chunk_bytes was copied into a chunk anyway, past its end (issue 13): a chunk now
+    always holds at least one row."""
+    speedtorch.set_transfer_config(staging_chunk_bytes=4096, uva_fraction=0.0)  # every row staged
+    table = random_table(64, dim, pinned=True)  # float32: 4100 and 8192 bytes a row
+    indices = torch.tensor([5, 0, 63, 5, 17, 40, 41])
+    out = speedtorch.gather(table, indices, device="cuda")
+    torch.testing.assert_close(out.cpu(), table[indices], rtol=0, atol=0)
+    src = torch.randn(7, dim, device="cuda")
+    expected = last_wins_reference(table, indices, src.cpu())
+    speedtorch.scatter_(table, indices.cuda(), src)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(table, expected, rtol=0, atol=0)
+
+
+def test_cuda_without_an_index_is_the_current_device():
+    """device='cuda' with CPU indices went to cuda:0 whatever the current device (issue 13). Only a machine with two
+    GPUs tells the two apart; on one, this checks that the rows land on the current device."""
+    table = random_table(10, 4, pinned=True)
+    last = torch.cuda.device_count() - 1
+    with torch.cuda.device(last):
+        out = speedtorch.gather(table, torch.tensor([1, 2]), device="cuda")
+        assert out.device == torch.device("cuda", torch.cuda.current_device())
+        assert out.device.index == last
+    torch.testing.assert_close(out.cpu(), table[[1, 2]], rtol=0, atol=0)
+
+
+def test_index_errors_stay_with_their_call():
+    """A bad index raises in the call (and thread) that passed it; another thread's good calls never see it, and a
+    deferred error is left for check_index_errors, not raised by a later checked call."""
+    import threading
+
+    table = random_table(100, 8, pinned=True)
+    good = torch.randint(0, 100, (64,), device="cuda")
+    bad = good.clone()
+    bad[7] = 100
+    errors = {"good": [], "bad": 0}
+
+    def good_calls():
+        try:
+            for _ in range(50):
+                speedtorch.gather(table, good)
+        except Exception as error:  # noqa: BLE001 - any error here is the failure
+            errors["good"].append(error)
+
+    def bad_calls():
+        for _ in range(50):
+            with pytest.raises(IndexError, match="holds 100 at flat position 7"):
+                speedtorch.gather(table, bad)
+            errors["bad"] += 1
+
+    threads = [threading.Thread(target=good_calls), threading.Thread(target=bad_calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == {"good": [], "bad": 50}
+
+    speedtorch.set_deferred_index_checks(True)
+    speedtorch.gather(table, bad)  # flagged by the kernel, not raised
+    speedtorch.set_deferred_index_checks(False)
+    speedtorch.gather(table, good)  # a checked call does not raise the deferred error
+    with pytest.raises(IndexError, match="holds 100 at flat position 7"):
+        speedtorch.check_index_errors()
+    speedtorch.check_index_errors()  # cleared
