@@ -125,12 +125,14 @@ c10::intrusive_ptr<PinnedEmbedding> unpickle_embedding(PickledEmbedding state) {
   if (!sidecar.empty()) {
     const std::string resolved = resolve_sidecar_path(sidecar);
     const io::EmbeddingPaths paths = io::embedding_paths(resolved);
-    const bool state_missing = !optimizer.empty() && !exists(paths.state);
-    TORCH_CHECK(exists(paths.table) && exists(paths.meta) && !state_missing, "PinnedEmbedding: the model's table "
-                "lives in the sidecar '", sidecar, "', looked for as ", paths.table, ", ", paths.meta,
-                optimizer.empty() ? "" : " and " + paths.state, " (", how_resolved(sidecar), "), of which ",
-                state_missing ? paths.state : exists(paths.table) ? paths.meta : paths.table,
-                " does not exist; copy the sidecar files (.npy, .state.npy, .meta.json) there");
+    std::string missing;  // the sidecar's files that are not where the path resolved to
+    for (const std::string* file : {&paths.table, &paths.meta, &paths.state}) {
+      if ((file != &paths.state || !optimizer.empty()) && !exists(*file)) missing += (missing.empty() ? "" : ", ") + *file;
+    }
+    TORCH_CHECK(missing.empty(), "PinnedEmbedding: the model's table lives in the sidecar '", sidecar,
+                "', looked for as ", paths.table, ", ", paths.meta, optimizer.empty() ? "" : " and " + paths.state,
+                " (", how_resolved(sidecar), "); missing: ", missing,
+                ". Copy the sidecar files (.npy, .state.npy, .meta.json) there");
     const io::EmbeddingMeta meta = io::read_embedding_meta(resolved);  // headers checked: truncation shows here
     TORCH_CHECK(meta.num_rows == num_rows && meta.dim == dim && meta.dtype == dtype && meta.optimizer == optimizer,
                 "PinnedEmbedding: the sidecar ", paths.table, " holds a ", meta.num_rows, " x ", meta.dim, " ",
