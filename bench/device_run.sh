@@ -5,7 +5,7 @@
 # racecheck, LOADTEST=1 the server's load test on CPU and GPU, FUSED=1 the fused-step kernel variants, CONTIG=1
 # bench/contiguous.py, DIST=1 the distributed table (bench/distributed.py at world sizes 1 and 2, and with 2+ GPUs
 # tests/python/test_distributed.py again with NCCL), TESTS=0 / DEMO=0 skip the tests / info+demo, TRANSFER=0 stops
-# before the transfer benchmarks.
+# before the transfer benchmarks; PYTEST_ARGS passes options to each pytest (e.g. "-m gpu": the GPU tests only).
 # Logs and JSON go to $OUT (or bench/out). Usage: bash bench/device_run.sh [transfer bench args...]
 set -u
 OUT=${OUT:-bench/out}
@@ -31,7 +31,7 @@ step pytest
 # One process per file: a crash in one file does not hide the results of the others.
 : >"$OUT/pytest.log"
 for f in tests/python/test_*.py; do
-  $PY -m pytest "$f" -q -p no:cacheprovider -rf >/tmp/pytest_one.log 2>&1
+  $PY -m pytest "$f" -q -p no:cacheprovider -rf ${PYTEST_ARGS:-} >/tmp/pytest_one.log 2>&1
   echo "$f rc=$? $(tail -1 /tmp/pytest_one.log)"
   { echo "##### $f"; cat /tmp/pytest_one.log; } >>"$OUT/pytest.log"
 done
