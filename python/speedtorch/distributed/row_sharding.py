@@ -99,16 +99,22 @@ class RowSharding:
         finally:
             self.collective_seconds += time.perf_counter() - start
 
+    def _to_owners(self, ids: torch.Tensor, *payloads: torch.Tensor, bytes_per_row: int):
+        """``ids`` (and rows of ``payloads``) bucketed by each id's owner and sent there (``all_to_all``): what this
+        rank received, in the same order, the order the sent rows took, and the split sizes both ways."""
+        dest = self.layout.owner_of(ids).to(self.comm_device)
+        order, counts = _bucket(ids, dest, self.layout.topology.world_size)
+        send_counts, recv_counts = self._timed(_exchange_counts, counts)
+        self._count_sent(send_counts, bytes_per_row)
+        received = [self._timed(_all_to_all, t.to(self.comm_device)[order], send_counts, recv_counts)
+                    for t in (ids, *payloads)]
+        return received, order, send_counts, recv_counts
+
     # --- 1. input dist: where ids go -------------------------------------------------------------------------
 
     def _input_dist(self, ids: torch.Tensor):
-        topo = self.layout.topology
-        dest = self.layout.owner_of(ids).to(self.comm_device)
-        order, counts = _bucket(ids, dest, topo.world_size)
-        send_counts, recv_counts = self._timed(_exchange_counts, counts)
-        sent = ids.to(self.comm_device)[order]
-        self._count_sent(send_counts, 8)
-        return self._timed(_all_to_all, sent, send_counts, recv_counts), order, send_counts, recv_counts
+        (asked,), order, send_counts, recv_counts = self._to_owners(ids, bytes_per_row=8)
+        return asked, order, send_counts, recv_counts
 
     # --- 2. lookup: where rows are read ------------------------------------------------------------------------
 
@@ -140,17 +146,10 @@ class RowSharding:
 
     def apply_gradients(self, ids: torch.Tensor, grad: torch.Tensor) -> None:
         """One optimizer step: ``grad`` (rows of ``ids``, summed per id on this rank) reaches each row's owner."""
-        topo = self.layout.topology
         if self.reduction == "mean":
-            grad = grad / topo.world_size  # as DDP averages dense gradients over the ranks
-        dest = self.layout.owner_of(ids).to(self.comm_device)
-        order, counts = _bucket(ids, dest, topo.world_size)
-        send_counts, recv_counts = self._timed(_exchange_counts, counts)
-        sent_ids = ids.to(self.comm_device)[order]
-        sent_grad = grad.to(self.comm_device)[order]
-        self._count_sent(send_counts, 8 + grad.shape[1] * sent_grad.element_size())
-        owned_ids = self._timed(_all_to_all, sent_ids, send_counts, recv_counts)
-        owned_grad = self._timed(_all_to_all, sent_grad, send_counts, recv_counts)
+            grad = grad / self.layout.topology.world_size  # as DDP averages dense gradients over the ranks
+        (owned_ids, owned_grad), *_ = self._to_owners(ids, grad,
+                                                       bytes_per_row=8 + grad.shape[1] * grad.element_size())
         self.shard.apply_gradients(owned_ids - self.host_start, owned_grad)
         self.fence()
 
