@@ -23,6 +23,59 @@ constexpr uint64_t kNaNStandIn = std::numeric_limits<uint64_t>::max();
 constexpr uint64_t kInfinityStandIn = kNaNStandIn - 1;
 constexpr uint64_t kMinusInfinityStandIn = kNaNStandIn - 2;
 
+// Earlier versions wrote a file name's bytes into the meta file as they were, UTF-8 or not, and read them back so
+// ("meta_hash" covers them). nlohmann-json reads UTF-8 only, so a byte b that is not part of a well-formed UTF-8
+// sequence reaches it as the escape of U+10FF00 + b (the last 128 code points of a private use plane) and is turned
+// back into the byte after parsing, in files that needed it only.
+constexpr uint32_t kByteStandInBase = 0x10FF00;
+
+// The length of the well-formed UTF-8 sequence at s[i] (Unicode's table 3-7), or 0.
+std::size_t utf8_length(const std::string& s, std::size_t i) {
+  const auto at = [&s](std::size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
+  const auto cont = [](unsigned c, unsigned lo = 0x80, unsigned hi = 0xBF) { return c >= lo && c <= hi; };
+  const unsigned b = at(i);
+  if (b < 0x80) return 1;
+  if (b >= 0xC2 && b <= 0xDF) return cont(at(i + 1)) ? 2 : 0;
+  if (b >= 0xE0 && b <= 0xEF) {
+    const bool second = b == 0xE0 ? cont(at(i + 1), 0xA0) : b == 0xED ? cont(at(i + 1), 0x80, 0x9F) : cont(at(i + 1));
+    return second && cont(at(i + 2)) ? 3 : 0;
+  }
+  if (b >= 0xF0 && b <= 0xF4) {
+    const bool second = b == 0xF0 ? cont(at(i + 1), 0x90) : b == 0xF4 ? cont(at(i + 1), 0x80, 0x8F) : cont(at(i + 1));
+    return second && cont(at(i + 2)) && cont(at(i + 3)) ? 4 : 0;
+  }
+  return 0;
+}
+
+// `s` with the bytes' stand-ins (UTF-8 F4 8F BE/BF xx) turned back into the bytes.
+std::string restore_bytes(const std::string& s) {
+  const auto u = [&s](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i + 3 < s.size() && u(i) == 0xF4 && u(i + 1) == 0x8F && (u(i + 2) == 0xBE || u(i + 2) == 0xBF)) {
+      out.push_back(static_cast<char>(((u(i + 2) & 0x03) << 6) | (u(i + 3) & 0x3F)));
+      i += 3;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+// Every key and string in `v` with its bytes restored.
+void restore_bytes(MetaJson& v) {
+  if (v.is_object()) {
+    MetaJson restored = MetaJson::object();
+    for (auto& member : v.items()) {
+      restore_bytes(member.value());
+      restored[restore_bytes(member.key())] = std::move(member.value());
+    }
+    v = std::move(restored);
+  } else if (v.is_string()) {
+    v = restore_bytes(v.get_ref<const std::string&>());
+  }
+}
+
 bool is_delimiter(char c) {
   switch (c) {
     case ' ': case '\t': case '\r': case '\n': case '{': case '}': case '[': case ']': case ':': case ',': case '"':
@@ -35,8 +88,8 @@ bool is_delimiter(char c) {
 // `text` with every bare word (outside strings) that strict JSON lacks replaced: NaN / Infinity / -Infinity by
 // their stand-ins, "-0" by "-0.0" (nlohmann-json reads "-0" as the integer 0; it has always meant the double -0.0),
 // and a stand-in's own digits by the same number as a double ("...615.0"), as any other reader takes them. Strings
-// are copied as they are; nlohmann-json checks everything else.
-std::string with_stand_ins(const std::string& text) {
+// are copied as they are but for bytes that are not UTF-8 (kByteStandInBase); nlohmann-json checks everything else.
+std::string with_stand_ins(const std::string& text, bool& bytes_stood_in) {
   const std::string stand_ins[] = {std::to_string(kNaNStandIn), std::to_string(kInfinityStandIn),
                                    std::to_string(kMinusInfinityStandIn)};
   std::string out;
@@ -44,11 +97,21 @@ std::string with_stand_ins(const std::string& text) {
   std::size_t i = 0;
   while (i < text.size()) {
     if (text[i] == '"') {  // a string, escapes and all, up to its closing quote
-      std::size_t j = i + 1;
-      while (j < text.size() && text[j] != '"') j += text[j] == '\\' ? 2 : 1;
-      j = std::min(j + 1, text.size());
-      out.append(text, i, j - i);
-      i = j;
+      out.push_back(text[i++]);
+      while (i < text.size() && text[i] != '"') {
+        const std::size_t n = text[i] == '\\' ? std::min<std::size_t>(2, text.size() - i) : utf8_length(text, i);
+        if (n > 0) {
+          out.append(text, i, n);
+          i += n;
+        } else {  // a byte that is not UTF-8: its stand-in's escape (a surrogate pair)
+          char escape[16];
+          const uint32_t unit = kByteStandInBase + static_cast<unsigned char>(text[i++]) - 0x10000;
+          std::snprintf(escape, sizeof(escape), "\\u%04x\\u%04x", 0xD800 + (unit >> 10), 0xDC00 + (unit & 0x3FF));
+          out += escape;
+          bytes_stood_in = true;
+        }
+      }
+      if (i < text.size()) out.push_back(text[i++]);
     } else if (is_delimiter(text[i])) {
       out.push_back(text[i++]);
     } else {
@@ -178,7 +241,10 @@ MetaJson parse_meta_json(const std::string& text, const std::string& name) {
     return true;
   };
   try {
-    return MetaJson::parse(with_stand_ins(text), check);
+    bool bytes_stood_in = false;
+    MetaJson parsed = MetaJson::parse(with_stand_ins(text, bytes_stood_in), check);
+    if (bytes_stood_in) restore_bytes(parsed);
+    return parsed;
   } catch (const MetaJson::exception& e) {
     // "[json.exception.parse_error.101] parse error at line 1, column 9: ..." without the bracketed id.
     const std::string what = e.what();

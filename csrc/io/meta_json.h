@@ -5,6 +5,7 @@
 // - numbers read and written as the doubles they always were ("-0" is -0.0; the shortest form that reads back as
 //   the same double, std::to_chars's, not nlohmann-json's), so files are byte for byte what earlier versions wrote
 //   and their "meta_hash" (over the doubles' bits) still matches;
+// - strings that are not UTF-8, which earlier versions wrote for such file names, read as the bytes they are;
 // - what a meta file may not hold: arrays, objects nested more than 8 deep, a key twice, a NUL byte;
 // - every error as a c10::Error naming the file, its message printable ASCII (io/message_text.h).
 #pragma once

@@ -108,6 +108,54 @@ TEST_F(EmbeddingFiles, MetaFilesAreWhatEarlierVersionsWroteAndRead) {
   EXPECT_EQ(to_meta_json(parse_meta_json(kMetaOfEarlierVersions, "g")), kMetaOfEarlierVersions);
 }
 
+// Earlier versions wrote a file name that is not UTF-8 as its bytes (generated as kMetaOfEarlierVersions, for the
+// name "caf\xe9\xff.npy"); such a file still reads, its "meta_hash" matching those bytes. New saves write U+FFFD.
+TEST_F(EmbeddingFiles, MetaFilesOfEarlierVersionsWithNamesThatAreNotUtf8) {
+  const std::string meta_text = "{\n"
+    "  \"format\": \"speedtorch.embedding\",\n"
+    "  \"version\": 1,\n"
+    "  \"num_rows\": 1e+05,\n"
+    "  \"dim\": 1,\n"
+    "  \"dtype\": \"float32\",\n"
+    "  \"table_file\": \"caf\xe9\xff.npy\",\n"
+    "  \"table_hash\": \"38990bc91bd46478\",\n"
+    "  \"optimizer\": \"rprop\",\n"
+    "  \"options\": {\n"
+    "    \"lr\": 1e-04,\n"
+    "    \"step_size_min\": -0,\n"
+    "    \"step_size_max\": Infinity,\n"
+    "    \"etaplus\": 1.2\n"
+    "  },\n"
+    "  \"step\": 1e+06,\n"
+    "  \"state_file\": \"caf\xe9\xff.state.npy\",\n"
+    "  \"state_hash\": \"38990bc91bd46478\",\n"
+    "  \"state_width\": 1,\n"
+    "  \"state_beside_rows\": 0,\n"
+    "  \"meta_hash\": \"1d9dda5a48ceff75\"\n"
+    "}\n"
+    "";
+  c10::Dict<std::string, double> o;
+  o.insert("lr", 1e-4);
+  o.insert("step_size_min", -0.0);
+  o.insert("step_size_max", HUGE_VAL);
+  o.insert("etaplus", 1.2);
+  save_embedding_files(path("caf\xe9\xff.npy"), at::zeros({100000, 1}), at::zeros({100000, 1}), "rprop", o, 1000000,
+                       false);
+  write_bytes(path("caf\xe9\xff.meta.json"), meta_text);
+  const EmbeddingMeta meta = read_embedding_meta(path("caf\xe9\xff.npy"));
+  EXPECT_EQ(meta.step, 1000000);
+  EXPECT_EQ(parse_meta_json(meta_text, "m").at("table_file").get<std::string>(), "caf\xe9\xff.npy");
+  EXPECT_EQ(to_meta_json(parse_meta_json(meta_text, "m")), meta_text);
+  // A damaged byte in such a file is still an error.
+  std::string damaged = meta_text;
+  damaged[damaged.find("\xe9")] = '\xe8';
+  EXPECT_NE(error_of([&] {
+              write_bytes(path("caf\xe9\xff.meta.json"), damaged);
+              read_embedding_meta(path("caf\xe9\xff.npy"));
+            }).find("meta_hash"),
+            std::string::npos);
+}
+
 // The meta files checked in for the fuzz targets (written by earlier versions) read and write back unchanged.
 TEST(MetaJson, CheckedInMetaFilesWriteBackByteForByte) {
   const std::string fuzz = std::string(SPEEDTORCH_SOURCE_DIR) + "/tests/fuzz/";
@@ -184,12 +232,16 @@ TEST(MetaJson, RejectsWhatJsonDoesNotAllow) {
   deep += "1" + std::string(12, '}');
   EXPECT_NE(error_of([&] { parse_meta_json(deep, "m.json"); }).find("nested too deeply"), std::string::npos);
   // Messages are ASCII whatever the file holds (Python decodes them as UTF-8).
-  for (const std::string bad : {"{\"a\": \"\xff\xfe\"}", "{\"\xc3\": 1}", "\xe9"}) {
+  for (const std::string bad : {"{\"a\": \xff}", "{\"a\": \"\xff", "\xe9"}) {
     const std::string err = error_of([&] { parse_meta_json(bad, "m.json"); });
     EXPECT_NE(err.find("not valid JSON"), std::string::npos) << err;
     EXPECT_TRUE(std::all_of(err.begin(), err.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; }))
         << err;
   }
+  // Strings that are not UTF-8 (earlier versions wrote file names' bytes as they were) read as their bytes.
+  const MetaJson bytes = parse_meta_json("{\"a\": \"\xff\xfe\", \"\xc3\": \"\xc3\xa9\xe9\"}", "m.json");
+  EXPECT_EQ(bytes.at("a").get<std::string>(), "\xff\xfe");
+  EXPECT_EQ(bytes.at("\xc3").get<std::string>(), "\xc3\xa9\xe9");
   const MetaJson ok = parse_meta_json("{\"a\": -0.5e-3, \"b\": 0, \"c\": 10E+2, \"d\": -0, \"e\": -Infinity}", "m.json");
   EXPECT_EQ(ok.at("a").get<double>(), -0.5e-3);
   EXPECT_EQ(ok.at("b").get<double>(), 0.0);
