@@ -19,16 +19,19 @@ demo: build
 test: build test-cpp test-python test-package
 
 # torch 2.11 from PyPI when no torch >= 2.4 is importable (an existing torch is reused: it must match the build);
-# GoogleTest, cpp-httplib and nlohmann-json (the example server) from Debian when their headers are missing.
+# from Debian when their headers are missing: nlohmann-json and xxHash (the library's meta files and content hashes:
+# required), GoogleTest and cpp-httplib (the C++ tests and the example server: optional).
 deps:
 	@$(PYTHON) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split(\"+\")[0].split(\".\")[:2]); sys.exit(v < (2, 4))" 2>/dev/null \
 	  || $(PYTHON) -m pip install "torch==2.11.0"
 	@$(PYTHON) -c "import numpy, pytest, hypothesis, tqdm, expecttest, scikit_build_core" 2>/dev/null \
 	  || $(PYTHON) -m pip install -q numpy pytest hypothesis tqdm expecttest "scikit-build-core>=0.10" ninja
 	@command -v cmake >/dev/null || $(PYTHON) -m pip install -q cmake
-	@[ -f /usr/include/gtest/gtest.h ] && [ -f /usr/include/httplib.h ] && [ -d /usr/include/nlohmann ] \
-	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q libgtest-dev libcpp-httplib-dev nlohmann-json3-dev) \
-	  || echo "GoogleTest / cpp-httplib / nlohmann-json not installed: the C++ tests and the example server are skipped"
+	@[ -d /usr/include/nlohmann ] && [ -f /usr/include/xxhash.h ] \
+	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nlohmann-json3-dev libxxhash-dev)
+	@[ -f /usr/include/gtest/gtest.h ] && [ -f /usr/include/httplib.h ] \
+	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q libgtest-dev libcpp-httplib-dev) \
+	  || echo "GoogleTest / cpp-httplib not installed: the C++ tests and the example server are skipped"
 
 build: deps
 	cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) $(CMAKE_ARGS)

@@ -14,7 +14,7 @@
 
 namespace speedtorch::io {
 
-// XXH64 of `size` bytes with `seed` (the reference algorithm; exposed for tests).
+// XXH64 of `size` bytes with `seed` (the xxHash library's; exposed for tests).
 uint64_t xxh64(const void* data, std::size_t size, uint64_t seed);
 
 class ContentHasher {

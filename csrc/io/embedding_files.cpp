@@ -16,8 +16,8 @@
 
 #include "io/atomic_file.h"
 #include "io/content_hash.h"
-#include "io/json_value.h"
 #include "io/message_text.h"
+#include "io/meta_json.h"
 #include "io/npy_file.h"
 #include "memory/pinned_host_buffer.h"
 
@@ -53,16 +53,22 @@ std::string read_text(const std::string& path) {
   return text.str();
 }
 
-// A member of the meta object, with an error naming the file and the member when it is missing or mistyped.
-const JsonValue& member(const JsonValue& meta, const std::string& key, JsonValue::Kind kind, const std::string& file) {
-  const JsonValue* v = meta.find(key);
-  TORCH_CHECK(v != nullptr, "speedtorch: ", file, " lacks \"", key, "\"; it was not written by speedtorch's save()");
-  TORCH_CHECK(v->kind == kind, "speedtorch: ", file, ": \"", key, "\" has the wrong type");
+// A member of the meta object, with an error naming the file and the member when it is missing or not of the type
+// `has_type` (a MetaJson::is_* member) accepts.
+const MetaJson& member(const MetaJson& meta, const std::string& key, bool (MetaJson::*has_type)() const noexcept,
+                       const std::string& file) {
+  const auto v = meta.find(key);
+  TORCH_CHECK(v != meta.end(), "speedtorch: ", file, " lacks \"", key, "\"; it was not written by speedtorch's save()");
+  TORCH_CHECK(((*v).*has_type)(), "speedtorch: ", file, ": \"", key, "\" has the wrong type");
   return *v;
 }
 
-int64_t integer(const JsonValue& meta, const std::string& key, const std::string& file) {
-  const double v = member(meta, key, JsonValue::Kind::kNumber, file).number;
+const std::string& text_member(const MetaJson& meta, const std::string& key, const std::string& file) {
+  return member(meta, key, &MetaJson::is_string, file).get_ref<const std::string&>();
+}
+
+int64_t integer(const MetaJson& meta, const std::string& key, const std::string& file) {
+  const double v = member(meta, key, &MetaJson::is_number, file).get<double>();
   TORCH_CHECK(v >= 0 && v == std::floor(v) && v < 9.007199254740992e15, "speedtorch: ", file, ": \"", key,
               "\" must be a non-negative integer, got ", v);
   return static_cast<int64_t>(v);
@@ -70,8 +76,8 @@ int64_t integer(const JsonValue& meta, const std::string& key, const std::string
 
 // A content hash recorded in the meta file: 16 hex digits (hash_to_hex). An empty or malformed one would leave the
 // data unverifiable, so the file is rejected rather than loaded unchecked.
-std::string hash_member(const JsonValue& meta, const std::string& key, const std::string& file) {
-  const std::string& h = member(meta, key, JsonValue::Kind::kString, file).text;
+std::string hash_member(const MetaJson& meta, const std::string& key, const std::string& file) {
+  const std::string& h = text_member(meta, key, file);
   bool ok = h.size() == 16;
   for (const char c : h) ok = ok && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
   TORCH_CHECK(ok, "speedtorch: ", file, ": \"", key, "\" must be a content hash of 16 hex digits, got \"", printable(h),
@@ -97,71 +103,80 @@ void check_state_header(const NpyHeader& h, const EmbeddingMeta& meta, const std
               ", ", meta.state_width, ") (files from different saves?)");
 }
 
-// The content of a JSON value as bytes that do not depend on how to_json lays it out (indentation, number notation,
-// which may change between versions): kinds, exact number bits, strings and keys with their lengths.
-void append_canonical(const JsonValue& v, std::string& out) {
+// The content of a JSON value as bytes that do not depend on how to_meta_json lays it out (indentation, number
+// notation, which may change between versions): kinds, exact number bits (every number as the double it reads as,
+// however the parser stores it), strings and keys with their lengths.
+void append_canonical(const MetaJson& v, std::string& out) {
   const auto append_u64 = [&out](uint64_t x) { out.append(reinterpret_cast<const char*>(&x), sizeof(x)); };
-  switch (v.kind) {
-    case JsonValue::Kind::kNull: out.push_back('n'); return;
-    case JsonValue::Kind::kBool: out.push_back(v.boolean ? 't' : 'f'); return;
-    case JsonValue::Kind::kNumber: {
+  switch (v.type()) {
+    case MetaJson::value_t::null: out.push_back('n'); return;
+    case MetaJson::value_t::boolean: out.push_back(v.get<bool>() ? 't' : 'f'); return;
+    case MetaJson::value_t::number_integer:
+    case MetaJson::value_t::number_unsigned:
+    case MetaJson::value_t::number_float: {
       out.push_back('d');
+      const double d = v.get<double>();
       uint64_t bits = 0x7FF8000000000000ull;  // every NaN reads back as this one ("NaN" in the file)
-      if (!std::isnan(v.number)) std::memcpy(&bits, &v.number, sizeof(bits));
+      if (!std::isnan(d)) std::memcpy(&bits, &d, sizeof(bits));
       append_u64(bits);
       return;
     }
-    case JsonValue::Kind::kString:
+    case MetaJson::value_t::string: {
+      const std::string& text = v.get_ref<const std::string&>();
       out.push_back('s');
-      append_u64(v.text.size());
-      out += v.text;
+      append_u64(text.size());
+      out += text;
       return;
-    case JsonValue::Kind::kObject:
+    }
+    case MetaJson::value_t::object:
       out.push_back('o');
-      append_u64(v.members.size());
-      for (const auto& m : v.members) {
-        append_u64(m.first.size());
-        out += m.first;
-        append_canonical(m.second, out);
+      append_u64(v.size());
+      for (const auto& m : v.items()) {
+        append_u64(m.key().size());
+        out += m.key();
+        append_canonical(m.value(), out);
       }
       return;
+    default:  // arrays are refused by parse_meta_json and never written
+      TORCH_CHECK(false, "speedtorch: a meta file holds no ", v.type_name());
   }
 }
 
 // The hash of a meta file's members other than "meta_hash": a changed value (a flipped bit in the learning rate or
 // the step count) changes it; the file's layout does not.
-std::string meta_content_hash(const JsonValue& j) {
+std::string meta_content_hash(const MetaJson& j) {
   std::string bytes;
-  for (const auto& m : j.members) {
-    if (m.first == "meta_hash") continue;
-    JsonValue one = JsonValue::object();
-    one.set(m.first, m.second);
+  for (const auto& m : j.items()) {
+    if (m.key() == "meta_hash") continue;
+    MetaJson one = MetaJson::object();
+    one[m.key()] = m.value();
     append_canonical(one, bytes);
   }
   return hash_to_hex(xxh64(bytes.data(), bytes.size(), 0));
 }
 
-JsonValue meta_json(const EmbeddingMeta& meta, const EmbeddingPaths& paths) {
-  JsonValue j = JsonValue::object();
-  j.set("format", JsonValue::of(std::string(kFormat)));
-  j.set("version", JsonValue::of(static_cast<double>(kVersion)));
-  j.set("num_rows", JsonValue::of(static_cast<double>(meta.num_rows)));
-  j.set("dim", JsonValue::of(static_cast<double>(meta.dim)));
-  j.set("dtype", JsonValue::of(dtype_name(meta.dtype)));
-  j.set("table_file", JsonValue::of(base_name(paths.table)));
-  j.set("table_hash", JsonValue::of(meta.table_hash));
-  j.set("optimizer", JsonValue::of(meta.optimizer));
-  JsonValue options = JsonValue::object();
-  for (const auto& entry : meta.options) options.set(entry.key(), JsonValue::of(entry.value()));
-  j.set("options", std::move(options));
-  j.set("step", JsonValue::of(static_cast<double>(meta.step)));
+// Members in the order meta files have always had them; every number a double (as it reads back).
+MetaJson meta_json(const EmbeddingMeta& meta, const EmbeddingPaths& paths) {
+  MetaJson j = MetaJson::object();
+  j["format"] = kFormat;
+  j["version"] = static_cast<double>(kVersion);
+  j["num_rows"] = static_cast<double>(meta.num_rows);
+  j["dim"] = static_cast<double>(meta.dim);
+  j["dtype"] = dtype_name(meta.dtype);
+  j["table_file"] = valid_utf8(base_name(paths.table));
+  j["table_hash"] = meta.table_hash;
+  j["optimizer"] = meta.optimizer;
+  MetaJson options = MetaJson::object();
+  for (const auto& entry : meta.options) options[entry.key()] = entry.value();
+  j["options"] = std::move(options);
+  j["step"] = static_cast<double>(meta.step);
   if (!meta.optimizer.empty()) {
-    j.set("state_file", JsonValue::of(base_name(paths.state)));
-    j.set("state_hash", JsonValue::of(meta.state_hash));
-    j.set("state_width", JsonValue::of(static_cast<double>(meta.state_width)));
-    j.set("state_beside_rows", JsonValue::of(meta.state_beside_rows ? 1.0 : 0.0));
+    j["state_file"] = valid_utf8(base_name(paths.state));
+    j["state_hash"] = meta.state_hash;
+    j["state_width"] = static_cast<double>(meta.state_width);
+    j["state_beside_rows"] = meta.state_beside_rows ? 1.0 : 0.0;
   }
-  j.set("meta_hash", JsonValue::of(meta_content_hash(j)));  // last: it covers every member before it
+  j["meta_hash"] = meta_content_hash(j);  // last: it covers every member before it
   return j;
 }
 
@@ -241,7 +256,7 @@ EmbeddingMeta save_embedding_files(const std::string& path, const at::Tensor& ta
     meta.state_hash = hash_to_hex(state_writer->finish());
   }
   AtomicFile meta_file(paths.meta, "speedtorch.save");
-  const std::string text = to_json(meta_json(meta, paths));
+  const std::string text = to_meta_json(meta_json(meta, paths));
   meta_file.write(text.data(), text.size());
   meta_file.finish();
   // The renames back to back, one directory sync after them: a process killed during a save leaves the previous
@@ -272,42 +287,44 @@ EmbeddingMeta read_embedding_meta(const std::string& path) {
     meta.dtype = h.dtype == at::kDouble ? at::kFloat : h.dtype;  // float64 rows become float32
     return meta;
   }
-  const JsonValue j = parse_json(read_text(paths.meta), paths.meta);
-  TORCH_CHECK(j.kind == JsonValue::Kind::kObject, "speedtorch: ", paths.meta, " is not a JSON object");
+  const MetaJson j = parse_meta_json(read_text(paths.meta), paths.meta);
+  TORCH_CHECK(j.is_object(), "speedtorch: ", paths.meta, " is not a JSON object");
   // Meta files written before "meta_hash" existed have none and are read as they are, provided every member is
   // one they had (a damaged "meta_hash" key must not switch the check off).
-  if (j.find("meta_hash") == nullptr) {
-    for (const auto& m : j.members) {
-      TORCH_CHECK(std::find(std::begin(kMetaMembers), std::end(kMetaMembers), m.first) != std::end(kMetaMembers),
-                  "speedtorch: ", paths.meta, " has an unknown member \"", printable(m.first), "\" and no "
+  const auto recorded = j.find("meta_hash");
+  if (recorded == j.end()) {
+    for (const auto& m : j.items()) {
+      TORCH_CHECK(std::find(std::begin(kMetaMembers), std::end(kMetaMembers), m.key()) != std::end(kMetaMembers),
+                  "speedtorch: ", paths.meta, " has an unknown member \"", printable(m.key()), "\" and no "
                   "\"meta_hash\"; the meta file is damaged");
     }
-  }
-  if (const JsonValue* recorded = j.find("meta_hash")) {
+  } else {
     const std::string expected = meta_content_hash(j);
-    TORCH_CHECK(recorded->kind == JsonValue::Kind::kString && recorded->text == expected, "speedtorch: ", paths.meta,
-                " is damaged: its content does not match its \"meta_hash\" (", printable(recorded->text),
+    const std::string got = recorded->is_string() ? recorded->get<std::string>() : recorded->dump();
+    TORCH_CHECK(recorded->is_string() && got == expected, "speedtorch: ", paths.meta,
+                " is damaged: its content does not match its \"meta_hash\" (", printable(got),
                 ", the content hashes to ", expected, "). Restore it from a backup or save the table again; after an "
                 "edit by hand, delete the \"meta_hash\" line");
   }
-  TORCH_CHECK(member(j, "format", JsonValue::Kind::kString, paths.meta).text == kFormat, "speedtorch: ", paths.meta,
-              " is not a speedtorch table's meta file (format '", printable(j.find("format")->text), "')");
+  const std::string& format = text_member(j, "format", paths.meta);
+  TORCH_CHECK(format == kFormat, "speedtorch: ", paths.meta, " is not a speedtorch table's meta file (format '",
+              printable(format), "')");
   const int64_t version = integer(j, "version", paths.meta);
   TORCH_CHECK(version == kVersion, "speedtorch: ", paths.meta, " has format version ", version, "; this speedtorch "
               "reads version ", kVersion, " (written by a newer speedtorch? upgrade it)");
   meta.has_meta_file = true;
   meta.num_rows = integer(j, "num_rows", paths.meta);
   meta.dim = integer(j, "dim", paths.meta);
-  meta.dtype = dtype_from_name(member(j, "dtype", JsonValue::Kind::kString, paths.meta).text);
+  meta.dtype = dtype_from_name(text_member(j, "dtype", paths.meta));
   meta.table_hash = hash_member(j, "table_hash", paths.meta);
-  meta.optimizer = member(j, "optimizer", JsonValue::Kind::kString, paths.meta).text;
+  meta.optimizer = text_member(j, "optimizer", paths.meta);
   TORCH_CHECK(printable(meta.optimizer) == meta.optimizer, "speedtorch: ", paths.meta, ": \"optimizer\" is not an "
               "optimizer's name (\"", printable(meta.optimizer), "\"); the meta file is damaged");
-  for (const auto& m : member(j, "options", JsonValue::Kind::kObject, paths.meta).members) {
+  for (const auto& m : member(j, "options", &MetaJson::is_object, paths.meta).items()) {
     // Names reach the optimizer's parser, whose errors quote them: they must be printable.
-    TORCH_CHECK(m.second.kind == JsonValue::Kind::kNumber && printable(m.first) == m.first, "speedtorch: ",
-                paths.meta, ": option '", printable(m.first), "' must be a printable name with a number");
-    meta.options.insert(m.first, m.second.number);
+    TORCH_CHECK(m.value().is_number() && printable(m.key()) == m.key(), "speedtorch: ", paths.meta, ": option '",
+                printable(m.key()), "' must be a printable name with a number");
+    meta.options.insert(m.key(), m.value().get<double>());
   }
   meta.step = integer(j, "step", paths.meta);
   TORCH_CHECK(file_exists(paths.table), "speedtorch: ", paths.meta, " describes a table whose rows file ",
@@ -350,7 +367,7 @@ void write_embedding_meta(const std::string& path, EmbeddingMeta meta, const at:
   const EmbeddingPaths paths = embedding_paths(path);
   meta.table_hash = content_hash_of(table);
   if (state.defined()) meta.state_hash = content_hash_of(state);
-  write_file_atomically(paths.meta, to_json(meta_json(meta, paths)), "speedtorch.flush");
+  write_file_atomically(paths.meta, to_meta_json(meta_json(meta, paths)), "speedtorch.flush");
 }
 
 }  // namespace speedtorch::io

@@ -1,12 +1,15 @@
-// Tests for csrc/io/embedding_files (a table, its optimizer state and meta on disk) and csrc/io/json_value.
+// Tests for csrc/io/embedding_files (a table, its optimizer state and meta on disk) and csrc/io/meta_json.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 
 #include "error_text.h"
 #include "io/embedding_files.h"
-#include "io/json_value.h"
+#include "io/meta_json.h"
 #include "io/npy_file.h"
 #include "temp_dir.h"
 
@@ -25,31 +28,161 @@ class EmbeddingFiles : public speedtorch::testing::TempDirTest {
   }
 };
 
-TEST(JsonValue, RoundTripsWhatMetaFilesHold) {
-  JsonValue obj = JsonValue::object();
-  obj.set("name", JsonValue::of(std::string("a \"quoted\" \\ name\n")));
-  obj.set("lr", JsonValue::of(0.1));
-  obj.set("big", JsonValue::of(9007199254740991.0));
-  obj.set("inf", JsonValue::of(HUGE_VAL));
-  JsonValue inner = JsonValue::object();
-  inner.set("x", JsonValue::of(-1.5e-300));
-  obj.set("inner", std::move(inner));
-  const std::string text = to_json(obj);
+TEST(MetaJson, RoundTripsWhatMetaFilesHold) {
+  MetaJson obj = MetaJson::object();
+  obj["name"] = "a \"quoted\" \\ name\n";
+  obj["lr"] = 0.1;
+  obj["big"] = 9007199254740991.0;
+  obj["inf"] = HUGE_VAL;
+  MetaJson inner = MetaJson::object();
+  inner["x"] = -1.5e-300;
+  obj["inner"] = std::move(inner);
+  const std::string text = to_meta_json(obj);
   EXPECT_NE(text.find("\"lr\": 0.1,"), std::string::npos);  // shortest exact form
-  const JsonValue back = parse_json(text, "t.json");
-  EXPECT_EQ(back.find("name")->text, "a \"quoted\" \\ name\n");
-  EXPECT_EQ(back.find("lr")->number, 0.1);
-  EXPECT_EQ(back.find("big")->number, 9007199254740991.0);
-  EXPECT_TRUE(std::isinf(back.find("inf")->number));
-  EXPECT_EQ(back.find("inner")->find("x")->number, -1.5e-300);
-  EXPECT_EQ(back.find("missing"), nullptr);
-  const JsonValue py = parse_json("{\"a\": true, \"b\": false, \"c\": null, \"d\": NaN, \"e\": \"\\u00e9\"}", "p");
-  EXPECT_TRUE(py.find("a")->boolean);
-  EXPECT_FALSE(py.find("b")->boolean);
-  EXPECT_TRUE(std::isnan(py.find("d")->number));
-  EXPECT_EQ(py.find("e")->text, "\xc3\xa9");
-  EXPECT_NE(error_of([] { parse_json("{\"a\": 1,", "m.json"); }).find("m.json is not valid JSON"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_json("{\"a\": [1]}", "m.json"); }).find("arrays"), std::string::npos);
+  const MetaJson back = parse_meta_json(text, "t.json");
+  EXPECT_EQ(back.at("name").get<std::string>(), "a \"quoted\" \\ name\n");
+  EXPECT_EQ(back.at("lr").get<double>(), 0.1);
+  EXPECT_EQ(back.at("big").get<double>(), 9007199254740991.0);
+  EXPECT_TRUE(std::isinf(back.at("inf").get<double>()));
+  EXPECT_EQ(back.at("inner").at("x").get<double>(), -1.5e-300);
+  EXPECT_EQ(back.find("missing"), back.end());
+  EXPECT_EQ(to_meta_json(back), text);
+  const MetaJson py = parse_meta_json("{\"a\": true, \"b\": false, \"c\": null, \"d\": NaN, \"e\": \"\\u00e9\"}", "p");
+  EXPECT_TRUE(py.at("a").get<bool>());
+  EXPECT_FALSE(py.at("b").get<bool>());
+  EXPECT_TRUE(py.at("c").is_null());
+  EXPECT_TRUE(std::isnan(py.at("d").get<double>()));
+  EXPECT_EQ(py.at("e").get<std::string>(), "\xc3\xa9");
+  EXPECT_NE(error_of([] { parse_meta_json("{\"a\": 1,", "m.json"); }).find("m.json is not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_meta_json("{\"a\": [1]}", "m.json"); }).find("arrays"), std::string::npos);
+}
+
+// What the code before nlohmann-json and xxHash (commit 586863e: its json_value.cpp, content_hash.cpp and
+// embedding_files.cpp) wrote for the save below, byte for byte: numbers as std::to_chars's shortest form (1e+05,
+// 1e-04, -0), Infinity, a newline in a string as a backslash-u escape; its content hashes and "meta_hash".
+const char kMetaOfEarlierVersions[] = R"({
+  "format": "speedtorch.embedding",
+  "version": 1,
+  "num_rows": 1e+05,
+  "dim": 1,
+  "dtype": "float32",
+  "table_file": "g\u000a\"q\".npy",
+  "table_hash": "38990bc91bd46478",
+  "optimizer": "rprop",
+  "options": {
+    "lr": 1e-04,
+    "step_size_min": -0,
+    "step_size_max": Infinity,
+    "etaplus": 1.2
+  },
+  "step": 1e+06,
+  "state_file": "g\u000a\"q\".state.npy",
+  "state_hash": "38990bc91bd46478",
+  "state_width": 1,
+  "state_beside_rows": 0,
+  "meta_hash": "54e4ebd0b8617a32"
+}
+)";
+
+TEST_F(EmbeddingFiles, MetaFilesAreWhatEarlierVersionsWroteAndRead) {
+  const std::string file = path("g\n\"q\".npy");  // any bytes but '/' and NUL make a file name
+  c10::Dict<std::string, double> o;
+  o.insert("lr", 1e-4);
+  o.insert("step_size_min", -0.0);
+  o.insert("step_size_max", HUGE_VAL);
+  o.insert("etaplus", 1.2);
+  save_embedding_files(file, at::zeros({100000, 1}), at::zeros({100000, 1}), "rprop", o, 1000000, false);
+  EXPECT_EQ(read_bytes(path("g\n\"q\".meta.json")), kMetaOfEarlierVersions);
+  // The file of the earlier version (the same bytes) reads back: same values, its "meta_hash" matches.
+  const EmbeddingMeta meta = read_embedding_meta(file);
+  EXPECT_EQ(meta.num_rows, 100000);
+  EXPECT_EQ(meta.step, 1000000);
+  EXPECT_EQ(meta.options.at("lr"), 1e-4);
+  EXPECT_TRUE(std::signbit(meta.options.at("step_size_min")));
+  EXPECT_EQ(meta.options.at("step_size_max"), HUGE_VAL);
+  at::Tensor t = at::ones({100000, 1});
+  at::Tensor s = at::ones({100000, 1});
+  load_embedding_files(file, meta, t, s, /*verify=*/true);  // its content hashes match
+  EXPECT_TRUE(at::equal(t, at::zeros({100000, 1})));
+  EXPECT_EQ(to_meta_json(parse_meta_json(kMetaOfEarlierVersions, "g")), kMetaOfEarlierVersions);
+}
+
+// Earlier versions wrote a file name that is not UTF-8 as its bytes (generated as kMetaOfEarlierVersions, for the
+// name "caf\xe9\xff.npy"); such a file still reads, its "meta_hash" matching those bytes. New saves write U+FFFD.
+TEST_F(EmbeddingFiles, MetaFilesOfEarlierVersionsWithNamesThatAreNotUtf8) {
+  const std::string meta_text = "{\n"
+    "  \"format\": \"speedtorch.embedding\",\n"
+    "  \"version\": 1,\n"
+    "  \"num_rows\": 1e+05,\n"
+    "  \"dim\": 1,\n"
+    "  \"dtype\": \"float32\",\n"
+    "  \"table_file\": \"caf\xe9\xff.npy\",\n"
+    "  \"table_hash\": \"38990bc91bd46478\",\n"
+    "  \"optimizer\": \"rprop\",\n"
+    "  \"options\": {\n"
+    "    \"lr\": 1e-04,\n"
+    "    \"step_size_min\": -0,\n"
+    "    \"step_size_max\": Infinity,\n"
+    "    \"etaplus\": 1.2\n"
+    "  },\n"
+    "  \"step\": 1e+06,\n"
+    "  \"state_file\": \"caf\xe9\xff.state.npy\",\n"
+    "  \"state_hash\": \"38990bc91bd46478\",\n"
+    "  \"state_width\": 1,\n"
+    "  \"state_beside_rows\": 0,\n"
+    "  \"meta_hash\": \"1d9dda5a48ceff75\"\n"
+    "}\n"
+    "";
+  c10::Dict<std::string, double> o;
+  o.insert("lr", 1e-4);
+  o.insert("step_size_min", -0.0);
+  o.insert("step_size_max", HUGE_VAL);
+  o.insert("etaplus", 1.2);
+  save_embedding_files(path("caf\xe9\xff.npy"), at::zeros({100000, 1}), at::zeros({100000, 1}), "rprop", o, 1000000,
+                       false);
+  write_bytes(path("caf\xe9\xff.meta.json"), meta_text);
+  const EmbeddingMeta meta = read_embedding_meta(path("caf\xe9\xff.npy"));
+  EXPECT_EQ(meta.step, 1000000);
+  EXPECT_EQ(parse_meta_json(meta_text, "m").at("table_file").get<std::string>(), "caf\xe9\xff.npy");
+  EXPECT_EQ(to_meta_json(parse_meta_json(meta_text, "m")), meta_text);
+  // A damaged byte in such a file is still an error.
+  std::string damaged = meta_text;
+  damaged[damaged.find("\xe9")] = '\xe8';
+  EXPECT_NE(error_of([&] {
+              write_bytes(path("caf\xe9\xff.meta.json"), damaged);
+              read_embedding_meta(path("caf\xe9\xff.npy"));
+            }).find("meta_hash"),
+            std::string::npos);
+}
+
+// The meta files checked in for the fuzz targets (written by earlier versions) read and write back unchanged.
+TEST(MetaJson, CheckedInMetaFilesWriteBackByteForByte) {
+  const std::string fuzz = std::string(SPEEDTORCH_SOURCE_DIR) + "/tests/fuzz/";
+  const std::string separator = "\n@@speedtorch-fuzz-file@@\n";
+  int checked = 0;
+  for (const char* name : {"template/t.meta.json", "corpus/embedding_files/valid-template-meta",
+                           "corpus/embedding_files/valid-template-all-files",
+                           "corpus/embedding_files/valid-bf16-sgd-apart",
+                           "corpus/embedding_files/valid-f16-no-optimizer", "corpus/embedding_files/options-nan"}) {
+    std::ifstream in(fuzz + name, std::ios::binary);
+    ASSERT_TRUE(in.good()) << name;
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text = text.substr(0, text.find(separator));  // the meta part of a fuzz input
+    EXPECT_EQ(to_meta_json(parse_meta_json(text, name)), text) << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6);
+}
+
+// A file name that is not UTF-8 (Linux allows any bytes) is written as valid UTF-8, which every JSON reader needs.
+TEST_F(EmbeddingFiles, FileNamesThatAreNotUtf8) {
+  save_embedding_files(path("caf\xe9.npy"), at::randn({3, 2}), at::Tensor(), "", c10::Dict<std::string, double>(), 0,
+                       true);
+  const std::string text = read_bytes(path("caf\xe9.meta.json"));
+  EXPECT_NE(text.find("\"table_file\": \"caf\xef\xbf\xbd.npy\""), std::string::npos) << text;  // U+FFFD
+  EXPECT_EQ(read_embedding_meta(path("caf\xe9.npy")).num_rows, 3);
+  EXPECT_EQ(valid_utf8("ok \xc3\xa9"), "ok \xc3\xa9");
 }
 
 TEST_F(EmbeddingFiles, SaveAndLoadTableStateAndMeta) {
@@ -81,17 +214,42 @@ TEST_F(EmbeddingFiles, SaveAndLoadTableStateAndMeta) {
 
 // What single bit flips in meta files turned into (tests/python/test_reliability.py): numbers JSON does not allow,
 // which strtod or from_chars would still read, and a NUL read as white space.
-TEST(JsonValue, RejectsWhatJsonDoesNotAllow) {
+TEST(MetaJson, RejectsWhatJsonDoesNotAllow) {
   for (const std::string bad : {"{\"a\": 01}", "{\"a\": .5}", "{\"a\": 1.}", "{\"a\": +1}", "{\"a\": 1e}",
-                                "{\"a\": inf}", "{\"a\": 0x10}"}) {
-    EXPECT_NE(error_of([&] { parse_json(bad, "m.json"); }).find("m.json is not valid JSON"), std::string::npos) << bad;
+                                "{\"a\": inf}", "{\"a\": 0x10}", "{\"a\": nan}", "{\"a\": NaNa}", "{NaN: 1}",
+                                "{\"a\": 1e400}", "{\"a\": \"\x01\"}", "{\"a\": 1} x"}) {
+    EXPECT_NE(error_of([&] { parse_meta_json(bad, "m.json"); }).find("m.json is not valid JSON"), std::string::npos)
+        << bad;
   }
-  EXPECT_NE(error_of([&] { parse_json(std::string("{\"a\":\0 1}", 9), "m.json"); }).find("not valid JSON"),
+  EXPECT_NE(error_of([&] { parse_meta_json(std::string("{\"a\":\0 1}", 9), "m.json"); }).find("not valid JSON"),
             std::string::npos);
-  const JsonValue ok = parse_json("{\"a\": -0.5e-3, \"b\": 0, \"c\": 10E+2}", "m.json");
-  EXPECT_EQ(ok.find("a")->number, -0.5e-3);
-  EXPECT_EQ(ok.find("b")->number, 0.0);
-  EXPECT_EQ(ok.find("c")->number, 1000.0);
+  // (nlohmann-json alone would end its input at the NUL and take the object before it)
+  EXPECT_NE(error_of([&] { parse_meta_json(std::string("{\"a\": 1}\0x", 10), "m.json"); }).find("NUL"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_meta_json("{\"a\": 1, \"a\": 2}", "m.json"); }).find("twice"), std::string::npos);
+  std::string deep;
+  for (int i = 0; i < 12; ++i) deep += "{\"a\": ";
+  deep += "1" + std::string(12, '}');
+  EXPECT_NE(error_of([&] { parse_meta_json(deep, "m.json"); }).find("nested too deeply"), std::string::npos);
+  // Messages are ASCII whatever the file holds (Python decodes them as UTF-8).
+  for (const std::string bad : {"{\"a\": \xff}", "{\"a\": \"\xff", "\xe9"}) {
+    const std::string err = error_of([&] { parse_meta_json(bad, "m.json"); });
+    EXPECT_NE(err.find("not valid JSON"), std::string::npos) << err;
+    EXPECT_TRUE(std::all_of(err.begin(), err.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; }))
+        << err;
+  }
+  // Strings that are not UTF-8 (earlier versions wrote file names' bytes as they were) read as their bytes.
+  const MetaJson bytes = parse_meta_json("{\"a\": \"\xff\xfe\", \"\xc3\": \"\xc3\xa9\xe9\"}", "m.json");
+  EXPECT_EQ(bytes.at("a").get<std::string>(), "\xff\xfe");
+  EXPECT_EQ(bytes.at("\xc3").get<std::string>(), "\xc3\xa9\xe9");
+  const MetaJson ok = parse_meta_json("{\"a\": -0.5e-3, \"b\": 0, \"c\": 10E+2, \"d\": -0, \"e\": -Infinity}", "m.json");
+  EXPECT_EQ(ok.at("a").get<double>(), -0.5e-3);
+  EXPECT_EQ(ok.at("b").get<double>(), 0.0);
+  EXPECT_EQ(ok.at("c").get<double>(), 1000.0);
+  EXPECT_TRUE(std::signbit(ok.at("d").get<double>()));
+  EXPECT_EQ(ok.at("e").get<double>(), -HUGE_VAL);
+  // The digits of NaN's stand-in in a file are the number they are.
+  EXPECT_EQ(parse_meta_json("{\"a\": 18446744073709551615}", "m").at("a").get<double>(), 18446744073709551615.0);
 }
 
 TEST_F(EmbeddingFiles, FilesFromDifferentSavesAreAnError) {

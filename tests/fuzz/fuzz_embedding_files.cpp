@@ -1,5 +1,5 @@
-// libFuzzer target over the loading of a saved table: the meta file's JSON (csrc/io/json_value.h), its checks
-// against the .npy headers and the data's content hashes (csrc/io/embedding_files.h), and PinnedEmbedding::load
+// libFuzzer target over the loading of a saved table: the meta file's JSON (csrc/io/meta_json.h, on nlohmann-json),
+// its checks against the .npy headers and the data's content hashes (csrc/io/embedding_files.h), PinnedEmbedding::load
 // with verify and PinnedEmbedding::open (csrc/embedding/pinned_embedding_io.cpp). load(path, verify=true) is what
 // torch.jit.load runs for a model whose table lives in a sidecar (embedding_pickle.cpp), after the same
 // read_embedding_meta. The input replaces files of a small valid save (tests/fuzz/template/, written by
