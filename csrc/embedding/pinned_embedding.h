@@ -1,6 +1,7 @@
 // PinnedEmbedding: an embedding table of num_rows x dim kept in exact-size pinned host memory, exchanged with GPUs
 // row by row. A torch::CustomClass (registered in ops/pinned_embedding_class.cpp), so Python, TorchScript and C++
-// share one object; every row operation goes through the dispatcher's speedtorch::gather / scatter_.
+// share one object. Its row operations are those of speedtorch::gather / scatter_ / row_optimizer_step_, called in the
+// core (transfer/checked_row_transfer.h, optim/row_optimizer.h), not through the dispatcher.
 //
 // Its files (save / load / open, in pinned_embedding_io.cpp) are those of io/embedding_files.h; how it travels
 // inside a torch.jit.save'd model is embedding/embedding_pickle.h.
@@ -60,7 +61,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // the new layout (for a moment both layouts exist). Configuring again resets the state and the step count.
   void set_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options, bool state_beside_rows);
   // One optimizer step on the rows `indices` name: grad (indices.shape + (dim,), any device) is summed per distinct
-  // row, then rows and state are updated in place (speedtorch::row_optimizer_step_). Needs set_optimizer first.
+  // row, then rows and state are updated in place (optim/row_optimizer.h, what speedtorch::row_optimizer_step_
+  // runs). Needs set_optimizer first.
   void apply_gradients(const at::Tensor& indices, const at::Tensor& grad);
   // The optimizer's name ("" when none), options, state (num_rows x state width float32; undefined when none), and
   // the table-wide step count.
