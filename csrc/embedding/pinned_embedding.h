@@ -92,6 +92,11 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // Saves the rows, the optimizer's name, options, state and step count to `path` (+ .state.npy, .meta.json),
   // streamed in chunks, atomically.
   void save(const std::string& path) const;
+  // save(path) unless the files at `path` already hold exactly this table: whole files whose meta records the
+  // table's shape, dtype, optimizer, options and step count, and content hashes equal to those of the rows and state
+  // as they are now (hashed: a read of the table, no write). Returns what the meta file says afterwards. Pickling
+  // a model with a sidecar uses it, so copy.deepcopy of the model leaves an up-to-date sidecar alone.
+  io::EmbeddingMeta save_unless_held(const std::string& path) const;
   // A new table read from a save (or from a plain 2-D .npy: rows only) straight into pinned memory. With
   // `verify`, the data must match the content hashes of the meta file.
   static c10::intrusive_ptr<PinnedEmbedding> load(const std::string& path, bool verify);
@@ -136,6 +141,9 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   void check_writable(const char* op) const;
   // flush() for a caller holding the lock (save() onto the table's own files).
   void flush_locked() const;
+  // save() and save_unless_held()'s check, for a caller holding the lock.
+  void save_locked(const std::string& path) const;
+  bool files_hold_table_locked(const std::string& path) const;
   // Where the optimizer's state lives when it does not share the table's buffer (for flush()).
   bool state_is_mapped() const;
   // A table over the files of `meta` at `path`, mapped as `mapping` says (open() and create()).
