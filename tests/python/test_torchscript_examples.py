@@ -95,10 +95,11 @@ def _start_server(folder: Path) -> subprocess.Popen:
 
 def _stopped_cleanly(proc: subprocess.Popen, signum: int) -> str:
     try:
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)  # it writes a line or two to its pipes: they cannot fill
     except subprocess.TimeoutExpired:
         proc.kill()
         raise AssertionError(f"the server did not stop on signal {signum} within 30 s") from None
+    err = proc.stderr.read()  # the pipe stays open for load_test.Server's exit
     assert proc.returncode == 0, err
     assert f"stopping on signal {signum}" in err, err
     return err
