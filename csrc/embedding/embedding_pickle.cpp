@@ -126,12 +126,26 @@ c10::intrusive_ptr<PinnedEmbedding> unpickle_embedding(PickledEmbedding state) {
   if (!sidecar.empty()) {
     const std::string resolved = resolve_sidecar_path(sidecar);
     const io::EmbeddingPaths paths = io::embedding_paths(resolved);
-    const bool state_missing = !optimizer.empty() && !exists(paths.state);
-    TORCH_CHECK(exists(paths.table) && exists(paths.meta) && !state_missing, "PinnedEmbedding: the model's table "
-                "lives in the sidecar '", sidecar, "', looked for as ", paths.table, ", ", paths.meta,
-                optimizer.empty() ? "" : " and " + paths.state, " (", how_resolved(sidecar), "), of which ",
-                state_missing ? paths.state : exists(paths.table) ? paths.meta : paths.table,
-                " does not exist; copy the sidecar files (.npy, .state.npy, .meta.json) there");
+    std::vector<std::string> needed{paths.table, paths.meta};
+    if (!optimizer.empty()) needed.push_back(paths.state);
+    std::vector<std::string> missing;
+    for (const std::string& file : needed) {
+      if (!exists(file)) missing.push_back(file);
+    }
+    std::string missing_text;  // "which do not exist" when none is there, else the ones that are not
+    if (missing.size() == needed.size()) {
+      missing_text = "which do not exist";
+    } else {
+      missing_text = "of which ";
+      for (std::size_t i = 0; i < missing.size(); ++i) {
+        missing_text += (i == 0 ? "" : " and ") + missing[i];
+      }
+      missing_text += missing.size() == 1 ? " does not exist" : " do not exist";
+    }
+    TORCH_CHECK(missing.empty(), "PinnedEmbedding: the model's table lives in the sidecar '", sidecar,
+                "', looked for as ", paths.table, ", ", paths.meta, optimizer.empty() ? "" : " and " + paths.state,
+                " (", how_resolved(sidecar), "), ", missing_text,
+                "; copy the sidecar files (.npy, .state.npy, .meta.json) there");
     const io::EmbeddingMeta meta = io::read_embedding_meta(resolved);  // headers checked: truncation shows here
     TORCH_CHECK(meta.num_rows == num_rows && meta.dim == dim && meta.dtype == dtype && meta.optimizer == optimizer,
                 "PinnedEmbedding: the sidecar ", paths.table, " holds a ", meta.num_rows, " x ", meta.dim, " ",
