@@ -27,6 +27,7 @@ bool visit_option(TransferConfig& c, const std::string& name, Visit&& visit) {
   if (name == "staging_chunk_bytes") return visit(c.staging_chunk_bytes), true;
   if (name == "sort_uva_indices") return visit(c.sort_uva_indices), true;
   if (name == "uva_blocks_per_sm") return visit(c.uva_blocks_per_sm), true;
+  if (name == "optimizer_vec4") return visit(c.optimizer_vec4), true;
   if (name == "uva_spread_gbps") return visit(c.uva_spread_gbps), true;
   if (name == "staged_gbps_per_thread") return visit(c.staged_gbps_per_thread), true;
   if (name == "staged_max_gbps") return visit(c.staged_max_gbps), true;
@@ -35,7 +36,7 @@ bool visit_option(TransferConfig& c, const std::string& name, Visit&& visit) {
 
 constexpr const char* kOptionNames =
     "uva_fraction, uva_reach_bytes, small_transfer_bytes, uva_row_bytes, staging_chunk_bytes, sort_uva_indices, "
-    "uva_blocks_per_sm, uva_spread_gbps, "
+    "uva_blocks_per_sm, optimizer_vec4, uva_spread_gbps, "
     "staged_gbps_per_thread, staged_max_gbps";
 
 void set_transfer_option(std::string name, double value) {

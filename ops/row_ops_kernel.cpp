@@ -1,14 +1,10 @@
-// Backend kernels of gather / scatter_: checks, allocation, routing (see row_ops_kernel.h).
+// Backend kernels of gather / scatter_ as the dispatcher sees them: csrc/transfer/checked_row_transfer.h under the
+// operators' names (see row_ops_kernel.h).
 #include "row_ops_kernel.h"
 
 #include <ATen/ops/empty.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <c10/util/Exception.h>
 
-#include <vector>
-
-#include "memory/pinned_host_buffer.h"
-#include "transfer/row_transfer.h"
+#include "transfer/checked_row_transfer.h"
 
 namespace speedtorch::ops {
 namespace {
@@ -16,122 +12,24 @@ namespace {
 constexpr const char* kGather = "speedtorch.gather";
 constexpr const char* kScatter = "speedtorch.scatter_";
 
-void check_table(const at::Tensor& table, const char* op, bool written) {
-  TORCH_CHECK(table.layout() == at::kStrided, op, ": table must be a dense (strided) tensor, got layout ",
-              table.layout());
-  TORCH_CHECK(table.dim() == 2, op, ": table must be 2-D (num_rows, dim), got shape ", table.sizes());
-  TORCH_CHECK(table.size(1) <= 1 || table.stride(1) == 1, op,
-              ": table rows must be contiguous (stride(1) == 1), got strides ", table.strides(),
-              "; use a row-major table");
-  TORCH_CHECK(table.stride(0) >= 0, op, ": table must not have negative strides, got ", table.strides());
-  if (written) {
-    TORCH_CHECK(table.size(0) <= 1 || table.stride(0) >= table.size(1), op,
-                ": table rows overlap in memory (strides ", table.strides(), ", shape ", table.sizes(),
-                "); scatter_ needs a table whose rows are distinct");
-  }
-}
-
-void check_indices(const at::Tensor& indices, const char* op) {
-  TORCH_CHECK(indices.layout() == at::kStrided, op, ": indices must be a dense tensor, got layout ",
-              indices.layout());
-  TORCH_CHECK(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt, op,
-              ": indices must be int64 or int32, got ", indices.scalar_type());
-}
-
-std::vector<int64_t> rows_shape(const at::Tensor& indices, int64_t dim) {
-  std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
-  shape.push_back(dim);
-  return shape;
-}
-
-at::Device output_device(const at::Tensor& indices, std::optional<at::Device> device) {
-  at::Device d = device.value_or(indices.device());
-  // 'cuda' without an index means the indices' GPU when they are on one, else the current device, as torch does.
-  // Without a usable GPU there is no current device to ask for (the driver would fail first): the checks that
-  // follow name the real problem.
-  if (d.is_cuda() && !d.has_index()) {
-    if (indices.is_cuda()) {
-      d = indices.device();
-    } else if (cuda_device_available()) {
-      d = c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice();
-    }
-  }
-  return d;
-}
-
-// A GPU can only reach host rows that are page-locked and mapped.
-void check_host_table_reachable(const at::Tensor& table, const at::Device& gpu, const char* op) {
-  TORCH_CHECK(is_pinned_host_memory(table.storage().data()), op, ": table is in pageable host memory but rows must move to or from ", gpu,
-              "; a GPU can only reach pinned memory. Create the table with speedtorch.pinned_empty(...) or "
-              "speedtorch.PinnedEmbedding, or call table.pin_memory() once");
-}
-
-// GPU kernels must not write host memory registered for reads only (a table opened with mode 'r', or 'r+' on a
-// filesystem whose shared pages GPUs may not write): the fault would ruin the CUDA context.
-void check_host_table_writable_by_gpu(const at::Tensor& table, const char* op) {
-  TORCH_CHECK(!is_device_read_only_host_memory(table.storage().data()), op, ": the table is mapped from a file "
-              "that GPUs may only read (PinnedEmbedding.open / speedtorch.data.open_npy with mode 'r', or 'r+' "
-              "where Linux refuses writable GPU pins of shared file pages: anything but tmpfs); write it with CPU "
-              "tensors, or open it with mode 'c' (copy-on-write) and save() checkpoints, or load() it");
-}
-
 }  // namespace
 
 at::Tensor gather_meta(const at::Tensor& table, const at::Tensor& indices, std::optional<at::Device> device) {
-  check_table(table, kGather, /*written=*/false);
-  check_indices(indices, kGather);
+  check_gather_arguments(table, indices, kGather);
   (void)device;
-  return at::empty(rows_shape(indices, table.size(1)), table.options().device(at::kMeta));
+  return at::empty(gathered_shape(indices, table.size(1)), table.options().device(at::kMeta));
 }
 
 void scatter_meta(at::Tensor& table, const at::Tensor& indices, const at::Tensor& src) {
-  check_table(table, kScatter, /*written=*/true);
-  check_indices(indices, kScatter);
-  const auto expected = rows_shape(indices, table.size(1));
-  TORCH_CHECK(src.sizes().vec() == expected, kScatter, ": src must have shape indices.shape + (dim,) = ",
-              at::IntArrayRef(expected), ", got ", src.sizes());
-  TORCH_CHECK(src.scalar_type() == table.scalar_type(), kScatter, ": src dtype ", src.scalar_type(),
-              " does not match table dtype ", table.scalar_type(), "; convert src with .to(table.dtype)");
+  check_scatter_arguments(table, indices, src, kScatter);
 }
 
 at::Tensor gather_kernel(const at::Tensor& table, const at::Tensor& indices, std::optional<at::Device> device) {
-  check_table(table, kGather, /*written=*/false);
-  check_indices(indices, kGather);
-  const at::Device out_device = output_device(indices, device);
-  const auto shape = rows_shape(indices, table.size(1));
-  const at::Tensor flat = indices.reshape({-1}).contiguous();
-
-  if (table.is_cpu() && out_device.is_cuda()) check_host_table_reachable(table, out_device, kGather);
-  TORCH_CHECK(table.is_cpu() || table.is_cuda(), kGather, ": table on ", table.device(), " is not supported");
-  TORCH_CHECK(out_device.is_cpu() || out_device.is_cuda(), kGather, ": device ", out_device, " is not supported");
-  if (indices.is_cuda() && table.is_cuda()) {
-    TORCH_CHECK(indices.device() == table.device(), kGather, ": indices are on ", indices.device(),
-                " but the table is on ", table.device(), "; put them on the same GPU");
-  }
-
-  // A GPU table gathers on its own device; the rows then move where they were asked for.
-  const at::Device work_device = table.is_cuda() ? table.device() : out_device;
-  at::Tensor out = at::empty(shape, table.options().device(work_device));
-  at::Tensor out_rows = out.view({flat.numel(), table.size(1)});
-  speedtorch::gather_rows(table, flat, out_rows, kGather);
-  return work_device == out_device ? out : out.to(out_device);
+  return gather_table_rows(table, indices, device, kGather);
 }
 
 void scatter_kernel(at::Tensor& table, const at::Tensor& indices, const at::Tensor& src) {
-  scatter_meta(table, indices, src);
-  TORCH_CHECK(table.is_cpu() || table.is_cuda(), kScatter, ": table on ", table.device(), " is not supported");
-  TORCH_CHECK(src.is_cpu() || src.is_cuda(), kScatter, ": src on ", src.device(), " is not supported");
-  if (indices.is_cuda() && table.is_cuda()) {
-    TORCH_CHECK(indices.device() == table.device(), kScatter, ": indices are on ", indices.device(),
-                " but the table is on ", table.device(), "; put them on the same GPU");
-  }
-  if (table.is_cpu() && src.is_cuda()) check_host_table_reachable(table, src.device(), kScatter);
-  if (table.is_cpu() && (src.is_cuda() || indices.is_cuda())) check_host_table_writable_by_gpu(table, kScatter);
-  const at::Tensor flat = indices.reshape({-1}).contiguous();
-  // A GPU table takes its rows on its own device.
-  const at::Tensor rows =
-      (table.is_cuda() ? src.to(table.device()) : src).reshape({flat.numel(), table.size(1)}).contiguous();
-  speedtorch::scatter_rows(table, flat, rows, kScatter);
+  scatter_table_rows(table, indices, src, kScatter);
 }
 
 }  // namespace speedtorch::ops

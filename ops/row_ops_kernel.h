@@ -1,5 +1,5 @@
-// The backend kernels of gather / scatter_ as the dispatcher sees them: argument checks with messages a user can
-// act on, output allocation, then csrc/transfer/row_transfer.h picks the path. Registered for CPU and CUDA alike
+// The backend kernels of gather / scatter_ as the dispatcher sees them: csrc/transfer/checked_row_transfer.h under
+// the operators' names (argument checks, output allocation, routing). Registered for CPU and CUDA alike
 // (ops/register_cpu.cpp, ops/register_cuda.cpp) because one call may span both: a pinned host table with CUDA
 // indices dispatches to CUDA, a pinned host table with CPU indices and device='cuda' dispatches to CPU.
 #pragma once

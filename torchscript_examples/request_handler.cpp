@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <mutex>
+#include <shared_mutex>
 #include <vector>
 
 namespace speedtorch::serving {
@@ -87,7 +88,7 @@ Response RecommenderService::lookup(const std::string& body) const {
   if (!parse(body, request, failure)) return failure;
   const auto ids = ids_field(request, "ids", num_users_, max_batch_, failure);
   if (failure.status != 200) return failure;
-  std::shared_lock<std::shared_mutex> lock(rows_lock_);
+  std::shared_lock<TableLock> lock(rows_lock_);
   const torch::Tensor rows = model_.run_method("lookup", to_tensor(ids, device_)).toTensor();
   lock.unlock();
   return {200, json{{"rows", to_rows(rows)}}.dump()};
@@ -105,7 +106,7 @@ Response RecommenderService::top_k(const std::string& body) const {
     return error(404, "unknown user " + std::to_string(user) + ": ids are in [0, " + std::to_string(num_users_) + ")");
   }
   if (k < 1 || k > max_batch_) return error(400, "'k' must be in [1, " + std::to_string(max_batch_) + "]");
-  std::shared_lock<std::shared_mutex> lock(rows_lock_);
+  std::shared_lock<TableLock> lock(rows_lock_);
   const auto result = model_.run_method("top_k", user, k).toTuple();
   lock.unlock();
   // Answers are read on the host: a model on a GPU returns device tensors.
@@ -125,7 +126,7 @@ Response RecommenderService::score(const std::string& body) const {
   const auto items = ids_field(request, "items", num_items_, max_batch_, failure);
   if (failure.status != 200) return failure;
   if (users.size() != items.size()) return error(400, "'users' and 'items' must have the same length");
-  std::shared_lock<std::shared_mutex> lock(rows_lock_);
+  std::shared_lock<TableLock> lock(rows_lock_);
   const torch::Tensor scores =
       model_.run_method("score", to_tensor(users, device_), to_tensor(items, device_))
           .toTensor()
@@ -158,7 +159,7 @@ Response RecommenderService::update(const std::string& body) {
   }
   const torch::Tensor rows =
       torch::from_blob(values.data(), {static_cast<int64_t>(ids.size()), dim_}, torch::kFloat).clone();
-  std::unique_lock<std::shared_mutex> lock(rows_lock_);
+  std::unique_lock<TableLock> lock(rows_lock_);
   model_.run_method("update_rows", to_tensor(ids, device_), rows);
   return {200, json{{"updated", ids.size()}}.dump()};
 }

@@ -3,14 +3,17 @@
 // can drive it directly.
 //
 // Concurrency: any number of lookups, scores and top-k run at once (shared lock); a row update takes the lock
-// exclusively, so a reader sees each row entirely before or entirely after an update, never a mix.
+// exclusively, so a reader sees each row entirely before or entirely after an update, never a mix. The lock is the
+// table's own kind (embedding/table_lock.h): a waiting update stops new reads at the door, so a stream of reads
+// cannot hold an update back indefinitely (as a reader-preferring std::shared_mutex on glibc would).
 #pragma once
 
 #include <torch/script.h>
 
 #include <cstdint>
-#include <shared_mutex>
 #include <string>
+
+#include "embedding/table_lock.h"
 
 namespace speedtorch::serving {
 
@@ -39,7 +42,7 @@ class RecommenderService {
 
  private:
   mutable torch::jit::Module model_;  // its methods do not change the module's structure
-  mutable std::shared_mutex rows_lock_;
+  mutable TableLock rows_lock_;
   int64_t max_batch_;
   torch::Device device_;
   int64_t num_users_;

@@ -6,25 +6,24 @@
 // --device cuda moves the model's dense parameters to the GPU; the user table stays in pinned host memory and the
 // GPU reads the rows a request names over UVA.
 // With --port 0 the kernel picks a free port; the first line printed is "listening on HOST:PORT".
+// SIGTERM / SIGINT stop it: it takes no new connection, finishes the requests it has, and exits with status 0
+// (stop_signal_watcher.h).
 #include <httplib.h>
 #include <torch/script.h>
 
-#include <csignal>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include "request_handler.h"
+#include "stop_signal_watcher.h"
 
 namespace {
-
-httplib::Server* g_server = nullptr;
-
-void stop(int) {
-  if (g_server != nullptr) g_server->stop();
-}
 
 // Runs a handler; whatever it throws becomes a 500 with the message, not a dead server.
 void respond(httplib::Response& res, const std::function<speedtorch::serving::Response()>& handler) {
@@ -42,6 +41,7 @@ void respond(httplib::Response& res, const std::function<speedtorch::serving::Re
 }  // namespace
 
 int main(int argc, char** argv) {
+  speedtorch::serving::block_stop_signals();  // before any thread starts (see stop_signal_watcher.h)
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s MODEL.pt [--host H] [--port P] [--threads T] [--max-batch N] [--device D]\n", argv[0]);
     return 2;
@@ -68,7 +68,6 @@ int main(int argc, char** argv) {
     model.to(torch::Device(device));  // a bad name throws: reported below, exit 1
     speedtorch::serving::RecommenderService service(std::move(model), max_batch, torch::Device(device));
     httplib::Server server;
-    g_server = &server;
     server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     server.set_payload_max_length(64 << 20);
     server.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
@@ -87,16 +86,25 @@ int main(int argc, char** argv) {
     server.Post("/update", [&](const httplib::Request& req, httplib::Response& res) {
       respond(res, [&] { return service.update(req.body); });
     });
-    std::signal(SIGTERM, stop);
-    std::signal(SIGINT, stop);
     if (port == 0) port = server.bind_to_any_port(host);
     else if (!server.bind_to_port(host, port)) {
       std::fprintf(stderr, "speedtorch_server: cannot bind %s:%d\n", host.c_str(), port);
       return 1;
     }
+    std::atomic<bool> listen_returned{false};
+    const speedtorch::serving::StopSignalWatcher watcher([&](int signal) {
+      std::fprintf(stderr, "speedtorch_server: stopping on signal %d\n", signal);
+      // stop() is a no-op until listen_after_bind has started serving: a signal that comes right after the
+      // "listening on" line must not be lost.
+      while (!server.is_running() && !listen_returned.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      server.stop();
+    });
     std::printf("listening on %s:%d\n", host.c_str(), port);
     std::fflush(stdout);
     server.listen_after_bind();
+    listen_returned.store(true);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
     return 1;

@@ -1,9 +1,8 @@
 """Fused optimizer step (Adam, 131,072 distinct random rows x 128 of a 10M-row pinned table, state beside each row)
-under kernel variants, side by side in one process: the scalar kernel vs the vec4 kernel (SPEEDTORCH_OPTIMIZER_VEC4),
+under kernel variants, side by side in one process: the scalar kernel vs the vec4 kernel (transfer setting optimizer_vec4),
 UVA blocks per SM, and UVA-only vs the engine's UVA + CPU split. Prints ms and the share of the PCIe bound."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -28,10 +27,10 @@ def main() -> int:
     bound_ms = batch * row_bytes / (h2d * 1e9) * 1e3
     results = []
     for vec in ("0", "1"):
-        os.environ["SPEEDTORCH_OPTIMIZER_VEC4"] = vec
         for blocks in (1, 2, 4, 8):
             for uva_fraction in (-1.0, 1.0):
-                speedtorch.set_transfer_config(uva_blocks_per_sm=blocks, uva_fraction=uva_fraction)
+                speedtorch.set_transfer_config(optimizer_vec4=int(vec), uva_blocks_per_sm=blocks,
+                                               uva_fraction=uva_fraction)
                 ms = median_seconds(lambda: emb.apply_gradients(rows, grad), 10) * 1e3
                 results.append({"kernel": "vec4" if vec == "1" else "scalar", "blocks/SM": blocks,
                                 "split": "auto" if uva_fraction < 0 else "uva only", "ms": ms,

@@ -5,7 +5,6 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
-#include <cstdlib>
 #include <cstring>
 
 #include "cuda/row_optimizer_kernel.h"
@@ -129,18 +128,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// Set SPEEDTORCH_OPTIMIZER_VEC4=0 to force the scalar kernel (for comparisons).
-bool vec4_enabled() {
-  const char* env = std::getenv("SPEEDTORCH_OPTIMIZER_VEC4");
-  return env == nullptr || std::strcmp(env, "0") != 0;
-}
-
 template <typename T>
 void launch_typed(const OptimizerRows& t, const OptimizerHyper& h, int64_t global_step, const int64_t* rows,
-                  const float* grads, int64_t count, int max_blocks, cudaStream_t stream) {
+                  const float* grads, int64_t count, int max_blocks, bool allow_vec4, cudaStream_t stream) {
   const int64_t wbytes = 4 * static_cast<int64_t>(sizeof(T));
   // Row-wise Adagrad reduces over the row before updating it: the scalar kernel's two passes.
-  if (vec4_enabled() && h.kind != OptimizerKind::kRowwiseAdagrad && t.dim % 4 == 0 && aligned(t.weights, wbytes) && t.weight_stride_bytes % wbytes == 0 &&
+  if (allow_vec4 && h.kind != OptimizerKind::kRowwiseAdagrad && t.dim % 4 == 0 && aligned(t.weights, wbytes) &&
+      t.weight_stride_bytes % wbytes == 0 &&
       aligned(t.state, 16) && t.state_stride_floats % 4 == 0 && aligned(grads, 16)) {
     const int lanes = row_access::lanes_per_row(t.dim / 4);
     row_optimizer_vec4_kernel<T><<<row_access::grid_for(count, lanes, max_blocks), kThreadsPerBlock, 0, stream>>>(
@@ -157,16 +151,17 @@ void launch_typed(const OptimizerRows& t, const OptimizerHyper& h, int64_t globa
 }  // namespace
 
 void launch_row_optimizer(const OptimizerRows& table, const OptimizerHyper& hyper, int64_t global_step,
-                          const int64_t* rows, const float* grads, int64_t count, int max_blocks,
+                          const int64_t* rows, const float* grads, int64_t count, int max_blocks, bool allow_vec4,
                           cudaStream_t stream) {
   if (count == 0) return;
   switch (table.weight_type) {
     case WeightType::kFloat: return launch_typed<float>(table, hyper, global_step, rows, grads, count, max_blocks,
-                                                        stream);
+                                                        allow_vec4, stream);
     case WeightType::kHalf: return launch_typed<c10::Half>(table, hyper, global_step, rows, grads, count, max_blocks,
-                                                           stream);
+                                                           allow_vec4, stream);
     case WeightType::kBFloat16:
-      return launch_typed<c10::BFloat16>(table, hyper, global_step, rows, grads, count, max_blocks, stream);
+      return launch_typed<c10::BFloat16>(table, hyper, global_step, rows, grads, count, max_blocks, allow_vec4,
+                                                stream);
   }
 }
 

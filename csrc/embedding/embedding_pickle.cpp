@@ -70,8 +70,9 @@ PickledEmbedding pickle_embedding(const c10::intrusive_ptr<PinnedEmbedding>& e) 
   const std::string sidecar = e->sidecar();
   if (!sidecar.empty()) {
     const std::string resolved = resolve_sidecar_path(sidecar);
-    e->save(resolved);
-    const io::EmbeddingMeta meta = io::read_embedding_meta(resolved);  // what that save wrote
+    // Pickling is not only torch.jit.save: copy.deepcopy of a scripted model pickles too. Files that already hold
+    // this very table are left alone, so a copy never rewrites them; a changed table is saved.
+    const io::EmbeddingMeta meta = e->save_unless_held(resolved);
     text.insert("dtype", io::dtype_name(meta.dtype));
     text.insert("optimizer", meta.optimizer);
     ints.insert("num_rows", meta.num_rows);

@@ -9,8 +9,11 @@
 //    Tensor[]         [table] or [table, state] when inline; [] when in a sidecar)
 //
 // Inline: the rows (and state) are tensors of the model archive. Sidecar: when set_sidecar(path) was called, the
-// table is saved to that path (PinnedEmbedding::save, atomically) as the model is saved, and the model records the
-// path as given plus the files' content hashes. At load, a relative path is resolved against $SPEEDTORCH_SIDECAR_DIR
+// table is saved to that path (PinnedEmbedding::save, atomically) as the model is pickled, unless the files there
+// already hold exactly this table (PinnedEmbedding::save_unless_held: same step, configuration and content hashes),
+// and the model records the path as given plus the files' content hashes. Pickling happens on torch.jit.save and
+// also on copy.copy / copy.deepcopy of a scripted model: a copy leaves up-to-date files untouched, and a save of a
+// changed table writes them. At load, a relative path is resolved against $SPEEDTORCH_SIDECAR_DIR
 // if set, else the process's current directory; a missing, truncated or different sidecar (hash mismatch) is an
 // error naming the file. Tables above SPEEDTORCH_INLINE_MAX_BYTES (default 64 MiB, weights + state) without a
 // sidecar refuse to be saved, rather than doubling the host memory of a huge table inside the archive.

@@ -11,8 +11,8 @@
 
 #include "memory/pinned_host_buffer.h"
 #include "optim/optimizer_config.h"
-#include "row_ops.h"
-#include "row_optimizer_op.h"
+#include "optim/row_optimizer.h"
+#include "transfer/checked_row_transfer.h"
 #include "transfer/host_access_tracker.h"
 
 namespace speedtorch {
@@ -44,18 +44,21 @@ PinnedEmbedding::PinnedEmbedding(int64_t num_rows, int64_t dim, c10::ScalarType 
 }
 
 // Readers take lock_ shared, writers exclusively (see the top of pinned_embedding.h); private helpers never lock.
+// Row calls go straight to the core (transfer/, optim/), not back through the dispatcher: the lock is held, and
+// csrc/ does not depend on the registration layer (ops/).
 using ReadLock = std::shared_lock<TableLock>;
 using WriteLock = std::unique_lock<TableLock>;
 
 at::Tensor PinnedEmbedding::gather(const at::Tensor& indices, std::optional<at::Device> device) const {
   ReadLock read(lock_);
-  return ops::gather(table_, indices, device);
+  return gather_table_rows(table_, indices, device, "PinnedEmbedding.gather");
 }
 
 at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor& src) {
   WriteLock write(lock_);
   check_writable("scatter_");
-  return ops::scatter_(table_, indices, src);
+  scatter_table_rows(table_, indices, src, "PinnedEmbedding.scatter_");
+  return table_;
 }
 
 int64_t PinnedEmbedding::num_rows() const {
@@ -213,9 +216,8 @@ void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tenso
   check_writable("apply_gradients");
   TORCH_CHECK(state_.defined(), "PinnedEmbedding.apply_gradients: no optimizer; call set_optimizer(kind, options) "
               "first");
-  at::Tensor weights = table_;
-  at::Tensor state = state_;
-  ops::row_optimizer_step_(weights, state, indices, grad, optimizer_, options_, step_ + 1);
+  apply_row_optimizer(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
+                      "PinnedEmbedding.apply_gradients");
   ++step_;  // only once the step went through
 }
 

@@ -1,6 +1,7 @@
 // PinnedEmbedding: an embedding table of num_rows x dim kept in exact-size pinned host memory, exchanged with GPUs
 // row by row. A torch::CustomClass (registered in ops/pinned_embedding_class.cpp), so Python, TorchScript and C++
-// share one object; every row operation goes through the dispatcher's speedtorch::gather / scatter_.
+// share one object. Its row operations are those of speedtorch::gather / scatter_ / row_optimizer_step_, called in the
+// core (transfer/checked_row_transfer.h, optim/row_optimizer.h), not through the dispatcher.
 //
 // Its files (save / load / open, in pinned_embedding_io.cpp) are those of io/embedding_files.h; how it travels
 // inside a torch.jit.save'd model is embedding/embedding_pickle.h.
@@ -60,7 +61,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // the new layout (for a moment both layouts exist). Configuring again resets the state and the step count.
   void set_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options, bool state_beside_rows);
   // One optimizer step on the rows `indices` name: grad (indices.shape + (dim,), any device) is summed per distinct
-  // row, then rows and state are updated in place (speedtorch::row_optimizer_step_). Needs set_optimizer first.
+  // row, then rows and state are updated in place (optim/row_optimizer.h, what speedtorch::row_optimizer_step_
+  // runs). Needs set_optimizer first.
   void apply_gradients(const at::Tensor& indices, const at::Tensor& grad);
   // The optimizer's name ("" when none), options, state (num_rows x state width float32; undefined when none), and
   // the table-wide step count.
@@ -90,6 +92,11 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // Saves the rows, the optimizer's name, options, state and step count to `path` (+ .state.npy, .meta.json),
   // streamed in chunks, atomically.
   void save(const std::string& path) const;
+  // save(path) unless the files at `path` already hold exactly this table: whole files whose meta records the
+  // table's shape, dtype, optimizer, options and step count, and content hashes equal to those of the rows and state
+  // as they are now (hashed: a read of the table, no write). Returns what the meta file says afterwards. Pickling
+  // a model with a sidecar uses it, so copy.deepcopy of the model leaves an up-to-date sidecar alone.
+  io::EmbeddingMeta save_unless_held(const std::string& path) const;
   // A new table read from a save (or from a plain 2-D .npy: rows only) straight into pinned memory. With
   // `verify`, the data must match the content hashes of the meta file.
   static c10::intrusive_ptr<PinnedEmbedding> load(const std::string& path, bool verify);
@@ -134,6 +141,9 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   void check_writable(const char* op) const;
   // flush() for a caller holding the lock (save() onto the table's own files).
   void flush_locked() const;
+  // save() and save_unless_held()'s check, for a caller holding the lock.
+  void save_locked(const std::string& path) const;
+  bool files_hold_table_locked(const std::string& path) const;
   // Where the optimizer's state lives when it does not share the table's buffer (for flush()).
   bool state_is_mapped() const;
   // A table over the files of `meta` at `path`, mapped as `mapping` says (open() and create()).

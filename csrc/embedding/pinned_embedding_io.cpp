@@ -2,6 +2,7 @@
 // io/embedding_files.h's).
 #include <c10/util/Exception.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <climits>
@@ -32,6 +33,20 @@ bool same_file(const std::string& a, const std::string& b) {
   return realpath(a.c_str(), ra) != nullptr && realpath(b.c_str(), rb) != nullptr && std::string(ra) == rb;
 }
 
+int64_t file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+bool same_options(const c10::Dict<std::string, double>& a, const c10::Dict<std::string, double>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& entry : a) {
+    const auto other = b.find(entry.key());
+    if (other == b.end() || other->value() != entry.value()) return false;
+  }
+  return true;
+}
+
 std::string mode_of_mapping(FileMapping mapping) {
   switch (mapping) {
     case FileMapping::kReadOnly: return "r";
@@ -59,6 +74,48 @@ bool PinnedEmbedding::state_is_mapped() const {
 
 void PinnedEmbedding::save(const std::string& path) const {
   ReadLock read(lock_);
+  save_locked(path);
+}
+
+io::EmbeddingMeta PinnedEmbedding::save_unless_held(const std::string& path) const {
+  ReadLock read(lock_);
+  if (!files_hold_table_locked(path)) save_locked(path);
+  return io::read_embedding_meta(path);
+}
+
+bool PinnedEmbedding::files_hold_table_locked(const std::string& path) const {
+  const io::EmbeddingPaths paths = io::embedding_paths(path);
+  io::EmbeddingMeta meta;
+  try {
+    if (::access(paths.meta.c_str(), F_OK) != 0) return false;
+    meta = io::read_embedding_meta(path);
+    // The data files are whole (a truncated one is rewritten, not trusted).
+    const io::NpyHeader rows = io::read_npy_header(paths.table);
+    if (file_size(paths.table) != rows.data_offset + rows.data_bytes()) return false;
+    if (state_.defined()) {
+      const io::NpyHeader state = io::read_npy_header(paths.state);
+      if (file_size(paths.state) != state.data_offset + state.data_bytes()) return false;
+    }
+  } catch (const c10::Error&) {
+    return false;  // unreadable or damaged files: write them again
+  }
+  const bool beside = state_.defined() && state_buffer_ == nullptr;
+  const bool same_config = meta.has_meta_file && meta.num_rows == table_.size(0) && meta.dim == table_.size(1) &&
+                           meta.dtype == table_.scalar_type() && meta.optimizer == optimizer_ && meta.step == step_ &&
+                           meta.state_width == (state_.defined() ? state_.size(1) : 0) &&
+                           (!state_.defined() || meta.state_beside_rows == beside) &&
+                           same_options(meta.options, options_);
+  if (!same_config) {
+    return false;
+  }
+  // The rows themselves, hashed now (GPU kernels still writing them finish first).
+  wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kRead);
+  if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kRead);
+  return meta.table_hash == io::content_hash_of_rows(table_) &&
+         meta.state_hash == (state_.defined() ? io::content_hash_of_rows(state_) : std::string());
+}
+
+void PinnedEmbedding::save_locked(const std::string& path) const {
   // Saving an 'r+' table onto its own files would rename new files over the mapped ones: flush them instead.
   if (table_buffer_->mapping() == FileMapping::kReadWrite &&
       same_file(io::embedding_paths(path).table, io::embedding_paths(files_path_).table)) {

@@ -1,6 +1,6 @@
 // TableLock: the reader-writer lock of one PinnedEmbedding (pinned_embedding.h says which calls read and which
-// write). Many readers at once, one writer alone, and writers go first: a writer that is waiting stops new readers
-// at the door.
+// write), and of the example server's model (torchscript_examples/request_handler.h). Many readers at once, one
+// writer alone, and writers go first: a writer that is waiting stops new readers at the door.
 //
 // Why not std::shared_mutex alone: on Linux it is a glibc rwlock that prefers readers, so new readers keep coming
 // in while a writer waits. A server gathering without pause would then hold an optimizer step back indefinitely.

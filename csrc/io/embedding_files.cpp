@@ -221,6 +221,21 @@ std::string content_hash_of(const at::Tensor& tensor) {
   return hash_to_hex(hasher.digest());
 }
 
+std::string content_hash_of_rows(const at::Tensor& rows) {
+  TORCH_CHECK(rows.device().is_cpu() && rows.dim() == 2, "speedtorch: content_hash_of_rows needs a 2-D host tensor");
+  if (rows.is_contiguous()) return content_hash_of(rows);
+  // Strided rows (state beside them): hashed a contiguous chunk at a time, which gives the hash of the packed rows.
+  constexpr int64_t kChunkBytes = int64_t{64} << 20;
+  const int64_t row_bytes = std::max<int64_t>(1, rows.size(1) * static_cast<int64_t>(rows.element_size()));
+  const int64_t chunk_rows = std::max<int64_t>(1, kChunkBytes / row_bytes);
+  ContentHasher hasher;
+  for (int64_t first = 0; first < rows.size(0); first += chunk_rows) {
+    const at::Tensor chunk = rows.narrow(0, first, std::min(chunk_rows, rows.size(0) - first)).contiguous();
+    hasher.update(chunk.data_ptr(), static_cast<std::size_t>(chunk.nbytes()));
+  }
+  return hash_to_hex(hasher.digest());
+}
+
 EmbeddingMeta save_embedding_files(const std::string& path, const at::Tensor& table, const at::Tensor& state,
                                    const std::string& optimizer, const c10::Dict<std::string, double>& options,
                                    int64_t step, bool state_beside_rows) {

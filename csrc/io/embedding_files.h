@@ -68,6 +68,9 @@ void write_embedding_meta(const std::string& path, EmbeddingMeta meta, const at:
 
 // The content hash (io/content_hash.h) of a dense host tensor's bytes, as hex.
 std::string content_hash_of(const at::Tensor& tensor);
+// The content hash of a 2-D host tensor's rows packed one after the other (what a save writes and records, whatever
+// the row stride), as hex.
+std::string content_hash_of_rows(const at::Tensor& rows);
 
 // The dtype's name in meta files and pickled models ("float32", "float16", "bfloat16"), and back.
 std::string dtype_name(c10::ScalarType dtype);

@@ -41,17 +41,17 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
   const at::Tensor summed = at::zeros({unique.numel(), dim}, grad.options().device(device).dtype(at::kFloat))
                                 .index_add_(0, inverse, grad.to(device, at::kFloat));
   const int64_t count = unique.numel();
+  const TransferConfig config = transfer_config();
 
   if (weights.is_cuda()) {
     const OptimizerRows rows = optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()),
                                               state.data_ptr<float>());
     launch_row_optimizer(rows, hyper, global_step, unique.const_data_ptr<int64_t>(), summed.const_data_ptr<float>(),
-                         count, full_grid(dev), stream.stream());
+                         count, full_grid(dev), config.optimizer_vec4, stream.stream());
     return;
   }
 
   // Pinned host table: split the distinct rows between the UVA kernel and CPU threads.
-  const TransferConfig config = transfer_config();
   const bool side_by_side = state.storage().data() == weights.storage().data();
   const int64_t record_stride = side_by_side ? weights.stride(0) * weights.element_size()
                                              : weights.stride(0) * weights.element_size() + state.stride(0) * 4;
@@ -82,7 +82,7 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
     const OptimizerRows rows = optimizer_rows(weights, state, mapped_address(weights, op, "weights"),
                                               reinterpret_cast<float*>(mapped_address(state, op, "state")));
     launch_row_optimizer(rows, hyper, global_step, unique.const_data_ptr<int64_t>(), summed.const_data_ptr<float>(),
-                         plan.uva_rows, uva_max_blocks(dev, config), stream.stream());
+                         plan.uva_rows, uva_max_blocks(dev, config), config.optimizer_vec4, stream.stream());
     note_uva_use(weights, UvaAccess::kWrite, stream);
     if (state_key != weights_key) note_uva_use(state, UvaAccess::kWrite, stream);
   }

@@ -51,6 +51,7 @@ struct ConfigHolder {
     read_env("SPEEDTORCH_STAGING_CHUNK_BYTES", config.staging_chunk_bytes);
     read_env("SPEEDTORCH_SORT_UVA_INDICES", config.sort_uva_indices);
     read_env("SPEEDTORCH_UVA_BLOCKS_PER_SM", config.uva_blocks_per_sm);
+    read_env("SPEEDTORCH_OPTIMIZER_VEC4", config.optimizer_vec4);
     validate(config);
   }
 };

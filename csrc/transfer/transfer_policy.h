@@ -34,6 +34,10 @@ struct TransferConfig {
   // and with sorted rows the narrowest window of host pages: fastest on the H100 (bench/RESULTS.md).
   // SPEEDTORCH_UVA_BLOCKS_PER_SM.
   int64_t uva_blocks_per_sm = 1;
+  // The fused optimizer's GPU kernel reads and writes 4 values per access where rows are aligned for it; false
+  // forces the scalar kernel (for comparisons, bench/experiments/fused_step_variants.py). SPEEDTORCH_OPTIMIZER_VEC4
+  // (0 or 1).
+  bool optimizer_vec4 = true;
   // Rates (GB/s) of the (sorted) UVA path over a spread-out table and of one CPU thread on the staged path, and
   // the staged path's ceiling; they set the automatic split. Measured on an H100 PCIe Gen5 host
   // (bench/RESULTS.md).

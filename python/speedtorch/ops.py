@@ -22,6 +22,7 @@ _TRANSFER_OPTIONS = (
     "staging_chunk_bytes",
     "sort_uva_indices",
     "uva_blocks_per_sm",
+    "optimizer_vec4",
     "uva_spread_gbps",
     "staged_gbps_per_thread",
     "staged_max_gbps",

@@ -18,6 +18,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "embedding/pinned_embedding.h"
@@ -260,51 +261,89 @@ INSTANTIATE_TEST_SUITE_P(StateLayouts, StepsAndScatters, ::testing::Bool(),
 
 // Every optimizer step adds 1 to every row, so a consistent view has all rows equal to the step count. Saves taken
 // during training must be such views (rows, state and step count of one moment); so must every whole-table gather.
+// The overlap is built in, not hoped for: save i starts when the trainer has made (i + 1) * kStride steps, and the
+// trainer's next step starts only once that save has begun, so each save races a step for the lock; the readers
+// start before the first step and gather until the last one is done.
 class SavesDuringTraining : public speedtorch::testing::TempDirTest {};
 
 TEST_F(SavesDuringTraining, EachSaveIsOneMomentOfTheTable) {
   constexpr int64_t kRows = 32;
   constexpr int64_t kDim = 64;
-  constexpr int kSteps = 80;
   constexpr int kSaves = 8;
+  constexpr int kStride = 10;                     // steps between saves
+  constexpr int kSteps = (kSaves + 1) * kStride;  // the last save is followed by kStride steps
+  constexpr int kReaders = 4;
   PinnedEmbedding e(kRows, kDim, at::kFloat);
   e.set_optimizer("sgd", sgd_lr1(), true);
   const at::Tensor all = at::arange(kRows);
 
   Failures failures;
-  std::atomic<int> saves_during_training{0};
+  // Call boundaries in one global order: [begin, end) tickets of each save and of the step that follows its start.
+  std::atomic<int> ticket{0};
+  std::vector<std::pair<int, int>> save_calls(kSaves);
+  std::vector<std::pair<int, int>> raced_steps(kSaves);
+  std::atomic<int> steps_done{0};
+  std::atomic<int> saves_begun{0};
+  std::atomic<int> readers_ready{0};
   std::atomic<bool> training{true};
+  std::atomic<int> reads_during_training{0};
   std::vector<std::function<void()>> bodies;
-  bodies.emplace_back([&] {
-    for (int s = 0; s < kSteps; ++s) e.apply_gradients(all, at::full({kRows, kDim}, -1.0f));
+  bodies.emplace_back([&] {  // the trainer
+    while (readers_ready.load() < kReaders) std::this_thread::yield();
+    for (int s = 0; s < kSteps; ++s) {
+      const int save = s / kStride - 1;  // the save this step races, if s starts a stride
+      const bool races = s % kStride == 0 && save >= 0 && save < kSaves;
+      if (races) {
+        while (saves_begun.load() <= save) std::this_thread::yield();
+      }
+      const int begin = ticket++;
+      e.apply_gradients(all, at::full({kRows, kDim}, -1.0f));
+      if (races) raced_steps[save] = {begin, ticket++};
+      ++steps_done;
+    }
     training = false;
   });
-  bodies.emplace_back([&] {
+  bodies.emplace_back([&] {  // the saver
     for (int i = 0; i < kSaves; ++i) {
+      while (steps_done.load() < (i + 1) * kStride) std::this_thread::yield();
+      const int begin = ticket++;  // before the trainer may go on: its step begins after this save does
+      ++saves_begun;
       e.save(path("snap" + std::to_string(i)));
-      if (training.load()) ++saves_during_training;
+      save_calls[i] = {begin, ticket++};
     }
   });
-  for (int t = 0; t < 4; ++t) {
+  for (int t = 0; t < kReaders; ++t) {
     bodies.emplace_back([&] {
-      for (int k = 0; k < kSteps; ++k) {
+      ++readers_ready;
+      bool more = true;
+      while (more) {
+        more = training.load();  // read before the gather: the last one starts after the last step is done
         const at::Tensor got = e.gather(all, std::nullopt);
         const float first = got[0][0].item<float>();
         if (!at::equal(got, at::full({kRows, kDim}, first))) failures.add("a gather saw a step half applied");
+        if (more) ++reads_during_training;
       }
     });
   }
   run_together(bodies, failures);
-  EXPECT_EQ(failures.count(), 0) << failures.first();
+  ASSERT_EQ(failures.count(), 0) << failures.first();
   EXPECT_EQ(e.step_count(), kSteps);
+  EXPECT_GE(reads_during_training.load(), kReaders);
+  int raced = 0;  // saves whose call overlapped a step's call: one of the two waited for the other's lock
   for (int i = 0; i < kSaves; ++i) {
     auto back = PinnedEmbedding::load(path("snap" + std::to_string(i)), /*verify=*/true);
     const int64_t step = back->step_count();
+    // Taken mid-training: after the steps it waited for, before the next save's.
+    EXPECT_GE(step, (i + 1) * kStride) << "save " << i;
+    EXPECT_LE(step, (i + 2) * kStride) << "save " << i;
     EXPECT_TRUE(at::equal(back->table(), at::full({kRows, kDim}, static_cast<float>(step))))
         << "save " << i << " at step " << step << " holds rows of another step";
     for (int64_t r = 0; r < kRows; ++r) EXPECT_EQ(row_step(back->state(), r), step) << "save " << i << " row " << r;
+    if (raced_steps[i].first < save_calls[i].second && save_calls[i].first < raced_steps[i].second) ++raced;
   }
-  std::printf("[ saves ] %d of %d saves overlapped training\n", saves_during_training.load(), kSaves);
+  EXPECT_GE(raced, 1) << "no save overlapped an optimizer step";
+  std::printf("[ saves ] %d of %d saves overlapped an optimizer step; %d gathers during training\n", raced, kSaves,
+              reads_during_training.load());
 }
 
 // Initialisers and re-layouts (set_optimizer moves the rows into a new buffer and frees the old one) alongside

@@ -1,12 +1,20 @@
 // Tests for csrc/embedding/pinned_embedding used from C++ directly and through torch::make_custom_class.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <ATen/record_function.h>
 #include <torch/custom_class.h>
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "embedding/pinned_embedding.h"
+#include "error_text.h"
 
 namespace speedtorch {
 namespace {
+
+using speedtorch::testing::error_of;
 
 TEST(PinnedEmbedding, SizesAndExactBytes) {
   PinnedEmbedding e(1000, 16, at::kBFloat16);
@@ -26,7 +34,7 @@ TEST(PinnedEmbedding, SeededInitIsReproducible) {
   EXPECT_FALSE(at::equal(first, e.table()));
 }
 
-TEST(PinnedEmbedding, GatherScatterThroughTheDispatcher) {
+TEST(PinnedEmbedding, GatherScatterDuplicatesLastWins) {
   PinnedEmbedding e(50, 3, at::kFloat);
   at::Tensor values = at::randn({50, 3});
   e.copy_(values);
@@ -35,6 +43,49 @@ TEST(PinnedEmbedding, GatherScatterThroughTheDispatcher) {
   at::Tensor src = at::randn({3, 3});
   e.scatter_(idx, src);
   EXPECT_TRUE(at::equal(e.table()[7], src[1]));
+}
+
+// Operators the dispatcher runs on this thread while the callback below is installed (their RecordFunction names).
+thread_local std::vector<std::string> dispatched_ops;
+
+std::unique_ptr<at::ObserverContext> note_dispatched_op(const at::RecordFunction& fn) {
+  dispatched_ops.emplace_back(fn.name());
+  return nullptr;
+}
+
+// The table calls the core directly (csrc/transfer, csrc/optim) while it holds its lock: it does not go back
+// through the dispatcher, which is the operator layer's (ops/) way in.
+TEST(PinnedEmbedding, RowCallsDoNotReenterTheDispatcher) {
+  PinnedEmbedding e(20, 4, at::kFloat);
+  e.set_optimizer("sgd", c10::Dict<std::string, double>(), true);
+  const at::Tensor idx = at::tensor({3, 9});
+  const at::Tensor rows = at::randn({2, 4});
+  dispatched_ops.clear();
+  const at::CallbackHandle handle = at::addThreadLocalCallback(at::RecordFunctionCallback(note_dispatched_op));
+  e.scatter_(idx, rows);
+  const at::Tensor got = e.gather(idx, std::nullopt);
+  e.apply_gradients(idx, at::ones({2, 4}));
+  at::removeCallback(handle);
+  EXPECT_TRUE(at::equal(got, rows));
+  for (const std::string& name : dispatched_ops) EXPECT_EQ(name.rfind("speedtorch::", 0), std::string::npos) << name;
+}
+
+// Errors name the method that was called, not the operator behind it.
+TEST(PinnedEmbedding, RowCallErrorsNameTheMethod) {
+  PinnedEmbedding e(20, 4, at::kFloat);
+  e.set_optimizer("sgd", c10::Dict<std::string, double>(), true);
+  EXPECT_NE(error_of([&] { e.gather(at::tensor({1.0f}), std::nullopt); })
+                .find("PinnedEmbedding.gather: indices must be int64 or int32"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { e.gather(at::tensor({20}), std::nullopt); })
+                .find("PinnedEmbedding.gather: indices holds 20"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { e.scatter_(at::tensor({1}), at::randn({2, 4})); })
+                .find("PinnedEmbedding.scatter_: src must have shape"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { e.apply_gradients(at::tensor({1}), at::randn({1, 3})); })
+                .find("PinnedEmbedding.apply_gradients: grad must have shape"),
+            std::string::npos);
 }
 
 TEST(PinnedEmbedding, RejectsBadConstruction) {

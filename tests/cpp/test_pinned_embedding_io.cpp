@@ -3,11 +3,15 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstdlib>
+#include <utility>
 
 #include "embedding/embedding_pickle.h"
 #include "embedding/pinned_embedding.h"
 #include "error_text.h"
+#include "io/embedding_files.h"
 #include "io/npy_file.h"
 #include "temp_dir.h"
 
@@ -149,6 +153,48 @@ TEST_F(PinnedEmbeddingFiles, PickledWithASidecar) {
   const std::string table_bytes = read_bytes(path("side.npy"));
   write_bytes(path("side.npy"), table_bytes.substr(0, table_bytes.size() - 8));  // truncated
   EXPECT_NE(error_of([&] { unpickle_embedding(state); }).find("is truncated"), std::string::npos);
+}
+
+// The identity of a file's current version: a save replaces files (a new inode) and writes them (a new mtime).
+std::pair<ino_t, int64_t> file_version(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return {st.st_ino, static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+// Pickling again (what copy.deepcopy of a scripted model does) leaves files that hold the table alone; any change
+// of the rows, the state, the step count or the options gets them written. Both state layouts: side by side, the
+// rows are hashed through their stride.
+TEST_F(PinnedEmbeddingFiles, PicklingASidecarWritesOnlyWhatChanged) {
+  for (const bool beside : {true, false}) {
+    auto e = trained(100, 6, at::kFloat, beside);
+    const std::string side = path(beside ? "beside.npy" : "apart.npy");
+    const io::EmbeddingPaths files = io::embedding_paths(side);
+    e->set_sidecar(side);
+    const PickledEmbedding first = pickle_embedding(e);
+    const auto rows = file_version(files.table);
+    const auto state = file_version(files.state);
+    const auto meta = file_version(files.meta);
+
+    const PickledEmbedding again = pickle_embedding(e);
+    EXPECT_EQ(file_version(files.table), rows) << "beside=" << beside;
+    EXPECT_EQ(file_version(files.state), state) << "beside=" << beside;
+    EXPECT_EQ(file_version(files.meta), meta) << "beside=" << beside;
+    EXPECT_EQ(std::get<1>(again).at("table_hash"), std::get<1>(first).at("table_hash"));
+    expect_same(*e, *unpickle_embedding(again));
+
+    // A row changed behind the table's back (through the tensor table() returns): found by the hash.
+    e->table()[7].fill_(3.0f);
+    expect_same(*e, *unpickle_embedding(pickle_embedding(e)));
+    EXPECT_NE(file_version(files.table), rows) << "beside=" << beside;
+    EXPECT_NE(error_of([&] { unpickle_embedding(first); }).find("not the table this model was saved with"),
+              std::string::npos);
+
+    const auto meta_before_step = file_version(files.meta);
+    e->set_step_count(e->step_count() + 1);
+    expect_same(*e, *unpickle_embedding(pickle_embedding(e)));
+    EXPECT_NE(file_version(files.meta), meta_before_step) << "beside=" << beside;
+  }
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import os
+
 import pytest
 import torch
 from helpers import last_wins_reference
@@ -110,6 +113,40 @@ def test_torchscript_module_with_pinned_embedding_attribute():
     scripted = torch.jit.script(_Lookup(e))
     indices = torch.tensor([[1, 2], [3, 31]])
     torch.testing.assert_close(scripted(indices), e.table()[indices].sum(-1), rtol=0, atol=0)
+
+
+def _file_versions(stem) -> dict:
+    """inode and mtime of a sidecar's files: a save replaces them (new inodes) and writes them (new mtimes)."""
+    return {suffix: (os.stat(f"{stem}{suffix}").st_ino, os.stat(f"{stem}{suffix}").st_mtime_ns)
+            for suffix in (".npy", ".state.npy", ".meta.json")}
+
+
+def test_copying_a_scripted_model_leaves_its_sidecar_alone(tmp_path):
+    e = speedtorch.PinnedEmbedding(64, 8)
+    e.normal_(0.0, 1.0, 2)
+    e.set_optimizer("adam", {"lr": 0.1}, True)
+    e.apply_gradients(torch.tensor([1, 5]), torch.ones(2, 8))
+    e.set_sidecar(str(tmp_path / "side.npy"))
+    scripted = torch.jit.script(_Lookup(e))
+    torch.jit.save(scripted, str(tmp_path / "model.pt"))
+    saved = _file_versions(tmp_path / "side")
+
+    indices = torch.tensor([[1, 2], [5, 63]])
+    for copied in (copy.deepcopy(scripted), copy.copy(scripted)):  # both pickle the table
+        torch.testing.assert_close(copied(indices), scripted(indices), rtol=0, atol=0)
+    assert _file_versions(tmp_path / "side") == saved
+    torch.jit.save(scripted, str(tmp_path / "again.pt"))  # nothing changed: nothing to write either
+    assert _file_versions(tmp_path / "side") == saved
+
+    e.apply_gradients(torch.tensor([2]), torch.ones(1, 8))  # a changed table is saved
+    torch.jit.save(scripted, str(tmp_path / "model.pt"))
+    changed = _file_versions(tmp_path / "side")
+    assert all(changed[suffix][0] != saved[suffix][0] for suffix in saved)
+    loaded = torch.jit.load(str(tmp_path / "model.pt"))
+    assert loaded.table.step_count() == 2
+    torch.testing.assert_close(loaded(indices), scripted(indices), rtol=0, atol=0)
+    copy.deepcopy(scripted)
+    assert _file_versions(tmp_path / "side") == changed
 
 
 @pytest.mark.gpu

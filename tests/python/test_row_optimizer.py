@@ -3,6 +3,11 @@ gradients summed, each distinct row updated once), on CPU and on the GPU routes;
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -129,6 +134,31 @@ def test_bad_arguments():
     with pytest.raises(RuntimeError, match="step must be >= 1"):
         step(w, state, torch.tensor([0]), torch.randn(1, 2), "adam", {}, 0)
     assert torch.count_nonzero(state) == 0  # nothing was touched
+
+
+def test_vec4_kernel_choice_is_a_transfer_setting():
+    assert speedtorch.transfer_config()["optimizer_vec4"] == 1.0  # on unless the environment said otherwise
+    speedtorch.set_transfer_config(optimizer_vec4=0)
+    assert speedtorch.transfer_config()["optimizer_vec4"] == 0.0
+
+
+# SPEEDTORCH_OPTIMIZER_VEC4 is read once, with the other transfer settings (transfer_policy.h), not per kernel
+# launch: setting it later changes nothing; set_transfer_config does.
+READ_ONCE = """
+import os, speedtorch
+first = speedtorch.transfer_config()["optimizer_vec4"]
+os.environ["SPEEDTORCH_OPTIMIZER_VEC4"] = "1"
+print(first, speedtorch.transfer_config()["optimizer_vec4"])
+"""
+
+
+def test_vec4_environment_variable_is_read_once():
+    env = dict(os.environ, SPEEDTORCH_OPTIMIZER_VEC4="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(speedtorch.__file__).resolve().parents[1]),
+                                         env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", READ_ONCE], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0.0", "0.0"]
 
 
 @pytest.mark.gpu

@@ -6,8 +6,11 @@ CMake build (build/torchscript_examples, or $SPEEDTORCH_BUILD_DIR/torchscript_ex
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +83,67 @@ def test_server_under_load_and_bad_requests(saved):
         assert status == 200 and body == {"updated": 1}
         assert srv.post("/lookup", {"ids": [7]})[1]["rows"] == [[0.5] * 16]
         assert srv.proc.poll() is None  # still serving
+
+
+def _start_server(folder: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([binary("speedtorch_server"), str(folder / "model.pt"), "--port", "0", "--threads", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("listening on "), (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc
+
+
+def _stopped_cleanly(proc: subprocess.Popen, signum: int) -> str:
+    try:
+        proc.wait(timeout=30)  # it writes a line or two to its pipes: they cannot fill
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the server did not stop on signal {signum} within 30 s") from None
+    err = proc.stderr.read()  # the pipe stays open for load_test.Server's exit
+    assert proc.returncode == 0, err
+    assert f"stopping on signal {signum}" in err, err
+    return err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_server_stops_cleanly_on_a_signal_right_after_it_starts(saved, signum):
+    # Sent as soon as the port is announced, possibly before the server loop runs: the stop must not be lost.
+    folder, _ = saved
+    for _ in range(3):
+        proc = _start_server(folder)
+        proc.send_signal(signum)
+        _stopped_cleanly(proc, signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_server_stops_cleanly_on_a_signal_while_serving(saved, signum):
+    folder, _ = saved
+    with load_test.Server(binary("speedtorch_server"), str(folder / "model.pt"), threads=2) as srv:
+        assert srv.post("/lookup", {"ids": [1, 2]})[0] == 200
+        done = threading.Event()
+        answered: list[int] = []
+        errors: list[str] = []
+
+        def client():
+            while not done.is_set():
+                try:
+                    answered.append(srv.post("/lookup", {"ids": [3]})[0])
+                except OSError:  # refused or reset once the server has stopped
+                    return
+                except Exception as e:  # noqa: BLE001 - anything else is a failure
+                    errors.append(repr(e))
+                    return
+
+        threads = [threading.Thread(target=client) for _ in range(3)]
+        for t in threads:
+            t.start()
+        while len(answered) < 6 and not errors:  # requests are in flight
+            time.sleep(0.01)
+        srv.proc.send_signal(signum)
+        try:
+            _stopped_cleanly(srv.proc, signum)
+        finally:
+            done.set()
+            for t in threads:
+                t.join(30)
+        assert errors == [] and set(answered) == {200}
