@@ -47,25 +47,17 @@ at::Tensor indices_on(const at::Tensor& indices, const at::Device& device) {
   return pinned.to(device, /*non_blocking=*/true);
 }
 
-IndexSpan check_host_indices(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
-  IndexSpan span;
-  with_index_type(host_indices, [&](const auto* p) {
-    span = check_indices_in_range(p, host_indices.numel(), num_rows, op, "indices");
-  });
-  return span;
-}
-
 std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream,
                                           const char* op) {
   if (indices.numel() == 0) return IndexSpan{};
-  if (indices.is_cpu()) return check_host_indices(indices, num_rows, op);
+  if (indices.is_cpu()) return check_index_tensor(indices.contiguous(), num_rows, op);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (deferred_index_checks() || capture != cudaStreamCaptureStatusNone) return std::nullopt;
   const auto [lo, hi] = at::aminmax(indices);
   const at::Tensor ends = at::stack({lo.to(at::kLong), hi.to(at::kLong)}).cpu();
   const IndexSpan span{ends[0].item<int64_t>(), ends[1].item<int64_t>()};
-  if (span.min < 0 || span.max >= num_rows) check_host_indices(indices.cpu(), num_rows, op);  // throws
+  if (span.min < 0 || span.max >= num_rows) check_index_tensor(indices.cpu().contiguous(), num_rows, op);  // throws
   return span;
 }
 

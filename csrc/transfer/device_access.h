@@ -32,11 +32,9 @@ void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUD
 // Indices on `device`, copied asynchronously (through pinned memory) when they are on the host.
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device);
 
-// Validates host indices (c10::IndexError naming op and value) and returns their span.
-IndexSpan check_host_indices(const at::Tensor& host_indices, int64_t num_rows, const char* op);
-
 // Validates indices before anything is launched and returns their span: on the host for CPU indices; for CUDA
 // indices with one small reduction and a wait for `stream` (the indices come to the host only to name a bad one).
+// Both end in cpu/index_range_check.h (check_index_tensor), which words the error.
 // Returns nothing in deferred mode or while `stream` is captured into a CUDA graph: no wait is allowed there, the
 // kernels check instead and the error is raised later (cuda/device_index_error.h).
 std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream,
@@ -45,14 +43,5 @@ std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num
 // Bytes of a table (num_rows rows, row_stride_bytes apart) that a batch touches: the span of its indices when
 // known, else the whole table.
 int64_t touched_bytes(int64_t num_rows, int64_t row_stride_bytes, const std::optional<IndexSpan>& span);
-
-template <typename Fn>
-void with_index_type(const at::Tensor& indices, Fn&& fn) {
-  if (indices.scalar_type() == at::kLong) {
-    fn(indices.const_data_ptr<int64_t>());
-  } else {
-    fn(indices.const_data_ptr<int32_t>());
-  }
-}
 
 }  // namespace speedtorch

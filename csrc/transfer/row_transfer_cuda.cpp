@@ -19,6 +19,7 @@
 
 #include "cpu/index_range_check.h"
 #include "cpu/row_copy_cpu.h"
+#include "cpu/table_views.h"
 #include "cuda/device_index_error.h"
 #include "cuda/row_kernels.h"
 #include "transfer/device_access.h"
@@ -76,11 +77,6 @@ WriterMask mark_writers(const at::Tensor& dev_idx, int64_t num_rows, int device,
                               mask.abort.data_ptr<int32_t>(), device_index_error_record(device), full_grid(device),
                               stream);
   return mask;
-}
-
-HostRows host_rows(const at::Tensor& table) {
-  return HostRows{static_cast<char*>(table.data_ptr()), table.size(0), table.stride(0) * table.element_size(),
-                  table.size(1) * table.element_size()};
 }
 
 GpuRows gpu_rows(const at::Tensor& table, char* base) {
@@ -169,7 +165,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   const TransferPlan plan = plan_transfer(config, footprint, rows.row_bytes, count, at::get_num_threads());
   at::Tensor host_idx;
   if (indices.is_cpu() || plan.staged_rows > 0) host_idx = indices.cpu();
-  if (!span.has_value() && host_idx.defined()) span = check_host_indices(host_idx, rows.num_rows, op);
+  if (!span.has_value() && host_idx.defined()) span = check_index_tensor(host_idx, rows.num_rows, op);
   char* out_ptr = static_cast<char*>(out.data_ptr());
   // The copy stream is ordered after the caller's earlier work but not after the UVA kernel: they run together.
   std::optional<BorrowedStagingRing> ring;
@@ -211,7 +207,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   const TransferPlan plan = plan_transfer(config, footprint, rows.row_bytes, count, at::get_num_threads());
   at::Tensor host_idx;
   if (indices.is_cpu() || plan.staged_rows > 0) host_idx = indices.cpu();
-  if (!span.has_value() && host_idx.defined()) span = check_host_indices(host_idx, rows.num_rows, op);
+  if (!span.has_value() && host_idx.defined()) span = check_index_tensor(host_idx, rows.num_rows, op);
   // The CPU writes below must not overtake UVA kernels still reading or writing these rows.
   if (plan.staged_rows > 0) wait_for_uva_conflicts(key, UvaAccess::kWrite);
 
