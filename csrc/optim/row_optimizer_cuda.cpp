@@ -22,11 +22,16 @@
 namespace speedtorch {
 namespace {
 
-// Indices checked before anything is updated, with their span (a step reads them back and waits for the stream).
+// Indices checked before anything is updated, with their span. A step reads the indices back to the host (the
+// de-duplication's output size) and waits for the stream, so it can neither be captured into a CUDA graph nor
+// defer its index checks: both are refused with what to do instead.
 IndexSpan validated_span(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream, const char* op) {
+  TORCH_CHECK(!stream_is_capturing(stream), op, ": an optimizer step cannot be captured into a CUDA graph: it "
+              "de-duplicates the batch (torch.unique), whose size only the host learns; run the step outside the "
+              "captured region (capture the forward and backward only)");
   const std::optional<IndexSpan> span = validate_indices(indices, num_rows, stream, op);
   TORCH_CHECK(span.has_value(), op, ": optimizer steps check their indices before updating anything, which waits "
-              "for the stream; they cannot run with deferred index checks or under CUDA graph capture");
+              "for the stream; they cannot run with deferred index checks (speedtorch.set_deferred_index_checks)");
   return *span;
 }
 

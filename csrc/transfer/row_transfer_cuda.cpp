@@ -5,6 +5,10 @@
 // by the caller's stream on every exit, an exception included (StagedShare): later work on the caller's stream sees
 // all rows and never frees or overwrites memory a copy still uses. The staged share itself is done by the calling
 // thread before the call returns.
+//
+// CUDA graph capture: a graph replays the kernels, never the calling thread's work, and nothing may wait for the GPU
+// while a stream is captured. So under capture every row goes over UVA, the indices never come to the host, and
+// bad indices are flagged by the kernels (cuda/device_index_error.h) instead of raised before launch.
 #include "transfer/row_transfer_cuda.h"
 
 #include <ATen/ops/empty.h>
@@ -131,7 +135,8 @@ struct PinnedTransfer {
   at::Tensor host_idx;  // the indices on the host: CPU indices, or CUDA ones when a staged share needs them
 };
 
-// Validates the indices and splits the rows between UVA and staging.
+// Validates the indices and splits the rows between UVA and staging. Under graph capture every row goes over UVA:
+// the staged path runs on the calling thread (a replay would skip it) and would need the indices on the host.
 PinnedTransfer plan_pinned_transfer(const at::Tensor& table, const at::Tensor& indices, cudaStream_t stream,
                                     const char* op) {
   PinnedTransfer t;
@@ -141,7 +146,11 @@ PinnedTransfer plan_pinned_transfer(const at::Tensor& table, const at::Tensor& i
   // CUDA indices come to the host only when the staged path needs them.
   const std::optional<IndexSpan> span = validate_indices(indices, t.rows.num_rows, stream, op);
   t.footprint = touched_bytes(t.rows.num_rows, t.rows.row_stride_bytes, span);
-  t.plan = plan_transfer(t.config, t.footprint, t.rows.row_bytes, count, at::get_num_threads());
+  if (stream_is_capturing(stream)) {
+    t.plan.uva_rows = count;
+  } else {
+    t.plan = plan_transfer(t.config, t.footprint, t.rows.row_bytes, count, at::get_num_threads());
+  }
   if (indices.is_cpu() || t.plan.staged_rows > 0) t.host_idx = indices.cpu();
   // Deferred checks left CUDA indices unchecked; the CPU threads of the staged share must not meet a bad one.
   if (!span.has_value() && t.host_idx.defined()) check_index_tensor(t.host_idx, t.rows.num_rows, op);
