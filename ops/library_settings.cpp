@@ -3,6 +3,8 @@
 #include <torch/library.h>
 
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "memory/pinned_host_buffer.h"
 #include "transfer/transfer_policy.h"
@@ -17,34 +19,38 @@ namespace {
 
 at::Tensor pinned_empty_op(at::IntArrayRef size, c10::ScalarType dtype) { return pinned_empty(size, dtype); }
 
-// One table of names keeps the setter and the getter in step.
+// Finds the option `name` in the one table (transfer_policy.h) and calls visit(field of `c`); false if unknown.
 template <typename Visit>
 bool visit_option(TransferConfig& c, const std::string& name, Visit&& visit) {
-  if (name == "uva_fraction") return visit(c.uva_fraction), true;
-  if (name == "uva_reach_bytes") return visit(c.uva_reach_bytes), true;
-  if (name == "small_transfer_bytes") return visit(c.small_transfer_bytes), true;
-  if (name == "uva_row_bytes") return visit(c.uva_row_bytes), true;
-  if (name == "staging_chunk_bytes") return visit(c.staging_chunk_bytes), true;
-  if (name == "sort_uva_indices") return visit(c.sort_uva_indices), true;
-  if (name == "uva_blocks_per_sm") return visit(c.uva_blocks_per_sm), true;
-  if (name == "optimizer_vec4") return visit(c.optimizer_vec4), true;
-  if (name == "uva_spread_gbps") return visit(c.uva_spread_gbps), true;
-  if (name == "staged_gbps_per_thread") return visit(c.staged_gbps_per_thread), true;
-  if (name == "staged_max_gbps") return visit(c.staged_max_gbps), true;
-  return false;
+  bool known = false;
+  for_each_transfer_option([&](const char* option, const char*, auto field) {
+    if (!known && name == option) {
+      visit(c.*field);
+      known = true;
+    }
+  });
+  return known;
 }
 
-constexpr const char* kOptionNames =
-    "uva_fraction, uva_reach_bytes, small_transfer_bytes, uva_row_bytes, staging_chunk_bytes, sort_uva_indices, "
-    "uva_blocks_per_sm, optimizer_vec4, uva_spread_gbps, "
-    "staged_gbps_per_thread, staged_max_gbps";
+std::vector<std::string> transfer_option_names() {
+  std::vector<std::string> names;
+  for_each_transfer_option([&](const char* option, const char*, auto) { names.emplace_back(option); });
+  return names;
+}
+
+std::string known_option_names() {
+  std::string text;
+  for (const std::string& name : transfer_option_names()) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
 
 void set_transfer_option(std::string name, double value) {
   TransferConfig c = transfer_config();
   const bool known = visit_option(c, name, [&](auto& field) {
     field = static_cast<std::remove_reference_t<decltype(field)>>(value);
   });
-  TORCH_CHECK(known, "speedtorch.set_transfer_config: unknown option '", name, "'; known options: ", kOptionNames);
+  TORCH_CHECK(known, "speedtorch.set_transfer_config: unknown option '", name, "'; known options: ",
+              known_option_names());
   set_transfer_config(c);
 }
 
@@ -52,7 +58,8 @@ double get_transfer_option(std::string name) {
   TransferConfig c = transfer_config();
   double out = 0;
   const bool known = visit_option(c, name, [&](auto& field) { out = static_cast<double>(field); });
-  TORCH_CHECK(known, "speedtorch.transfer_config: unknown option '", name, "'; known options: ", kOptionNames);
+  TORCH_CHECK(known, "speedtorch.transfer_config: unknown option '", name, "'; known options: ",
+              known_option_names());
   return out;
 }
 
@@ -88,6 +95,7 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
   m.def("pinned_empty(int[] size, ScalarType dtype=float) -> Tensor", &speedtorch::ops::pinned_empty_op);
   m.def("set_transfer_option(str name, float value) -> ()", &speedtorch::ops::set_transfer_option);
   m.def("get_transfer_option(str name) -> float", &speedtorch::ops::get_transfer_option);
+  m.def("transfer_option_names() -> str[]", &speedtorch::ops::transfer_option_names);
   m.def("set_deferred_index_checks(bool deferred) -> ()", &speedtorch::ops::set_deferred_index_checks_op);
   m.def("check_index_errors() -> ()", &speedtorch::ops::check_index_errors_op);
   m.def("build_info() -> str", &speedtorch::ops::build_info);

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <mutex>
 
+#include "cpu/table_views.h"
+
 namespace speedtorch {
 namespace {
 
@@ -63,6 +65,15 @@ IndexSpan check_indices_in_range(const Index* indices, int64_t count, int64_t nu
                     " at flat position ", scan.first_bad, "; every index must be in [0, ", num_rows,
                     ") for a table of ", num_rows, " rows (negative indices are not wrapped)");
   return scan.span;
+}
+
+IndexSpan check_index_tensor(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
+  TORCH_CHECK(host_indices.is_cpu(), op, ": internal error: indices must be on the host here, got ",
+              host_indices.device());
+  const at::Tensor idx = host_indices.contiguous();
+  IndexSpan span;
+  with_index_type(idx, [&](const auto* p) { span = check_indices_in_range(p, idx.numel(), num_rows, op, "indices"); });
+  return span;
 }
 
 template IndexRangeViolation find_index_out_of_range<int32_t>(const int32_t*, int64_t, int64_t);

@@ -1,8 +1,14 @@
-// Host-side validation of row indices: every index must lie in [0, num_rows).
+// Validation of row indices: every index must lie in [0, num_rows). The one place that decides and words it.
 //
 // Done before any row is touched, so a bad index is reported with its value and position and never reads or writes
-// out of bounds. Parallel over the indices (at::parallel_for); one pass, no allocation.
+// out of bounds. Parallel over the indices (at::parallel_for); one pass, no allocation. Every route calls
+// check_index_tensor: the CPU routes (transfer/row_transfer.cpp, the optimizer's CPU route) directly, the GPU
+// routes through validate_indices (transfer/device_access.h), which reduces CUDA indices on the GPU and comes
+// here to name a bad one. Only GPU kernels under deferred checks or CUDA graph capture flag bad indices
+// themselves (cuda/device_index_error.h).
 #pragma once
+
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 
@@ -27,5 +33,8 @@ struct IndexSpan {
 template <typename Index>
 IndexSpan check_indices_in_range(const Index* indices, int64_t count, int64_t num_rows, const char* op,
                                  const char* arg);
+
+// check_indices_in_range over a host index tensor (int64 or int32), the argument named "indices".
+IndexSpan check_index_tensor(const at::Tensor& host_indices, int64_t num_rows, const char* op);
 
 }  // namespace speedtorch

@@ -2,6 +2,7 @@
 #include "cuda/device_index_error.h"
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
@@ -38,6 +39,9 @@ DeviceIndexError* device_index_error_record(int device) {
   std::lock_guard<std::mutex> lock(r.allocate_mutex);
   if (DeviceIndexError* record = r.device[device].load(std::memory_order_acquire)) return record;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  // The first use may come while a stream is captured into a CUDA graph (an op's first call inside
+  // torch.cuda.graph): allocating there is allowed only in relaxed mode, as PyTorch's allocator does.
+  c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
   void* d = nullptr;
   void* h = nullptr;
   C10_CUDA_CHECK(cudaMalloc(&d, sizeof(DeviceIndexError)));

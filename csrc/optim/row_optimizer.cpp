@@ -83,11 +83,7 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
 #endif
   }
   const at::Tensor idx = flat.contiguous();
-  if (idx.scalar_type() == at::kLong) {
-    check_indices_in_range(idx.const_data_ptr<int64_t>(), idx.numel(), weights.size(0), op, "indices");
-  } else {
-    check_indices_in_range(idx.const_data_ptr<int32_t>(), idx.numel(), weights.size(0), op, "indices");
-  }
+  check_index_tensor(idx, weights.size(0), op);
   // Duplicates: one update per distinct row with the sum of its gradients.
   const auto [unique, inverse, counts] = at::_unique2(idx.to(at::kLong), /*sorted=*/true, /*return_inverse=*/true);
   const at::Tensor summed = at::zeros({unique.numel(), weights.size(1)}, rows_grad.options().dtype(at::kFloat))

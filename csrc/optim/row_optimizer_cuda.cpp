@@ -20,6 +20,117 @@
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {
+namespace {
+
+// Indices checked before anything is updated, with their span. A step reads the indices back to the host (the
+// de-duplication's output size) and waits for the stream, so it can neither be captured into a CUDA graph nor
+// defer its index checks: both are refused with what to do instead.
+IndexSpan validated_span(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream, const char* op) {
+  TORCH_CHECK(!stream_is_capturing(stream), op, ": an optimizer step cannot be captured into a CUDA graph: it "
+              "de-duplicates the batch (torch.unique), whose size only the host learns; run the step outside the "
+              "captured region (capture the forward and backward only)");
+  const std::optional<IndexSpan> span = validate_indices(indices, num_rows, stream, op);
+  TORCH_CHECK(span.has_value(), op, ": optimizer steps check their indices before updating anything, which waits "
+              "for the stream; they cannot run with deferred index checks (speedtorch.set_deferred_index_checks)");
+  return *span;
+}
+
+// One update per distinct row: the sorted distinct rows (int64, on the GPU) and their summed float32 gradients.
+struct DistinctRows {
+  at::Tensor rows;
+  at::Tensor grads;
+  int64_t count() const { return rows.numel(); }
+};
+
+DistinctRows sum_duplicate_rows(const at::Tensor& indices, const at::Tensor& grad, const at::Device& device) {
+  const at::Tensor dev_idx = indices_on(indices, device).to(at::kLong);
+  const auto [unique, inverse, counts] = at::_unique2(dev_idx, /*sorted=*/true, /*return_inverse=*/true);
+  at::Tensor summed = at::zeros({unique.numel(), grad.size(1)}, grad.options().device(device).dtype(at::kFloat))
+                          .index_add_(0, inverse, grad.to(device, at::kFloat));
+  return {unique, summed};
+}
+
+void step_gpu_resident_table(const at::Tensor& weights, const at::Tensor& state, const DistinctRows& batch,
+                             const OptimizerHyper& hyper, int64_t global_step, int device, cudaStream_t stream) {
+  const OptimizerRows rows =
+      optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()), state.data_ptr<float>());
+  launch_row_optimizer(rows, hyper, global_step, batch.rows.const_data_ptr<int64_t>(),
+                       batch.grads.const_data_ptr<float>(), batch.count(), full_grid(device),
+                       transfer_config().optimizer_vec4, stream);
+}
+
+// Bytes from one row's record (weights, then state) to the next: the record stride when state sits beside the
+// weights in one allocation, else both strides (two tables walked together).
+int64_t record_stride_bytes(const at::Tensor& weights, const at::Tensor& state) {
+  const int64_t weights_stride = weights.stride(0) * weights.element_size();
+  const bool side_by_side = state.storage().data() == weights.storage().data();
+  return side_by_side ? weights_stride : weights_stride + state.stride(0) * state.element_size();
+}
+
+// The split of a pinned table's distinct rows. Automatic: all rows over UVA. The vectorized kernel reached 65% of
+// the PCIe bound alone on the H100 and only 40% with a CPU share (the share's gradients must come down first, and
+// its threads contend with the kernel's traffic for host memory; bench/experiments/fused_step_variants.py). An
+// explicit uva_fraction still splits, through the transfer policy.
+TransferPlan plan_optimizer_split(const TransferConfig& config, const at::Tensor& weights, const at::Tensor& state,
+                                  const IndexSpan& span, int64_t count) {
+  if (config.uva_fraction < 0) return TransferPlan{count, 0};
+  const int64_t row_bytes = weights.size(1) * weights.element_size() + state.size(1) * state.element_size();
+  return plan_transfer(config, touched_bytes(weights.size(0), record_stride_bytes(weights, state), span), row_bytes,
+                       count, at::get_num_threads());
+}
+
+// The CPU share of a pinned table's step: its rows and gradients, brought to the host after UVA work enqueued
+// before this step (which may still use these rows) has completed.
+struct CpuShare {
+  at::Tensor rows;
+  at::Tensor grads;
+};
+
+CpuShare cpu_share_after_earlier_uva_work(const at::Tensor& weights, const at::Tensor& state,
+                                          const DistinctRows& batch, const TransferPlan& plan) {
+  // Before our own kernel is noted: the CPU share is disjoint from the kernel's, so only earlier work conflicts.
+  wait_for_uva_conflicts(weights.storage().data(), UvaAccess::kWrite);
+  if (state.storage().data() != weights.storage().data()) {
+    wait_for_uva_conflicts(state.storage().data(), UvaAccess::kWrite);
+  }
+  return {batch.rows.narrow(0, plan.uva_rows, plan.staged_rows).to(at::kCPU),
+          batch.grads.narrow(0, plan.uva_rows, plan.staged_rows).to(at::kCPU)};
+}
+
+void launch_uva_share(const at::Tensor& weights, const at::Tensor& state, const DistinctRows& batch,
+                      const OptimizerHyper& hyper, int64_t global_step, int64_t uva_rows, int max_blocks,
+                      const c10::cuda::CUDAStream& stream, const char* op) {
+  const OptimizerRows rows = optimizer_rows(weights, state, mapped_address(weights, op, "weights"),
+                                            reinterpret_cast<float*>(mapped_address(state, op, "state")));
+  launch_row_optimizer(rows, hyper, global_step, batch.rows.const_data_ptr<int64_t>(),
+                       batch.grads.const_data_ptr<float>(), uva_rows, max_blocks, transfer_config().optimizer_vec4,
+                       stream.stream());
+  note_uva_use(weights, UvaAccess::kWrite, stream);
+  if (state.storage().data() != weights.storage().data()) note_uva_use(state, UvaAccess::kWrite, stream);
+}
+
+// Pinned host table: the kernel updates the first plan.uva_rows distinct rows over UVA while CPU threads update the
+// rest in place.
+void step_pinned_table(const at::Tensor& weights, const at::Tensor& state, const DistinctRows& batch,
+                       const IndexSpan& span, const OptimizerHyper& hyper, int64_t global_step, int device,
+                       const c10::cuda::CUDAStream& stream, const char* op) {
+  const TransferConfig config = transfer_config();
+  const TransferPlan plan = plan_optimizer_split(config, weights, state, span, batch.count());
+  CpuShare cpu;
+  if (plan.staged_rows > 0) cpu = cpu_share_after_earlier_uva_work(weights, state, batch, plan);
+  if (plan.uva_rows > 0) {
+    launch_uva_share(weights, state, batch, hyper, global_step, plan.uva_rows, uva_max_blocks(device, config),
+                     stream, op);
+  }
+  if (plan.staged_rows > 0) {  // runs while the kernel updates the other share
+    const OptimizerRows rows =
+        optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()), state.data_ptr<float>());
+    apply_row_optimizer_cpu(rows, hyper, global_step, cpu.rows.const_data_ptr<int64_t>(),
+                            cpu.grads.const_data_ptr<float>(), plan.staged_rows);
+  }
+}
+
+}  // namespace
 
 void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                               const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step,
@@ -28,69 +139,13 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
   const at::Device device = weights.is_cuda() ? weights.device() : grad.device();
   TORCH_CHECK(device.is_cuda(), op, ": a host table needs its gradients on a GPU or on the CPU, got ", grad.device());
   c10::cuda::CUDAGuard guard(device);
-  const int dev = device.index();
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
-  const int64_t num_rows = weights.size(0);
-  const int64_t dim = weights.size(1);
-
-  const std::optional<IndexSpan> span = validate_indices(indices, num_rows, stream.stream(), op);
-  TORCH_CHECK(span.has_value(), op, ": optimizer steps check their indices before updating anything, which waits "
-              "for the stream; they cannot run with deferred index checks or under CUDA graph capture");
-  const at::Tensor dev_idx = indices_on(indices, device).to(at::kLong);
-  const auto [unique, inverse, counts] = at::_unique2(dev_idx, /*sorted=*/true, /*return_inverse=*/true);
-  const at::Tensor summed = at::zeros({unique.numel(), dim}, grad.options().device(device).dtype(at::kFloat))
-                                .index_add_(0, inverse, grad.to(device, at::kFloat));
-  const int64_t count = unique.numel();
-  const TransferConfig config = transfer_config();
-
+  const IndexSpan span = validated_span(indices, weights.size(0), stream.stream(), op);
+  const DistinctRows batch = sum_duplicate_rows(indices, grad, device);
   if (weights.is_cuda()) {
-    const OptimizerRows rows = optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()),
-                                              state.data_ptr<float>());
-    launch_row_optimizer(rows, hyper, global_step, unique.const_data_ptr<int64_t>(), summed.const_data_ptr<float>(),
-                         count, full_grid(dev), config.optimizer_vec4, stream.stream());
-    return;
-  }
-
-  // Pinned host table: split the distinct rows between the UVA kernel and CPU threads.
-  const bool side_by_side = state.storage().data() == weights.storage().data();
-  const int64_t record_stride = side_by_side ? weights.stride(0) * weights.element_size()
-                                             : weights.stride(0) * weights.element_size() + state.stride(0) * 4;
-  const int64_t row_bytes = dim * weights.element_size() + state.size(1) * 4;
-  // Automatic: all rows over UVA. The vectorized kernel reached 65% of the PCIe bound alone on the H100 and only
-  // 40% with a CPU share (the share's gradients must come down first, and its threads contend with the kernel's
-  // traffic for host memory; bench/experiments/fused_step_variants.py). An explicit uva_fraction still splits.
-  TransferPlan plan;
-  if (config.uva_fraction < 0) {
-    plan.uva_rows = count;
+    step_gpu_resident_table(weights, state, batch, hyper, global_step, device.index(), stream.stream());
   } else {
-    plan = plan_transfer(config, touched_bytes(num_rows, record_stride, span), row_bytes, count,
-                         at::get_num_threads());
-  }
-  const void* weights_key = weights.storage().data();
-  const void* state_key = state.storage().data();
-  at::Tensor host_rows;
-  at::Tensor host_grads;
-  if (plan.staged_rows > 0) {
-    // The CPU share is disjoint from the kernel's, so only UVA work enqueued before this step can conflict with
-    // it: wait for that now, before our own kernel is noted.
-    wait_for_uva_conflicts(weights_key, UvaAccess::kWrite);
-    if (state_key != weights_key) wait_for_uva_conflicts(state_key, UvaAccess::kWrite);
-    host_rows = unique.narrow(0, plan.uva_rows, plan.staged_rows).to(at::kCPU);
-    host_grads = summed.narrow(0, plan.uva_rows, plan.staged_rows).to(at::kCPU);
-  }
-  if (plan.uva_rows > 0) {
-    const OptimizerRows rows = optimizer_rows(weights, state, mapped_address(weights, op, "weights"),
-                                              reinterpret_cast<float*>(mapped_address(state, op, "state")));
-    launch_row_optimizer(rows, hyper, global_step, unique.const_data_ptr<int64_t>(), summed.const_data_ptr<float>(),
-                         plan.uva_rows, uva_max_blocks(dev, config), config.optimizer_vec4, stream.stream());
-    note_uva_use(weights, UvaAccess::kWrite, stream);
-    if (state_key != weights_key) note_uva_use(state, UvaAccess::kWrite, stream);
-  }
-  if (plan.staged_rows > 0) {  // runs while the kernel updates the other share
-    const OptimizerRows rows = optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()),
-                                              state.data_ptr<float>());
-    apply_row_optimizer_cpu(rows, hyper, global_step, host_rows.const_data_ptr<int64_t>(),
-                            host_grads.const_data_ptr<float>(), plan.staged_rows);
+    step_pinned_table(weights, state, batch, span, hyper, global_step, device.index(), stream, op);
   }
 }
 

@@ -20,6 +20,12 @@ int uva_max_blocks(int device, const TransferConfig& config) {
   return static_cast<int>(sm_count(device) * config.uva_blocks_per_sm);
 }
 
+bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  return capture != cudaStreamCaptureStatusNone;
+}
+
 char* mapped_address(const at::Tensor& host, const char* op, const char* arg) {
   char* data = static_cast<char*>(host.data_ptr());
   void* allocation = const_cast<void*>(host.storage().data());
@@ -34,6 +40,7 @@ char* mapped_address(const at::Tensor& host, const char* op, const char* arg) {
 }
 
 void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUDAStream& stream) {
+  if (stream_is_capturing(stream.stream())) return;
   const void* allocation = host.storage().data();
   note_uva_access(allocation, access, stream.device_index(), stream.stream());
   // A no-op (false) for memory PyTorch's allocator does not own, such as speedtorch's pinned buffers.
@@ -47,25 +54,21 @@ at::Tensor indices_on(const at::Tensor& indices, const at::Device& device) {
   return pinned.to(device, /*non_blocking=*/true);
 }
 
-IndexSpan check_host_indices(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
-  IndexSpan span;
-  with_index_type(host_indices, [&](const auto* p) {
-    span = check_indices_in_range(p, host_indices.numel(), num_rows, op, "indices");
-  });
-  return span;
-}
-
 std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream,
                                           const char* op) {
   if (indices.numel() == 0) return IndexSpan{};
-  if (indices.is_cpu()) return check_host_indices(indices, num_rows, op);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (deferred_index_checks() || capture != cudaStreamCaptureStatusNone) return std::nullopt;
+  const bool capturing = stream_is_capturing(stream);
+  if (indices.is_cpu()) {
+    TORCH_CHECK(!capturing, op, ": indices on the CPU cannot be captured into a CUDA graph (each replay would copy "
+                "them again from a temporary host buffer); capture with indices on the GPU, in a tensor you refill "
+                "before each replay");
+    return check_index_tensor(indices.contiguous(), num_rows, op);
+  }
+  if (deferred_index_checks() || capturing) return std::nullopt;
   const auto [lo, hi] = at::aminmax(indices);
   const at::Tensor ends = at::stack({lo.to(at::kLong), hi.to(at::kLong)}).cpu();
   const IndexSpan span{ends[0].item<int64_t>(), ends[1].item<int64_t>()};
-  if (span.min < 0 || span.max >= num_rows) check_host_indices(indices.cpu(), num_rows, op);  // throws
+  if (span.min < 0 || span.max >= num_rows) check_index_tensor(indices.cpu().contiguous(), num_rows, op);  // throws
   return span;
 }
 

@@ -20,39 +20,35 @@ int full_grid(int device);
 // The grid cap for kernels over pinned host memory (transfer_policy.h, uva_blocks_per_sm).
 int uva_max_blocks(int device, const TransferConfig& config);
 
+// Whether `stream` is being captured into a CUDA graph. A captured op may enqueue GPU work only: no wait for the
+// GPU, no event query, no host copy of device data, no work done by the calling thread (a replay skips it).
+bool stream_is_capturing(cudaStream_t stream);
+
 // The address a GPU kernel uses for element 0 of a pinned host tensor; a clear error when it is not mapped.
 char* mapped_address(const at::Tensor& host, const char* op, const char* arg);
 
 // Records that work just enqueued on `stream` reads or writes the pinned host tensor `host` over UVA: for the
 // host_access_tracker (CPU access to the rows, and freeing our pinned buffers, wait for it), and for PyTorch's
 // pinned-memory allocator when the memory is its own (Tensor.pin_memory()), which would otherwise hand the block
-// to the next allocation as soon as the tensor is freed, while the kernel still writes it.
+// to the next allocation as soon as the tensor is freed, while the kernel still writes it. Does nothing while
+// `stream` is captured: the kernel runs at each replay, which neither record can see (and recording or querying
+// their events during capture is not allowed); ordering replays with host access is the replaying caller's part.
 void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUDAStream& stream);
 
 // Indices on `device`, copied asynchronously (through pinned memory) when they are on the host.
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device);
 
-// Validates host indices (c10::IndexError naming op and value) and returns their span.
-IndexSpan check_host_indices(const at::Tensor& host_indices, int64_t num_rows, const char* op);
-
 // Validates indices before anything is launched and returns their span: on the host for CPU indices; for CUDA
 // indices with one small reduction and a wait for `stream` (the indices come to the host only to name a bad one).
+// Both end in cpu/index_range_check.h (check_index_tensor), which words the error.
 // Returns nothing in deferred mode or while `stream` is captured into a CUDA graph: no wait is allowed there, the
-// kernels check instead and the error is raised later (cuda/device_index_error.h).
+// kernels check instead and the error is raised later (cuda/device_index_error.h). CPU indices are refused under
+// capture: the graph would replay their copy to the GPU from a temporary host buffer.
 std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream,
                                           const char* op);
 
 // Bytes of a table (num_rows rows, row_stride_bytes apart) that a batch touches: the span of its indices when
 // known, else the whole table.
 int64_t touched_bytes(int64_t num_rows, int64_t row_stride_bytes, const std::optional<IndexSpan>& span);
-
-template <typename Fn>
-void with_index_type(const at::Tensor& indices, Fn&& fn) {
-  if (indices.scalar_type() == at::kLong) {
-    fn(indices.const_data_ptr<int64_t>());
-  } else {
-    fn(indices.const_data_ptr<int32_t>());
-  }
-}
 
 }  // namespace speedtorch

@@ -12,6 +12,9 @@
 // the number of allocations tracked has doubled, or when the memory is released), so the record stays as large as
 // the work in flight. The record is split into shards, each with its own lock, so launches on different tables
 // rarely wait for one another.
+//
+// Nothing is recorded for work captured into a CUDA graph (device_access.h, note_uva_use): its kernels run at each
+// replay, which no event recorded at capture could stand for, and events may not be queried while a capture runs.
 #pragma once
 
 #include <cstddef>

@@ -5,6 +5,7 @@
 
 #include "cpu/index_range_check.h"
 #include "cpu/row_copy_cpu.h"
+#include "cpu/table_views.h"
 #include "memory/pinned_host_buffer.h"
 #include "transfer/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
@@ -14,35 +15,21 @@
 namespace speedtorch {
 namespace {
 
-HostRows host_rows(const at::Tensor& table) {
-  return HostRows{static_cast<char*>(table.data_ptr()), table.size(0), table.stride(0) * table.element_size(),
-                  table.size(1) * table.element_size()};
-}
-
-template <typename Fn>
-void with_index_type(const at::Tensor& indices, Fn&& fn) {
-  if (indices.scalar_type() == at::kLong) {
-    fn(indices.const_data_ptr<int64_t>());
-  } else {
-    fn(indices.const_data_ptr<int32_t>());
-  }
-}
-
 void gather_cpu(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
-  const at::Tensor idx = indices.cpu();
+  const at::Tensor idx = indices.cpu().contiguous();
   const HostRows rows = host_rows(table);
+  check_index_tensor(idx, rows.num_rows, op);
   with_index_type(idx, [&](const auto* p) {
-    check_indices_in_range(p, idx.numel(), rows.num_rows, op, "indices");
     wait_for_uva_conflicts(table.storage().data(), UvaAccess::kRead);
     gather_rows_cpu(rows, p, idx.numel(), static_cast<char*>(out.data_ptr()));
   });
 }
 
 void scatter_cpu(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
-  const at::Tensor idx = indices.cpu();
+  const at::Tensor idx = indices.cpu().contiguous();
   const HostRows rows = host_rows(table);
+  check_index_tensor(idx, rows.num_rows, op);
   with_index_type(idx, [&](const auto* p) {
-    check_indices_in_range(p, idx.numel(), rows.num_rows, op, "indices");
     wait_for_uva_conflicts(table.storage().data(), UvaAccess::kWrite);
     scatter_rows_cpu(rows, p, idx.numel(), static_cast<const char*>(src.const_data_ptr()));
   });

@@ -1,9 +1,14 @@
 // The host<->GPU transfer engine and device-resident row operations (see row_transfer_cuda.h).
 //
 // Ordering: every kernel runs on the caller's current stream. Staged copies run on a pooled copy stream that first
-// waits for the caller's stream (so it never touches memory the caller's earlier work still uses) and, for a
-// gather, is waited for by the caller's stream before the call returns: later work on the caller's stream sees all
-// rows. The staged share itself is done by the calling thread before the call returns.
+// waits for the caller's stream (so it never touches memory the caller's earlier work still uses) and is waited for
+// by the caller's stream on every exit, an exception included (StagedShare): later work on the caller's stream sees
+// all rows and never frees or overwrites memory a copy still uses. The staged share itself is done by the calling
+// thread before the call returns.
+//
+// CUDA graph capture: a graph replays the kernels, never the calling thread's work, and nothing may wait for the GPU
+// while a stream is captured. So under capture every row goes over UVA, the indices never come to the host, and
+// bad indices are flagged by the kernels (cuda/device_index_error.h) instead of raised before launch.
 #include "transfer/row_transfer_cuda.h"
 
 #include <ATen/ops/empty.h>
@@ -19,6 +24,7 @@
 
 #include "cpu/index_range_check.h"
 #include "cpu/row_copy_cpu.h"
+#include "cpu/table_views.h"
 #include "cuda/device_index_error.h"
 #include "cuda/row_kernels.h"
 #include "transfer/device_access.h"
@@ -78,11 +84,6 @@ WriterMask mark_writers(const at::Tensor& dev_idx, int64_t num_rows, int device,
   return mask;
 }
 
-HostRows host_rows(const at::Tensor& table) {
-  return HostRows{static_cast<char*>(table.data_ptr()), table.size(0), table.stride(0) * table.element_size(),
-                  table.size(1) * table.element_size()};
-}
-
 GpuRows gpu_rows(const at::Tensor& table, char* base) {
   return GpuRows{base, table.size(0), table.stride(0) * table.element_size(), table.size(1) * table.element_size()};
 }
@@ -98,6 +99,62 @@ c10::cuda::CUDAStream copy_stream_after(const c10::cuda::CUDAStream& stream, cud
   C10_CUDA_CHECK(cudaEventRecord(event, stream.stream()));
   C10_CUDA_CHECK(cudaStreamWaitEvent(copy.stream(), event, 0));
   return copy;
+}
+
+// The staged share's ring and copy stream. The copy stream starts after everything the caller enqueued before this
+// is constructed; the caller's stream waits for everything the copy stream was given on every exit from the scope,
+// an exception included, so no later work on the caller's stream (freeing src or out, reusing them) overtakes a copy
+// still in flight.
+class StagedShare {
+ public:
+  StagedShare(const c10::cuda::CUDAStream& caller, int device, int64_t chunk_bytes)
+      : caller_(caller), ring_(device, chunk_bytes), copy_(copy_stream_after(caller, ring_->start_event(), device)) {}
+  ~StagedShare() {
+    // A destructor must not throw: a failure here is reported as a warning (the CUDA context is broken anyway).
+    C10_CUDA_CHECK_WARN(cudaEventRecord(ring_->done_event(), copy_.stream()));
+    C10_CUDA_CHECK_WARN(cudaStreamWaitEvent(caller_.stream(), ring_->done_event(), 0));
+  }
+  StagedShare(const StagedShare&) = delete;
+  StagedShare& operator=(const StagedShare&) = delete;
+
+  StagingRing& ring() const { return *ring_; }
+  cudaStream_t copy_stream() const { return copy_.stream(); }
+
+ private:
+  c10::cuda::CUDAStream caller_;
+  BorrowedStagingRing ring_;  // returned to the pool after the wait above is enqueued
+  c10::cuda::CUDAStream copy_;
+};
+
+// What a transfer between a pinned table and a GPU knows before it moves a row.
+struct PinnedTransfer {
+  HostRows rows{};
+  TransferConfig config;
+  int64_t footprint = 0;  // table bytes the batch spans (the whole table when the span is unknown)
+  TransferPlan plan;
+  at::Tensor host_idx;  // the indices on the host: CPU indices, or CUDA ones when a staged share needs them
+};
+
+// Validates the indices and splits the rows between UVA and staging. Under graph capture every row goes over UVA:
+// the staged path runs on the calling thread (a replay would skip it) and would need the indices on the host.
+PinnedTransfer plan_pinned_transfer(const at::Tensor& table, const at::Tensor& indices, cudaStream_t stream,
+                                    const char* op) {
+  PinnedTransfer t;
+  t.rows = host_rows(table);
+  t.config = transfer_config();
+  const int64_t count = indices.numel();
+  // CUDA indices come to the host only when the staged path needs them.
+  const std::optional<IndexSpan> span = validate_indices(indices, t.rows.num_rows, stream, op);
+  t.footprint = touched_bytes(t.rows.num_rows, t.rows.row_stride_bytes, span);
+  if (stream_is_capturing(stream)) {
+    t.plan.uva_rows = count;
+  } else {
+    t.plan = plan_transfer(t.config, t.footprint, t.rows.row_bytes, count, at::get_num_threads());
+  }
+  if (indices.is_cpu() || t.plan.staged_rows > 0) t.host_idx = indices.cpu();
+  // Deferred checks left CUDA indices unchecked; the CPU threads of the staged share must not meet a bad one.
+  if (!span.has_value() && t.host_idx.defined()) check_index_tensor(t.host_idx, t.rows.num_rows, op);
+  return t;
 }
 
 // Whole rows per chunk: at least one, the ring being sized for the rows (staging_chunk_bytes_for).
@@ -157,100 +214,96 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   const int device = out.get_device();
   c10::cuda::CUDAGuard guard(out.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  const int64_t count = indices.numel();
-  const HostRows rows = host_rows(table);
-  const TransferConfig config = transfer_config();
-  const void* key = table.storage().data();
-
-  // Indices are validated before anything is launched, and their span sizes the plan. CUDA indices come to the
-  // host only when the staged path needs them.
-  std::optional<IndexSpan> span = validate_indices(indices, rows.num_rows, stream.stream(), op);
-  const int64_t footprint = touched_bytes(rows.num_rows, rows.row_stride_bytes, span);
-  const TransferPlan plan = plan_transfer(config, footprint, rows.row_bytes, count, at::get_num_threads());
-  at::Tensor host_idx;
-  if (indices.is_cpu() || plan.staged_rows > 0) host_idx = indices.cpu();
-  if (!span.has_value() && host_idx.defined()) span = check_host_indices(host_idx, rows.num_rows, op);
+  const PinnedTransfer t = plan_pinned_transfer(table, indices, stream.stream(), op);
   char* out_ptr = static_cast<char*>(out.data_ptr());
-  // The copy stream is ordered after the caller's earlier work but not after the UVA kernel: they run together.
-  std::optional<BorrowedStagingRing> ring;
-  std::optional<c10::cuda::CUDAStream> copy;
-  if (plan.staged_rows > 0) {
-    ring.emplace(device, staging_chunk_bytes_for(config, rows.row_bytes));
-    copy = copy_stream_after(stream, (*ring)->start_event(), device);
-  }
-  if (plan.uva_rows > 0) {
+  // Begun before the UVA kernel is launched: the copy stream follows the caller's earlier work, not the kernel,
+  // and the two shares run together.
+  std::optional<StagedShare> staged;
+  if (t.plan.staged_rows > 0) staged.emplace(stream, device, staging_chunk_bytes_for(t.config, t.rows.row_bytes));
+  if (t.plan.uva_rows > 0) {
     const at::Tensor dev_idx =
-        indices_on(indices.is_cpu() ? indices.narrow(0, 0, plan.uva_rows) : indices, out.device());
-    const UvaShare share = uva_share(dev_idx, plan.uva_rows, table, footprint, config, device, stream.stream());
-    launch_row_gather(gpu_rows(table, mapped_address(table, op, "table")), share.view, out_ptr, device_index_error_record(device),
-                      uva_max_blocks(device, config), stream.stream());
+        indices_on(indices.is_cpu() ? indices.narrow(0, 0, t.plan.uva_rows) : indices, out.device());
+    const UvaShare share =
+        uva_share(dev_idx, t.plan.uva_rows, table, t.footprint, t.config, device, stream.stream());
+    launch_row_gather(gpu_rows(table, mapped_address(table, op, "table")), share.view, out_ptr,
+                      device_index_error_record(device), uva_max_blocks(device, t.config), stream.stream());
     note_uva_use(table, UvaAccess::kRead, stream);
   }
-  if (plan.staged_rows > 0) {
-    wait_for_uva_conflicts(key, UvaAccess::kRead);
-    with_index_type(host_idx, [&](const auto* p) {
-      staged_gather(rows, p, plan.uva_rows, count, out_ptr, **ring, copy->stream());
+  if (t.plan.staged_rows > 0) {
+    // CPU threads read the rows: earlier UVA writes to them must have landed.
+    wait_for_uva_conflicts(table.storage().data(), UvaAccess::kRead);
+    with_index_type(t.host_idx, [&](const auto* p) {
+      staged_gather(t.rows, p, t.plan.uva_rows, indices.numel(), out_ptr, staged->ring(), staged->copy_stream());
     });
-    C10_CUDA_CHECK(cudaEventRecord((*ring)->done_event(), copy->stream()));
-    C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), (*ring)->done_event(), 0));
   }
+  // Leaving scope: the caller's stream waits for the staged copies (StagedShare).
 }
 
+namespace {
+
+// One writer per row (the last occurrence) once a GPU kernel writes any share; bad CUDA indices abort the whole
+// write. Enqueued on the caller's stream.
+WriterMask writers_for_uva_share(const PinnedTransfer& t, const at::Tensor& indices, const at::Tensor& src,
+                                 at::Tensor& dev_idx, int device, cudaStream_t stream) {
+  if (t.plan.uva_rows == 0) return {};
+  dev_idx = indices_on(indices, src.device());
+  return mark_writers(dev_idx, t.rows.num_rows, device, stream);
+}
+
+// The staged positions' part of the keep mask, brought to the host on the copy stream (which follows the mask's
+// kernel); none when no GPU share resolves duplicates (the CPU's sequential order then makes the last one win).
+at::Tensor staged_keep_mask_on_host(const WriterMask& writers, const TransferPlan& plan, cudaStream_t copy) {
+  if (!writers.keep.defined()) return {};
+  at::Tensor host_keep = at::empty({plan.staged_rows}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  C10_CUDA_CHECK(cudaMemcpyAsync(host_keep.data_ptr(), writers.keep.const_data_ptr<uint8_t>() + plan.uva_rows,
+                                 plan.staged_rows, cudaMemcpyDeviceToHost, copy));
+  return host_keep;
+}
+
+void launch_uva_scatter(const PinnedTransfer& t, const at::Tensor& table, const at::Tensor& dev_idx,
+                        const at::Tensor& src, const WriterMask& writers, int device,
+                        const c10::cuda::CUDAStream& stream, const char* op) {
+  const UvaShare share = uva_share(dev_idx, t.plan.uva_rows, table, t.footprint, t.config, device, stream.stream());
+  launch_row_scatter(gpu_rows(table, mapped_address(table, op, "table")), share.view,
+                     static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
+                     writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device),
+                     uva_max_blocks(device, t.config), stream.stream());
+  note_uva_use(table, UvaAccess::kWrite, stream);
+}
+
+}  // namespace
+
+// The ordering rules of a scatter into a pinned table, each a step below, in this order:
+//  1. the CPU writes of the staged share wait for earlier UVA kernels still using the rows (before anything of
+//     ours is noted, which the CPU share must not wait for: it touches other positions);
+//  2. the writer mask is computed on the caller's stream;
+//  3. the copy stream starts after 2 (it copies src and the mask) but before the UVA kernel (they run together);
+//  4. the UVA kernel writes its share; 5. the CPU threads write theirs;
+//  6. on every exit the caller's stream waits for the copy stream (StagedShare).
 void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
                             const char* op) {
   const int device = src.get_device();
   c10::cuda::CUDAGuard guard(src.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  const int64_t count = indices.numel();
-  const HostRows rows = host_rows(table);
-  const TransferConfig config = transfer_config();
-  const void* key = table.storage().data();
-
-  std::optional<IndexSpan> span = validate_indices(indices, rows.num_rows, stream.stream(), op);
-  const int64_t footprint = touched_bytes(rows.num_rows, rows.row_stride_bytes, span);
-  const TransferPlan plan = plan_transfer(config, footprint, rows.row_bytes, count, at::get_num_threads());
-  at::Tensor host_idx;
-  if (indices.is_cpu() || plan.staged_rows > 0) host_idx = indices.cpu();
-  if (!span.has_value() && host_idx.defined()) span = check_host_indices(host_idx, rows.num_rows, op);
-  // The CPU writes below must not overtake UVA kernels still reading or writing these rows.
-  if (plan.staged_rows > 0) wait_for_uva_conflicts(key, UvaAccess::kWrite);
-
-  // One writer per row, as soon as a GPU kernel writes any share; bad CUDA indices abort the whole write.
+  const PinnedTransfer t = plan_pinned_transfer(table, indices, stream.stream(), op);
+  if (t.plan.staged_rows > 0) wait_for_uva_conflicts(table.storage().data(), UvaAccess::kWrite);  // 1
   at::Tensor dev_idx;
-  WriterMask writers;
-  if (plan.uva_rows > 0) {
-    dev_idx = indices_on(indices, src.device());
-    writers = mark_writers(dev_idx, rows.num_rows, device, stream.stream());
-  }
-  // The copy stream waits for src and the keep mask, not for the UVA kernel launched next: they run together.
-  std::optional<BorrowedStagingRing> ring;
-  std::optional<c10::cuda::CUDAStream> copy;
+  const WriterMask writers = writers_for_uva_share(t, indices, src, dev_idx, device, stream.stream());  // 2
+  std::optional<StagedShare> staged;
   at::Tensor host_keep;
-  if (plan.staged_rows > 0) {
-    ring.emplace(device, staging_chunk_bytes_for(config, rows.row_bytes));
-    copy = copy_stream_after(stream, (*ring)->start_event(), device);
-    if (writers.keep.defined()) {
-      host_keep = at::empty({plan.staged_rows}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-      C10_CUDA_CHECK(cudaMemcpyAsync(host_keep.data_ptr(), writers.keep.const_data_ptr<uint8_t>() + plan.uva_rows,
-                                     plan.staged_rows, cudaMemcpyDeviceToHost, copy->stream()));
-    }
+  if (t.plan.staged_rows > 0) {  // 3
+    staged.emplace(stream, device, staging_chunk_bytes_for(t.config, t.rows.row_bytes));
+    host_keep = staged_keep_mask_on_host(writers, t.plan, staged->copy_stream());
   }
-  if (plan.uva_rows > 0) {
-    const UvaShare share = uva_share(dev_idx, plan.uva_rows, table, footprint, config, device, stream.stream());
-    launch_row_scatter(gpu_rows(table, mapped_address(table, op, "table")), share.view,
-                       static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
-                       writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device),
-                       uva_max_blocks(device, config), stream.stream());
-    note_uva_use(table, UvaAccess::kWrite, stream);
-  }
-  if (plan.staged_rows > 0) {
-    with_index_type(host_idx, [&](const auto* p) {
-      staged_scatter(rows, p, plan.uva_rows, count, static_cast<const char*>(src.const_data_ptr()),
-                     host_keep.defined() ? host_keep.const_data_ptr<uint8_t>() : nullptr, **ring, copy->stream());
+  if (t.plan.uva_rows > 0) launch_uva_scatter(t, table, dev_idx, src, writers, device, stream, op);  // 4
+  if (t.plan.staged_rows > 0) {  // 5
+    with_index_type(t.host_idx, [&](const auto* p) {
+      staged_scatter(t.rows, p, t.plan.uva_rows, indices.numel(), static_cast<const char*>(src.const_data_ptr()),
+                     host_keep.defined() ? host_keep.const_data_ptr<uint8_t>() : nullptr, staged->ring(),
+                     staged->copy_stream());
     });
-    // Every chunk copy (and the keep copy before them) was waited for: the copy stream holds nothing of ours.
   }
-}
+}  // 6
 
 void gather_cuda_table(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
   const int device = table.get_device();

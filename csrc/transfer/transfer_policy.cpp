@@ -44,14 +44,7 @@ struct ConfigHolder {
   std::mutex mutex;
   TransferConfig config;
   ConfigHolder() {
-    read_env("SPEEDTORCH_UVA_FRACTION", config.uva_fraction);
-    read_env("SPEEDTORCH_UVA_REACH_BYTES", config.uva_reach_bytes);
-    read_env("SPEEDTORCH_SMALL_TRANSFER_BYTES", config.small_transfer_bytes);
-    read_env("SPEEDTORCH_UVA_ROW_BYTES", config.uva_row_bytes);
-    read_env("SPEEDTORCH_STAGING_CHUNK_BYTES", config.staging_chunk_bytes);
-    read_env("SPEEDTORCH_SORT_UVA_INDICES", config.sort_uva_indices);
-    read_env("SPEEDTORCH_UVA_BLOCKS_PER_SM", config.uva_blocks_per_sm);
-    read_env("SPEEDTORCH_OPTIMIZER_VEC4", config.optimizer_vec4);
+    for_each_transfer_option([&](const char*, const char* env, auto field) { read_env(env, config.*field); });
     validate(config);
   }
 };

@@ -5,8 +5,8 @@
 // Staged (CPU threads copy rows through a pinned staging buffer while the copy engine moves the previous chunk) is
 // bound by the CPU threads. Running both at once on disjoint shares of the rows adds their rates up to the link's.
 // The plan gives each path the share that makes both finish together, from the table footprint, the row size, the
-// transfer size and the CPU threads; every threshold can be overridden (set_transfer_config, or the environment
-// variables named below, read once at first use).
+// transfer size and the CPU threads; every setting can be overridden (set_transfer_config, or the environment
+// variables named in for_each_transfer_option, read once at first use).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,24 @@ struct TransferConfig {
   double staged_gbps_per_thread = 1.7;
   double staged_max_gbps = 27.6;
 };
+
+// The one table of the settings by name: calls visit(name, environment variable, &TransferConfig::field) for each.
+// The setter and getter ops, their list of names (Python's speedtorch.transfer_config) and the environment reader
+// all go through it, so a new field needs one line here.
+template <typename Visit>
+void for_each_transfer_option(Visit&& visit) {
+  visit("uva_fraction", "SPEEDTORCH_UVA_FRACTION", &TransferConfig::uva_fraction);
+  visit("uva_reach_bytes", "SPEEDTORCH_UVA_REACH_BYTES", &TransferConfig::uva_reach_bytes);
+  visit("small_transfer_bytes", "SPEEDTORCH_SMALL_TRANSFER_BYTES", &TransferConfig::small_transfer_bytes);
+  visit("uva_row_bytes", "SPEEDTORCH_UVA_ROW_BYTES", &TransferConfig::uva_row_bytes);
+  visit("staging_chunk_bytes", "SPEEDTORCH_STAGING_CHUNK_BYTES", &TransferConfig::staging_chunk_bytes);
+  visit("sort_uva_indices", "SPEEDTORCH_SORT_UVA_INDICES", &TransferConfig::sort_uva_indices);
+  visit("uva_blocks_per_sm", "SPEEDTORCH_UVA_BLOCKS_PER_SM", &TransferConfig::uva_blocks_per_sm);
+  visit("optimizer_vec4", "SPEEDTORCH_OPTIMIZER_VEC4", &TransferConfig::optimizer_vec4);
+  visit("uva_spread_gbps", "SPEEDTORCH_UVA_SPREAD_GBPS", &TransferConfig::uva_spread_gbps);
+  visit("staged_gbps_per_thread", "SPEEDTORCH_STAGED_GBPS_PER_THREAD", &TransferConfig::staged_gbps_per_thread);
+  visit("staged_max_gbps", "SPEEDTORCH_STAGED_MAX_GBPS", &TransferConfig::staged_max_gbps);
+}
 
 struct TransferPlan {
   int64_t uva_rows = 0;     // positions [0, uva_rows) go over UVA

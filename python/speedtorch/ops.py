@@ -14,21 +14,6 @@ __all__ = [
     "check_index_errors",
 ]
 
-_TRANSFER_OPTIONS = (
-    "uva_fraction",
-    "uva_reach_bytes",
-    "small_transfer_bytes",
-    "uva_row_bytes",
-    "staging_chunk_bytes",
-    "sort_uva_indices",
-    "uva_blocks_per_sm",
-    "optimizer_vec4",
-    "uva_spread_gbps",
-    "staged_gbps_per_thread",
-    "staged_max_gbps",
-)
-
-
 def gather(table: torch.Tensor, indices: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
     """Rows of ``table`` (2-D) for ``indices`` (int32/int64, any shape).
 
@@ -57,8 +42,9 @@ def pinned_empty(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor
 
 
 def transfer_config() -> dict[str, float]:
-    """The transfer engine's settings (see csrc/transfer/transfer_policy.h)."""
-    return {name: torch.ops.speedtorch.get_transfer_option(name) for name in _TRANSFER_OPTIONS}
+    """The transfer engine's settings (see csrc/transfer/transfer_policy.h, which also lists their names)."""
+    names = torch.ops.speedtorch.transfer_option_names()
+    return {name: torch.ops.speedtorch.get_transfer_option(name) for name in names}
 
 
 def set_transfer_config(**options: float) -> None:

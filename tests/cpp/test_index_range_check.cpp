@@ -1,4 +1,6 @@
-// Tests for csrc/cpu/index_range_check: finds the first bad index, both index types, and the error text.
+// Tests for csrc/cpu/index_range_check: finds the first bad index, both index types, the error text, and the
+// tensor entry point.
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -42,6 +44,24 @@ TEST(IndexRangeCheck, MessageNamesOpArgumentValueAndRange) {
 TEST(IndexRangeCheck, EmptyTableRejectsEverything) {
   const std::vector<int64_t> idx = {0};
   EXPECT_TRUE(find_index_out_of_range(idx.data(), 1, 0).found);
+}
+
+// The tensor entry every route calls (CPU routes directly, GPU routes through validate_indices).
+TEST(IndexRangeCheck, TensorCheckTakesBothIndexTypesAndNamesTheOp) {
+  for (const auto dtype : {at::kLong, at::kInt}) {
+    const at::Tensor good = at::arange(7, at::TensorOptions().dtype(dtype));
+    const IndexSpan span = check_index_tensor(good, 7, "speedtorch.scatter_");
+    EXPECT_EQ(span.min, 0);
+    EXPECT_EQ(span.max, 6);
+    const at::Tensor bad = at::tensor({3, 9, 1}, at::TensorOptions().dtype(dtype));
+    try {
+      check_index_tensor(bad, 7, "speedtorch.scatter_");
+      FAIL() << "expected an IndexError";
+    } catch (const c10::IndexError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("speedtorch.scatter_: indices holds 9 at flat position 1"), std::string::npos) << what;
+    }
+  }
 }
 
 }  // namespace

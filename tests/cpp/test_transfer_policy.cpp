@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "transfer/transfer_policy.h"
 
@@ -61,6 +65,45 @@ TEST(TransferPolicy, ConfigIsValidatedAndRoundTrips) {
   set_transfer_config(c);
   EXPECT_EQ(transfer_config().uva_fraction, 0.4);
   set_transfer_config(saved);
+}
+
+// The one table of settings: every name once, and its environment variable is SPEEDTORCH_ + the name upper-cased.
+TEST(TransferPolicy, OptionTableNamesEachSettingOnceWithItsEnvironmentVariable) {
+  std::vector<std::string> names;
+  for_each_transfer_option([&](const char* name, const char* env, auto) {
+    std::string expected_env = std::string("SPEEDTORCH_") + name;
+    std::transform(expected_env.begin(), expected_env.end(), expected_env.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::toupper(ch)); });
+    EXPECT_EQ(std::string(env), expected_env);
+    names.emplace_back(name);
+  });
+  EXPECT_EQ(names.size(), 11u);
+  std::vector<std::string> sorted = names;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end());
+}
+
+// Writing each field through the table changes exactly that field (no entry points at another's member): set one
+// field at a time to 1 over an all-zero config and read every field back.
+TEST(TransferPolicy, OptionTableFieldsAreDistinct) {
+  int count = 0;
+  for_each_transfer_option([&](const char*, const char*, auto) { ++count; });
+  for (int target = 0; target < count; ++target) {
+    TransferConfig c;
+    for_each_transfer_option([&](const char*, const char*, auto field) {
+      c.*field = std::remove_reference_t<decltype(c.*field)>{};
+    });
+    int index = 0;
+    for_each_transfer_option([&](const char*, const char*, auto field) {
+      if (index++ == target) c.*field = static_cast<std::remove_reference_t<decltype(c.*field)>>(1);
+    });
+    index = 0;
+    for_each_transfer_option([&](const char* name, const char*, auto field) {
+      const bool set = c.*field != std::remove_reference_t<decltype(c.*field)>{};
+      EXPECT_EQ(set, index == target) << name << " after setting option " << target;
+      ++index;
+    });
+  }
 }
 
 }  // namespace
