@@ -45,6 +45,10 @@ IDS = [f"{c[0]}-{i}" for i, c in enumerate(CASES)]
 def check_against_torch(case, device, table_dtype=torch.float32, steps=5, pinned=False, fraction=None, d=24):
     name, options, cls, kwargs = case
     n = 300
+    # Fixed data: centered RMSprop's sqrt(E[g^2] - E[g]^2) magnifies the last bit where the two nearly cancel, so
+    # with data that changed with the tests run before, one element in a thousand could pass 1e-4 on one route (an
+    # H200 run, fraction 0.0) and not on another.
+    torch.manual_seed(1000 + CASES.index(case))
     if fraction is not None:
         speedtorch.set_transfer_config(uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0)
     values = torch.randn(n, d).to(table_dtype)
