@@ -56,6 +56,11 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
       .def("set_sidecar", &PinnedEmbedding::set_sidecar,
            "Where torch.jit.save writes this table ('' keeps it inside the model)", {torch::arg("path")})
       .def("sidecar", &PinnedEmbedding::sidecar)
+      .def("set_transfer_option", &PinnedEmbedding::set_transfer_option,
+           "This table's own transfer setting (names as speedtorch.transfer_config()), over the process's",
+           {torch::arg("name"), torch::arg("value")})
+      .def("transfer_options", &PinnedEmbedding::transfer_options)
+      .def("clear_transfer_options", &PinnedEmbedding::clear_transfer_options)
       .def_pickle(
           [](const c10::intrusive_ptr<PinnedEmbedding>& self) { return speedtorch::pickle_embedding(self); },
           [](speedtorch::PickledEmbedding state) { return speedtorch::unpickle_embedding(std::move(state)); });

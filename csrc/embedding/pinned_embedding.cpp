@@ -14,6 +14,7 @@
 #include "optim/row_optimizer.h"
 #include "transfer/checked_row_transfer.h"
 #include "transfer/host_access_tracker.h"
+#include "transfer/transfer_policy.h"
 
 namespace speedtorch {
 namespace {
@@ -51,14 +52,37 @@ using WriteLock = std::unique_lock<TableLock>;
 
 at::Tensor PinnedEmbedding::gather(const at::Tensor& indices, std::optional<at::Device> device) const {
   ReadLock read(lock_);
+  const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.gather");
   return gather_table_rows(table_, indices, device, "PinnedEmbedding.gather");
 }
 
 at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor& src) {
   WriteLock write(lock_);
   check_writable("scatter_");
+  const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.scatter_");
   scatter_table_rows(table_, indices, src, "PinnedEmbedding.scatter_");
   return table_;
+}
+
+void PinnedEmbedding::set_transfer_option(const std::string& name, double value) {
+  WriteLock write(lock_);
+  TransferOverrides next = transfer_overrides_;
+  next[name] = value;
+  // Checked against the process's settings now; applied over whatever they are at each call.
+  with_overrides(process_transfer_config(), next, "PinnedEmbedding.set_transfer_option");
+  transfer_overrides_ = std::move(next);
+}
+
+c10::Dict<std::string, double> PinnedEmbedding::transfer_options() const {
+  ReadLock read(lock_);
+  c10::Dict<std::string, double> out;
+  for (const auto& [name, value] : transfer_overrides_) out.insert(name, value);
+  return out;
+}
+
+void PinnedEmbedding::clear_transfer_options() {
+  WriteLock write(lock_);
+  transfer_overrides_.clear();
 }
 
 int64_t PinnedEmbedding::num_rows() const {
@@ -216,6 +240,7 @@ void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tenso
   check_writable("apply_gradients");
   TORCH_CHECK(state_.defined(), "PinnedEmbedding.apply_gradients: no optimizer; call set_optimizer(kind, options) "
               "first");
+  const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.apply_gradients");
   apply_row_optimizer(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
                       "PinnedEmbedding.apply_gradients");
   ++step_;  // only once the step went through

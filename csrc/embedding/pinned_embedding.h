@@ -36,6 +36,7 @@
 #include "embedding/table_lock.h"
 #include "io/embedding_files.h"
 #include "memory/pinned_host_buffer.h"
+#include "transfer/transfer_policy.h"
 
 namespace speedtorch {
 
@@ -49,6 +50,13 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // Writes src (indices.shape + (dim,)) into those rows; duplicate indices: the last occurrence wins. Returns the
   // table.
   at::Tensor scatter_(const at::Tensor& indices, const at::Tensor& src);
+
+  // This table's own transfer settings (names and meaning as transfer/transfer_policy.h's): each applies over the
+  // process's settings (speedtorch.set_transfer_config) during this table's gather, scatter_ and apply_gradients,
+  // in whichever thread calls them; the right split depends on the table. Runtime only: not saved or pickled.
+  void set_transfer_option(const std::string& name, double value);
+  c10::Dict<std::string, double> transfer_options() const;  // the ones set on this table
+  void clear_transfer_options();
 
   int64_t num_rows() const;
   int64_t dim() const;
@@ -164,6 +172,7 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   int64_t step_ = 0;
   std::string sidecar_;
   std::string files_path_;  // the path open() mapped (for flush())
+  TransferOverrides transfer_overrides_;
   mutable TableLock lock_;  // guards every member above once the table is shared (see the top of this file)
 };
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 namespace speedtorch {
 namespace {
@@ -54,9 +55,36 @@ ConfigHolder& holder() {
   return h;
 }
 
+// The innermost TransferConfigScope's settings on this thread, or null.
+thread_local const TransferConfig* t_scoped_config = nullptr;
+
+std::string known_option_names() {
+  std::string text;
+  for (const std::string& name : transfer_option_names()) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+// Calls visit(field of `c` named `name`); throws if no field has that name.
+template <typename Visit>
+void visit_option(TransferConfig& c, const std::string& name, const char* who, Visit&& visit) {
+  bool known = false;
+  for_each_transfer_option([&](const char* option, const char*, auto field) {
+    if (!known && name == option) {
+      visit(c.*field);
+      known = true;
+    }
+  });
+  TORCH_CHECK(known, who, ": unknown transfer option '", name, "'; known options: ", known_option_names());
+}
+
 }  // namespace
 
 TransferConfig transfer_config() {
+  if (t_scoped_config != nullptr) return *t_scoped_config;
+  return process_transfer_config();
+}
+
+TransferConfig process_transfer_config() {
   std::lock_guard<std::mutex> lock(holder().mutex);
   return holder().config;
 }
@@ -65,6 +93,41 @@ void set_transfer_config(const TransferConfig& config) {
   validate(config);
   std::lock_guard<std::mutex> lock(holder().mutex);
   holder().config = config;
+}
+
+std::vector<std::string> transfer_option_names() {
+  std::vector<std::string> names;
+  for_each_transfer_option([&](const char* option, const char*, auto) { names.emplace_back(option); });
+  return names;
+}
+
+void set_transfer_option(TransferConfig& config, const std::string& name, double value, const char* who) {
+  visit_option(config, name, who, [&](auto& field) { field = static_cast<std::remove_reference_t<decltype(field)>>(value); });
+}
+
+double get_transfer_option(const TransferConfig& config, const std::string& name, const char* who) {
+  TransferConfig copy = config;
+  double out = 0;
+  visit_option(copy, name, who, [&](auto& field) { out = static_cast<double>(field); });
+  return out;
+}
+
+TransferConfig with_overrides(TransferConfig base, const TransferOverrides& overrides, const char* who) {
+  for (const auto& [name, value] : overrides) set_transfer_option(base, name, value, who);
+  validate(base);
+  return base;
+}
+
+TransferConfigScope::TransferConfigScope(const TransferOverrides& overrides, const char* who) {
+  if (overrides.empty()) return;
+  config_ = with_overrides(transfer_config(), overrides, who);
+  previous_ = t_scoped_config;
+  t_scoped_config = &config_;
+  active_ = true;
+}
+
+TransferConfigScope::~TransferConfigScope() {
+  if (active_) t_scoped_config = previous_;
 }
 
 TransferPlan plan_transfer(const TransferConfig& c, int64_t table_bytes, int64_t row_bytes, int64_t count,

@@ -5,11 +5,15 @@
 // Staged (CPU threads copy rows through a pinned staging buffer while the copy engine moves the previous chunk) is
 // bound by the CPU threads. Running both at once on disjoint shares of the rows adds their rates up to the link's.
 // The plan gives each path the share that makes both finish together, from the table footprint, the row size, the
-// transfer size and the CPU threads; every setting can be overridden (set_transfer_config, or the environment
-// variables named in for_each_transfer_option, read once at first use).
+// transfer size and the CPU threads; every setting can be overridden: for the process (set_transfer_config, or the
+// environment variables named in for_each_transfer_option, read once at first use), and for one table
+// (TransferConfigScope: PinnedEmbedding's own settings, in force during its transfers and steps).
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace speedtorch {
 
@@ -39,11 +43,11 @@ struct TransferConfig {
   // (0 or 1).
   bool optimizer_vec4 = true;
   // Rates (GB/s) of the (sorted) UVA path over a spread-out table and of one CPU thread on the staged path, and
-  // the staged path's ceiling; they set the automatic split. Measured on an H100 PCIe Gen5 host
-  // (bench/RESULTS.md).
+  // the staged path's ceiling; they set the automatic split. Measured on an H100 PCIe Gen5 host (bench/RESULTS.md,
+  // runs 36-38: the staged path alone reached 29-35 GB/s with 16 threads, 7-10 GB/s with 2).
   double uva_spread_gbps = 34.5;
-  double staged_gbps_per_thread = 1.7;
-  double staged_max_gbps = 27.6;
+  double staged_gbps_per_thread = 1.9;
+  double staged_max_gbps = 31.0;
 };
 
 // The one table of the settings by name: calls visit(name, environment variable, &TransferConfig::field) for each.
@@ -69,8 +73,39 @@ struct TransferPlan {
   int64_t staged_rows = 0;  // positions [uva_rows, count) go through staging
 };
 
+// The settings in force on this thread: the innermost TransferConfigScope's, else the process's. Every transfer
+// and optimizer step plans with these.
 TransferConfig transfer_config();
+// The process's settings, and their setter (validated; every thread outside a scope sees them).
+TransferConfig process_transfer_config();
 void set_transfer_config(const TransferConfig& config);
+
+// Settings by name, as for_each_transfer_option names them. Unknown names throw, listing the known ones; `who` names
+// the caller in the message.
+std::vector<std::string> transfer_option_names();
+void set_transfer_option(TransferConfig& config, const std::string& name, double value, const char* who);
+double get_transfer_option(const TransferConfig& config, const std::string& name, const char* who);
+
+// Some settings by name (a table's own), applied over whatever settings are in force.
+using TransferOverrides = std::map<std::string, double>;
+// `base` with `overrides` applied, validated.
+TransferConfig with_overrides(TransferConfig base, const TransferOverrides& overrides, const char* who);
+
+// While it lives, transfer_config() on this thread returns the settings in force before it with `overrides` applied
+// (a table's own settings for the length of one of its calls). Scopes nest; with no overrides it changes nothing.
+// Thread-local, so one table's settings never leak into another thread's transfers.
+class TransferConfigScope {
+ public:
+  TransferConfigScope(const TransferOverrides& overrides, const char* who);
+  ~TransferConfigScope();
+  TransferConfigScope(const TransferConfigScope&) = delete;
+  TransferConfigScope& operator=(const TransferConfigScope&) = delete;
+
+ private:
+  TransferConfig config_;
+  const TransferConfig* previous_ = nullptr;
+  bool active_ = false;
+};
 
 // The split of `count` rows of `row_bytes` over a table footprint of `table_bytes`, for gathers and scatters
 // alike: the config holds one set of rates, so the direction could not change the plan.

@@ -18,10 +18,12 @@ from .ops import (  # noqa: E402
     check_index_errors,
     gather,
     pinned_empty,
+    deferred_index_checks,
     scatter_,
     set_deferred_index_checks,
     set_transfer_config,
     transfer_config,
+    transfer_config_override,
 )
 
 #: ``torch.classes.speedtorch.PinnedEmbedding``: a table in exact-size pinned host memory, usable from Python,
@@ -56,6 +58,8 @@ __all__ = [
     "placement",
     "scatter_",
     "set_deferred_index_checks",
+    "deferred_index_checks",
     "set_transfer_config",
     "transfer_config",
+    "transfer_config_override",
 ]

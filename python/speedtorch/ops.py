@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 __all__ = [
@@ -10,7 +13,9 @@ __all__ = [
     "pinned_empty",
     "transfer_config",
     "set_transfer_config",
+    "transfer_config_override",
     "set_deferred_index_checks",
+    "deferred_index_checks",
     "check_index_errors",
 ]
 
@@ -54,11 +59,40 @@ def set_transfer_config(**options: float) -> None:
         torch.ops.speedtorch.set_transfer_option(name, float(value))
 
 
+@contextlib.contextmanager
+def transfer_config_override(**options: float) -> Iterator[dict[str, float]]:
+    """Process-wide transfer settings for the length of a ``with`` block, restored on exit (also on an exception)::
+
+        with speedtorch.transfer_config_override(uva_fraction=0.0):
+            rows = speedtorch.gather(table, ids, "cuda")
+
+    Yields the settings in force inside. For one table's own settings, in force whichever thread uses it, see
+    ``PinnedEmbedding.set_transfer_option``."""
+    saved = transfer_config()
+    try:
+        set_transfer_config(**options)
+        yield transfer_config()
+    finally:
+        set_transfer_config(**saved)
+
+
 def set_deferred_index_checks(deferred: bool) -> None:
     """With CUDA indices, out-of-range values are found by the GPU. By default the op then waits for its stream and
     raises at once; deferred, it does not wait, and :func:`check_index_errors` raises later. Rows for bad indices
-    are never read or written either way."""
+    are never read or written either way. Process-wide; :func:`deferred_index_checks` sets it for a ``with`` block.
+    CPU-only builds check every index on the host: nothing is ever deferred there."""
     torch.ops.speedtorch.set_deferred_index_checks(bool(deferred))
+
+
+@contextlib.contextmanager
+def deferred_index_checks(deferred: bool = True) -> Iterator[None]:
+    """:func:`set_deferred_index_checks` for the length of a ``with`` block; the previous mode is restored on exit."""
+    saved = bool(torch.ops.speedtorch.deferred_index_checks())
+    try:
+        set_deferred_index_checks(deferred)
+        yield
+    finally:
+        set_deferred_index_checks(saved)
 
 
 def check_index_errors() -> None:

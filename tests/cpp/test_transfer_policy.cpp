@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -65,6 +66,49 @@ TEST(TransferPolicy, ConfigIsValidatedAndRoundTrips) {
   set_transfer_config(c);
   EXPECT_EQ(transfer_config().uva_fraction, 0.4);
   set_transfer_config(saved);
+}
+
+// A table's own settings: in force on the calling thread while the scope lives, nested scopes apply over the outer
+// ones, other threads and the process's settings never see them.
+TEST(TransferPolicy, ScopesApplyOverridesOnTheirThreadOnly) {
+  const TransferConfig process = process_transfer_config();
+  {
+    const TransferConfigScope outer({{"uva_fraction", 0.25}, {"staging_chunk_bytes", 65536}}, "test");
+    EXPECT_EQ(transfer_config().uva_fraction, 0.25);
+    EXPECT_EQ(transfer_config().staging_chunk_bytes, 65536);
+    {
+      const TransferConfigScope inner({{"uva_fraction", 0.5}}, "test");
+      EXPECT_EQ(transfer_config().uva_fraction, 0.5);
+      EXPECT_EQ(transfer_config().staging_chunk_bytes, 65536);  // the outer scope's
+      const TransferConfigScope none({}, "test");                // no overrides: changes nothing
+      EXPECT_EQ(transfer_config().uva_fraction, 0.5);
+    }
+    EXPECT_EQ(transfer_config().uva_fraction, 0.25);
+    double seen_elsewhere = 0;
+    std::thread([&] { seen_elsewhere = transfer_config().uva_fraction; }).join();
+    EXPECT_EQ(seen_elsewhere, process.uva_fraction);
+    EXPECT_EQ(process_transfer_config().uva_fraction, process.uva_fraction);
+  }
+  EXPECT_EQ(transfer_config().uva_fraction, process.uva_fraction);
+  EXPECT_EQ(transfer_config().staging_chunk_bytes, process.staging_chunk_bytes);
+}
+
+TEST(TransferPolicy, OverridesAreValidatedByName) {
+  EXPECT_THROW(TransferConfigScope({{"uva_fraction", 3.0}}, "test"), c10::Error);
+  try {
+    with_overrides(TransferConfig{}, {{"no_such", 1.0}}, "Caller");
+    FAIL() << "an unknown name was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("Caller: unknown transfer option 'no_such'; known options: "
+                                                           "uva_fraction, "),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
+  TransferConfig c;
+  set_transfer_option(c, "uva_blocks_per_sm", 3, "test");
+  EXPECT_EQ(c.uva_blocks_per_sm, 3);
+  EXPECT_EQ(get_transfer_option(c, "uva_blocks_per_sm", "test"), 3.0);
+  EXPECT_EQ(transfer_option_names().front(), "uva_fraction");
 }
 
 // The one table of settings: every name once, and its environment variable is SPEEDTORCH_ + the name upper-cased.

@@ -1,8 +1,9 @@
 """pytest setup: import speedtorch from the source tree when it is not installed; GPU tests are marked `gpu` and
-skipped without CUDA; the transfer engine's settings are restored after every test."""
+skipped without CUDA; fixtures for process-wide settings, and a check that no test leaves them changed."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -31,9 +32,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def transfer_settings():
+    """transfer_settings(**options) sets process-wide transfer settings for the rest of one test; they are restored
+    after it (speedtorch.transfer_config_override)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **options: stack.enter_context(speedtorch.transfer_config_override(**options))
+
+
+@pytest.fixture
+def deferred_checks():
+    """Deferred index checks for one test (speedtorch.deferred_index_checks)."""
+    with speedtorch.deferred_index_checks(True):
+        yield
+
+
 @pytest.fixture(autouse=True)
-def _restore_transfer_config():
-    saved = speedtorch.transfer_config()
+def _process_settings_unchanged():
+    """Fails a test that leaves the process-wide settings changed: tests change them through the fixtures above or
+    with-blocks, which restore them. (Restores them first, so that one leak does not fail the tests after it.)"""
+    saved = speedtorch.transfer_config(), bool(torch.ops.speedtorch.deferred_index_checks())
     yield
-    speedtorch.set_transfer_config(**saved)
-    speedtorch.set_deferred_index_checks(False)
+    now = speedtorch.transfer_config(), bool(torch.ops.speedtorch.deferred_index_checks())
+    if now != saved:
+        speedtorch.set_transfer_config(**saved[0])
+        speedtorch.set_deferred_index_checks(saved[1])
+        pytest.fail(f"the test left process-wide settings changed: {saved} -> {now}")

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.gpu
 ROWS, DIM, BATCH = 20000, 64, 3000
 
 
-def settings_that_would_stage() -> None:
+def settings_that_would_stage(transfer_settings) -> None:
     """Outside capture these split every transfer half over UVA, half through staging (csrc/transfer)."""
-    speedtorch.set_transfer_config(
+    transfer_settings(
         uva_fraction=0.5, uva_reach_bytes=0, small_transfer_bytes=0, staging_chunk_bytes=1 << 16
     )
 
@@ -34,8 +34,8 @@ def warm_up(fn) -> None:
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
-def test_gather_is_captured_and_replays_with_new_indices(index_dtype):
-    settings_that_would_stage()
+def test_gather_is_captured_and_replays_with_new_indices(index_dtype, transfer_settings):
+    settings_that_would_stage(transfer_settings)
     table = random_table(ROWS, DIM, pinned=True)
     indices = torch.randint(0, ROWS, (BATCH,), dtype=index_dtype, device="cuda")
     warm_up(lambda: speedtorch.gather(table, indices))
@@ -50,8 +50,8 @@ def test_gather_is_captured_and_replays_with_new_indices(index_dtype):
         torch.testing.assert_close(out.cpu(), table[fresh.long()], rtol=0, atol=0)
 
 
-def test_scatter_is_captured_and_replays_with_new_indices_and_rows():
-    settings_that_would_stage()
+def test_scatter_is_captured_and_replays_with_new_indices_and_rows(transfer_settings):
+    settings_that_would_stage(transfer_settings)
     table = random_table(ROWS, DIM, pinned=True)
     indices = torch.randint(0, ROWS, (BATCH,), device="cuda")
     src = torch.randn(BATCH, DIM, device="cuda")
@@ -73,8 +73,8 @@ def test_scatter_is_captured_and_replays_with_new_indices_and_rows():
     torch.testing.assert_close(speedtorch.gather(table, check, device="cuda").cpu(), table[check], rtol=0, atol=0)
 
 
-def test_captured_ops_flag_bad_indices_for_check_index_errors():
-    settings_that_would_stage()
+def test_captured_ops_flag_bad_indices_for_check_index_errors(transfer_settings):
+    settings_that_would_stage(transfer_settings)
     table = random_table(ROWS, DIM, pinned=True)
     indices = torch.randint(0, ROWS, (BATCH,), device="cuda")
     warm_up(lambda: speedtorch.gather(table, indices))
@@ -88,8 +88,8 @@ def test_captured_ops_flag_bad_indices_for_check_index_errors():
         speedtorch.check_index_errors()
 
 
-def test_cpu_indices_are_refused_under_capture():
-    settings_that_would_stage()
+def test_cpu_indices_are_refused_under_capture(transfer_settings):
+    settings_that_would_stage(transfer_settings)
     table = random_table(ROWS, DIM, pinned=True)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="indices on the CPU cannot be captured into a CUDA graph"):

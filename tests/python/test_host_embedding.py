@@ -105,7 +105,7 @@ def test_prefetch_sees_the_current_steps_update(device):
 
 
 @pytest.mark.gpu
-def test_prefetch_keeps_the_hybrid_rows_it_reads_alive(monkeypatch):
+def test_prefetch_keeps_the_hybrid_rows_it_reads_alive(monkeypatch, deferred_checks):
     """prefetch reads a hybrid table's device-resident rows on a side stream; when the current stream replaces them
     (set_hot_rows) before that read ran, their memory must not go to a new tensor that the current stream writes."""
     n, d, hot = 4096, 64, 1024
@@ -120,8 +120,8 @@ def test_prefetch_keeps_the_hybrid_rows_it_reads_alive(monkeypatch):
         return out
 
     monkeypatch.setattr(table, "_split", slow_split)
-    # Deferred checks: no index check waits for the side stream (a checked gather would sit out the sleep first).
-    speedtorch.set_deferred_index_checks(True)
+    # Deferred checks (the fixture): no index check waits for the side stream (a checked gather would sit out the
+    # sleep first).
     rows_bytes = hot * d * 4
     # Round one loads every kernel (a first launch may wait for the whole device); round two holds the side stream
     # back ~0.5 s while the current stream replaces the hot rows and then takes every free cached block there is.

@@ -17,9 +17,10 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FRACTIONS = [-1.0, 0.0, 0.3, 1.0]
 
 
-def force_split(fraction: float, chunk_bytes: int = 4096) -> None:
-    """Makes even small transfers take the requested split, through several small staging chunks."""
-    speedtorch.set_transfer_config(
+def force_split(transfer_settings, fraction: float, chunk_bytes: int = 4096) -> None:
+    """Makes even small transfers take the requested split, through several small staging chunks (for the rest of
+    the test: transfer_settings is conftest's fixture)."""
+    transfer_settings(
         uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0, staging_chunk_bytes=chunk_bytes
     )
 
@@ -28,8 +29,8 @@ def force_split(fraction: float, chunk_bytes: int = 4096) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize("indices_on", ["cpu", "cuda"])
-def test_gather_pinned_to_gpu(fraction, dtype, index_dtype, indices_on):
-    force_split(fraction)
+def test_gather_pinned_to_gpu(fraction, dtype, index_dtype, indices_on, transfer_settings):
+    force_split(transfer_settings, fraction)
     table = random_table(3000, 40, dtype, pinned=True)
     assert table.is_pinned()
     indices = torch.randint(0, 3000, (31, 17), dtype=index_dtype)  # duplicates included
@@ -39,8 +40,8 @@ def test_gather_pinned_to_gpu(fraction, dtype, index_dtype, indices_on):
 
 
 @pytest.mark.parametrize("dim", [1, 3, 8, 33, 128, 1024])
-def test_gather_every_row_width(dim):
-    force_split(0.5, chunk_bytes=1 << 16)
+def test_gather_every_row_width(dim, transfer_settings):
+    force_split(transfer_settings, 0.5, chunk_bytes=1 << 16)
     table = random_table(500, dim, pinned=True)
     indices = torch.randint(0, 500, (700,), device="cuda")
     torch.testing.assert_close(speedtorch.gather(table, indices).cpu(), table[indices.cpu()], rtol=0, atol=0)
@@ -49,8 +50,8 @@ def test_gather_every_row_width(dim):
 @pytest.mark.parametrize("fraction", FRACTIONS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("src_indices_on", ["cpu", "cuda"])
-def test_scatter_gpu_to_pinned_last_wins(fraction, dtype, src_indices_on):
-    force_split(fraction)
+def test_scatter_gpu_to_pinned_last_wins(fraction, dtype, src_indices_on, transfer_settings):
+    force_split(transfer_settings, fraction)
     table = random_table(400, 24, dtype, pinned=True)
     indices = torch.randint(0, 400, (1500,))  # every row hit several times
     src = random_table(1500, 24, dtype)
@@ -62,22 +63,22 @@ def test_scatter_gpu_to_pinned_last_wins(fraction, dtype, src_indices_on):
 
 @pytest.mark.parametrize("write_fraction", [1.0, 0.0, 0.5])
 @pytest.mark.parametrize("read_fraction", [0.0, 1.0, 0.5])
-def test_staged_access_is_ordered_after_uva_kernels(write_fraction, read_fraction):
+def test_staged_access_is_ordered_after_uva_kernels(write_fraction, read_fraction, transfer_settings):
     """A scatter's UVA kernel may still be running when the next gather's CPU threads read the rows: they must wait
     for it (no explicit synchronize here)."""
     table = random_table(20_000, 64, pinned=True)
     indices = torch.randperm(20_000, device="cuda")[:8000]
     for step in range(3):
         src = torch.randn(8000, 64, device="cuda") + step
-        force_split(write_fraction, chunk_bytes=1 << 16)
+        force_split(transfer_settings, write_fraction, chunk_bytes=1 << 16)
         speedtorch.scatter_(table, indices, src)
-        force_split(read_fraction, chunk_bytes=1 << 16)
+        force_split(transfer_settings, read_fraction, chunk_bytes=1 << 16)
         torch.testing.assert_close(speedtorch.gather(table, indices), src, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
-def test_gather_on_a_side_stream(fraction):
-    force_split(fraction)
+def test_gather_on_a_side_stream(fraction, transfer_settings):
+    force_split(transfer_settings, fraction)
     table = random_table(1000, 32, pinned=True)
     indices = torch.randint(0, 1000, (4000,), device="cuda")
     stream = torch.cuda.Stream()
@@ -114,18 +115,18 @@ def test_cuda_indices_gathered_to_cpu():
     torch.testing.assert_close(out, table[indices.cpu()], rtol=0, atol=0)
 
 
-def test_torch_pinned_memory_table_works():
+def test_torch_pinned_memory_table_works(transfer_settings):
     table = random_table(300, 16).pin_memory()
     indices = torch.randint(0, 300, (100,), device="cuda")
-    force_split(1.0)
+    force_split(transfer_settings, 1.0)
     torch.testing.assert_close(speedtorch.gather(table, indices).cpu(), table[indices.cpu()], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("bad", [-1, 1000, 2**40])
-def test_gpu_index_errors_raise_and_touch_nothing(fraction, bad):
+def test_gpu_index_errors_raise_and_touch_nothing(fraction, bad, transfer_settings):
     """CUDA indices are checked before any kernel is launched (one reduction, then the host names the bad one)."""
-    force_split(fraction)
+    force_split(transfer_settings, fraction)
     table = random_table(1000, 16, pinned=True)
     before = table.clone()
     indices = torch.randint(0, 1000, (600,), device="cuda")
@@ -143,10 +144,10 @@ def test_gpu_index_errors_raise_and_touch_nothing(fraction, bad):
 
 @pytest.mark.parametrize("sort", [True, False])
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
-def test_sorted_uva_share_keeps_batch_order(sort, fraction):
+def test_sorted_uva_share_keeps_batch_order(sort, fraction, transfer_settings):
     """Past the UVA reach the UVA share is sorted by row for locality; results stay in batch order, duplicates and
     index errors keep their batch positions."""
-    speedtorch.set_transfer_config(
+    transfer_settings(
         uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0, sort_uva_indices=float(sort)
     )
     table = random_table(50_000, 16, pinned=True)
@@ -174,16 +175,15 @@ def test_gpu_table_index_errors():
 
 @pytest.mark.parametrize("table_on", ["pinned", "cuda"])
 @pytest.mark.parametrize("bad", [-1, 1000, 2**40])
-def test_gpu_kernels_find_bad_indices_and_touch_nothing(table_on, bad):
+def test_gpu_kernels_find_bad_indices_and_touch_nothing(table_on, bad, transfer_settings, deferred_checks):
     """With deferred checks nothing is validated before launch: the kernels meet the bad index themselves, never
     touch its row, and a scatter_ writes all rows or none."""
-    force_split(1.0)  # UVA only: a staged share's indices are checked on the host before any copy
+    force_split(transfer_settings, 1.0)  # UVA only: a staged share's indices are checked on the host before any copy
     table = random_table(1000, 16, pinned=True) if table_on == "pinned" else random_table(1000, 16).cuda()
     before = table.clone()
     indices = torch.randint(0, 1000, (600,), device="cuda")
     indices[123] = bad
     found_by_gpu = f"holds {bad} at flat position 123.*found by the GPU.*; the row was not touched"
-    speedtorch.set_deferred_index_checks(True)
     out = speedtorch.gather(table, indices)  # no wait, no raise
     with pytest.raises(IndexError, match=found_by_gpu):
         speedtorch.check_index_errors()
@@ -198,9 +198,8 @@ def test_gpu_kernels_find_bad_indices_and_touch_nothing(table_on, bad):
     speedtorch.check_index_errors()  # cleared
 
 
-def test_deferred_index_checks():
-    force_split(1.0)
-    speedtorch.set_deferred_index_checks(True)
+def test_deferred_index_checks(transfer_settings, deferred_checks):
+    force_split(transfer_settings, 1.0)
     table = random_table(50, 4, pinned=True)
     indices = torch.tensor([1, 77, 2], device="cuda")
     out = speedtorch.gather(table, indices)  # no wait, no raise
@@ -249,9 +248,9 @@ def test_fake_gather_puts_rows_where_asked():
         assert out.shape == (7, 16) and out.device.type == "cuda"
 
 
-def test_large_transfer_with_the_default_policy():
+def test_large_transfer_with_the_default_policy(transfer_settings):
     """The automatic plan on a table past the UVA reach and a transfer past the small size: a real split."""
-    speedtorch.set_transfer_config(uva_reach_bytes=1 << 20)
+    transfer_settings(uva_reach_bytes=1 << 20)
     table = random_table(200_000, 64, pinned=True)  # 51 MB
     indices = torch.randint(0, 200_000, (40_000,), device="cuda")
     torch.testing.assert_close(speedtorch.gather(table, indices).cpu(), table[indices.cpu()], rtol=0, atol=0)
@@ -267,10 +266,10 @@ def _keep_stream_busy() -> None:
     torch.cuda._sleep(1_000_000_000)
 
 
-def test_freeing_a_table_waits_for_its_queued_scatter():
+def test_freeing_a_table_waits_for_its_queued_scatter(transfer_settings):
     """A temporary pinned table dropped right after a scatter_ from the GPU was unmapped under the queued kernel
     (issue 13): releasing the memory now waits for the kernels still using it."""
-    force_split(1.0)
+    force_split(transfer_settings, 1.0)
     table = speedtorch.pinned_empty(2000, 64)
     indices = torch.randint(0, 2000, (1000,))  # CPU indices: validated on the host, so nothing waits for the stream
     src = torch.randn(1000, 64, device="cuda")
@@ -284,10 +283,10 @@ def test_freeing_a_table_waits_for_its_queued_scatter():
     torch.cuda.synchronize()  # the context is intact
 
 
-def test_torch_pinned_table_is_not_reused_under_a_queued_scatter():
+def test_torch_pinned_table_is_not_reused_under_a_queued_scatter(transfer_settings):
     """The same for memory from Tensor.pin_memory(): PyTorch's allocator gave a freed block to the next pin_memory()
     at once, while our queued kernel still wrote it. The launch now records its stream with that allocator."""
-    force_split(1.0)
+    force_split(transfer_settings, 1.0)
     table = torch.zeros(2000, 64).pin_memory()
     indices = torch.arange(1000)
     src = torch.ones(1000, 64, device="cuda")
@@ -322,10 +321,10 @@ def test_freeing_an_embedding_waits_for_its_queued_step():
 
 
 @pytest.mark.parametrize("dim", [1025, 2048])
-def test_rows_wider_than_a_staging_chunk(dim):
+def test_rows_wider_than_a_staging_chunk(dim, transfer_settings):
     """A row longer than staging_chunk_bytes was copied into a chunk anyway, past its end (issue 13): a chunk now
     always holds at least one row."""
-    speedtorch.set_transfer_config(staging_chunk_bytes=4096, uva_fraction=0.0)  # every row staged
+    transfer_settings(staging_chunk_bytes=4096, uva_fraction=0.0)  # every row staged
     table = random_table(64, dim, pinned=True)  # float32: 4100 and 8192 bytes a row
     indices = torch.tensor([5, 0, 63, 5, 17, 40, 41])
     out = speedtorch.gather(table, indices, device="cuda")
@@ -380,9 +379,8 @@ def test_index_errors_stay_with_their_call():
         t.join()
     assert errors == {"good": [], "bad": 50}
 
-    speedtorch.set_deferred_index_checks(True)
-    speedtorch.gather(table, bad)  # flagged by the kernel, not raised
-    speedtorch.set_deferred_index_checks(False)
+    with speedtorch.deferred_index_checks():
+        speedtorch.gather(table, bad)  # flagged by the kernel, not raised
     speedtorch.gather(table, good)  # a checked call does not raise the deferred error
     with pytest.raises(IndexError, match="holds 100 at flat position 7"):
         speedtorch.check_index_errors()

@@ -3,6 +3,7 @@ gradients summed, each distinct row updated once), on CPU and on the GPU routes;
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -49,35 +50,38 @@ def check_against_torch(case, device, table_dtype=torch.float32, steps=5, pinned
     # with data that changed with the tests run before, one element in a thousand could pass 1e-4 on one route (an
     # H200 run, fraction 0.0) and not on another.
     torch.manual_seed(1000 + CASES.index(case))
-    if fraction is not None:
-        speedtorch.set_transfer_config(uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0)
-    values = torch.randn(n, d).to(table_dtype)
-    weights = speedtorch.pinned_empty(n, d, dtype=table_dtype) if pinned else torch.empty(n, d, dtype=table_dtype)
-    weights.copy_(values)
-    state = speedtorch.pinned_empty(n, 4 + 3 * d) if pinned else torch.zeros(n, 4 + 3 * d)
-    if device == "cuda" and not pinned:
-        weights, state = weights.cuda(), state.cuda()
-    rows = torch.randperm(n)[:40]
-    reference = torch.nn.Parameter(values[rows].float().clone())
-    opt = cls([reference], **kwargs)
-    for step in range(1, steps + 1):
-        order = torch.randint(0, 40, (90,))  # every touched row several times, in any order
-        order[:40] = torch.arange(40)
-        grad = torch.randn(90, d)
-        torch.ops.speedtorch.row_optimizer_step_(weights, state, rows[order].to(device), grad.to(device), name,
-                                                 options, step)
-        reference.grad = torch.zeros(40, d).index_add_(0, order, grad)
-        opt.step()
-        if table_dtype != torch.float32:  # the table rounds each step; so must the reference
-            with torch.no_grad():
-                reference.copy_(reference.to(table_dtype).float())
-    if device == "cuda":
-        torch.cuda.synchronize()
-    tol = 1e-4 if table_dtype == torch.float32 else 1e-2  # float32 rounding over several steps
-    torch.testing.assert_close(weights.cpu()[rows].float(), reference.detach(), rtol=tol, atol=tol)
-    untouched = torch.ones(n, dtype=torch.bool)
-    untouched[rows] = False
-    assert torch.equal(weights.cpu()[untouched], values[untouched])  # lazy: rows not in the batch never move
+    with contextlib.ExitStack() as settings:
+        if fraction is not None:
+            settings.enter_context(
+                speedtorch.transfer_config_override(uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0)
+            )
+        values = torch.randn(n, d).to(table_dtype)
+        weights = speedtorch.pinned_empty(n, d, dtype=table_dtype) if pinned else torch.empty(n, d, dtype=table_dtype)
+        weights.copy_(values)
+        state = speedtorch.pinned_empty(n, 4 + 3 * d) if pinned else torch.zeros(n, 4 + 3 * d)
+        if device == "cuda" and not pinned:
+            weights, state = weights.cuda(), state.cuda()
+        rows = torch.randperm(n)[:40]
+        reference = torch.nn.Parameter(values[rows].float().clone())
+        opt = cls([reference], **kwargs)
+        for step in range(1, steps + 1):
+            order = torch.randint(0, 40, (90,))  # every touched row several times, in any order
+            order[:40] = torch.arange(40)
+            grad = torch.randn(90, d)
+            torch.ops.speedtorch.row_optimizer_step_(weights, state, rows[order].to(device), grad.to(device), name,
+                                                     options, step)
+            reference.grad = torch.zeros(40, d).index_add_(0, order, grad)
+            opt.step()
+            if table_dtype != torch.float32:  # the table rounds each step; so must the reference
+                with torch.no_grad():
+                    reference.copy_(reference.to(table_dtype).float())
+        if device == "cuda":
+            torch.cuda.synchronize()
+        tol = 1e-4 if table_dtype == torch.float32 else 1e-2  # float32 rounding over several steps
+        torch.testing.assert_close(weights.cpu()[rows].float(), reference.detach(), rtol=tol, atol=tol)
+        untouched = torch.ones(n, dtype=torch.bool)
+        untouched[rows] = False
+        assert torch.equal(weights.cpu()[untouched], values[untouched])  # lazy: rows not in the batch never move
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -142,8 +146,9 @@ def test_bad_arguments():
 
 def test_vec4_kernel_choice_is_a_transfer_setting():
     assert speedtorch.transfer_config()["optimizer_vec4"] == 1.0  # on unless the environment said otherwise
-    speedtorch.set_transfer_config(optimizer_vec4=0)
-    assert speedtorch.transfer_config()["optimizer_vec4"] == 0.0
+    with speedtorch.transfer_config_override(optimizer_vec4=0):
+        assert speedtorch.transfer_config()["optimizer_vec4"] == 0.0
+    assert speedtorch.transfer_config()["optimizer_vec4"] == 1.0
 
 
 # SPEEDTORCH_OPTIMIZER_VEC4 is read once, with the other transfer settings (transfer_policy.h), not per kernel
