@@ -11,7 +11,7 @@ CMAKE_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 LIB := $(BUILD)/libspeedtorch_ops.so
 
-.PHONY: demo test deps build test-cpp test-python test-package sanitize tsan fuzz fuzz-deps bench clean
+.PHONY: demo test deps build test-cpp test-python test-package sanitize tsan fuzz fuzz-deps bench seed-speedtorch clean
 
 demo: build
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) PYTHONPATH=$(abspath python) $(PYTHON) -m speedtorch demo
@@ -121,6 +121,20 @@ fuzz-deps:
 
 bench: build
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) $(PYTHON) bench/transfer.py
+
+# SpeedTorch 0.1.6 (the 2019 library; import name SpeedTorch, built on CuPy), which bench/transfer.py, train.py and
+# sweep.py run beside speedtorch when CuPy and a GPU are there. Its distribution name is ours too, so it goes into a
+# folder of its own (bench/seed_speedtorch.py imports it from there), from the hash-pinned wheel. build-deps/ is
+# git-ignored and carried to the GPU machine, which has no network. The last line imports it (needs CuPy).
+SEED_DIR := build-deps/seed-speedtorch
+SEED_WHEELS := build-deps/wheels
+seed-speedtorch:
+	$(PYTHON) -m pip download -q --no-deps --only-binary :all: --require-hashes -r bench/seed-speedtorch.txt \
+	  -d $(SEED_WHEELS)
+	rm -rf $(SEED_DIR)
+	$(PYTHON) -m pip install -q --no-deps --no-compile --target $(SEED_DIR) \
+	  $(SEED_WHEELS)/SpeedTorch-0.1.6-py3-none-any.whl
+	$(PYTHON) bench/seed_speedtorch.py
 
 clean:
 	rm -rf $(BUILD)
