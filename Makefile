@@ -19,13 +19,14 @@ demo: build
 test: build test-cpp test-python test-package
 
 # torch 2.11 from PyPI when no torch >= 2.4 is importable (an existing torch is reused: it must match the build);
+# the test tools, and matplotlib (bench/plot_sweeps.py, which tests/python/test_bench_sweeps.py runs);
 # from Debian when their headers are missing: nlohmann-json and xxHash (the library's meta files and content hashes:
 # required), GoogleTest and cpp-httplib (the C++ tests and the example server: optional).
 deps:
 	@$(PYTHON) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split(\"+\")[0].split(\".\")[:2]); sys.exit(v < (2, 4))" 2>/dev/null \
 	  || $(PYTHON) -m pip install "torch==2.11.0"
-	@$(PYTHON) -c "import numpy, pytest, hypothesis, tqdm, expecttest, scikit_build_core" 2>/dev/null \
-	  || $(PYTHON) -m pip install -q numpy pytest hypothesis tqdm expecttest "scikit-build-core>=0.10" ninja
+	@$(PYTHON) -c "import numpy, pytest, hypothesis, tqdm, expecttest, scikit_build_core, matplotlib" 2>/dev/null \
+	  || $(PYTHON) -m pip install -q numpy pytest hypothesis tqdm expecttest "scikit-build-core>=0.10" ninja matplotlib
 	@command -v cmake >/dev/null || $(PYTHON) -m pip install -q cmake
 	@[ -d /usr/include/nlohmann ] && [ -f /usr/include/xxhash.h ] \
 	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nlohmann-json3-dev libxxhash-dev)

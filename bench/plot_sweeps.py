@@ -40,11 +40,12 @@ def draw_transfer(data: dict, path: Path) -> None:
     for ax, (sweep, xlabel) in zip(axes, SWEEPS):
         points = sweep_points(data, sweep)
         xs = [p[sweep] for p in points]
+        one_rate = all(p["bound GB/s"]["h2d"] == p["bound GB/s"]["d2h"] for p in points)  # no GPU: one copy
         for direction, (style, words) in DIRECTIONS.items():
-            bound = [p["bound GB/s"][direction] for p in points]
-            if direction == "d2h" and bound == [p["bound GB/s"]["h2d"] for p in points]:
-                continue  # one copy rate for both directions (no GPU)
-            ax.plot(xs, bound, style, color="black", linewidth=2, label=f"bound (contiguous copy), {words}")
+            if one_rate and direction == "d2h":
+                continue
+            ax.plot(xs, [p["bound GB/s"][direction] for p in points], style, color="black", linewidth=2,
+                    label="bound (contiguous copy)" + ("" if one_rate else f", {words}"))
         ways = list(dict.fromkeys(r["way"] for p in points for r in p["transfer"]))
         for way in ways:
             for direction, (style, words) in DIRECTIONS.items():

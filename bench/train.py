@@ -40,10 +40,6 @@ import seed_speedtorch  # noqa: E402
 SEED_WAY = "speedtorch_2019"
 
 
-def time_interleaved(entries, args):
-    return time_steps(entries, args.steps, args.rounds, args.warmup)
-
-
 def build_way(way, rows, args, device):
     if way == SEED_WAY:
         return seed_speedtorch.SeedSpeedTorchWay(rows, args.dim, args.items, device, args.lr)
@@ -108,14 +104,14 @@ def main() -> int:
 
     results = []
     entries = {}
-    seed_missing = seed_speedtorch.availability() if SEED_WAY in args.ways else None
+    seed_missing = seed_speedtorch.availability() if SEED_WAY in args.ways else "not in --ways"
     if seed_missing:
         print(f"{seed_speedtorch.LABEL}: skipped ({seed_missing})", flush=True)
         args.ways = [w for w in args.ways if w != SEED_WAY]
     for way in args.ways:
         print(f"building {way}", flush=True)
         entries[way] = (build_way(way, args.rows, args, device), batches)
-    for way, (ms, first, last) in time_interleaved(entries, args).items():
+    for way, (ms, first, last) in time_steps(entries, args.steps, args.rounds, args.warmup).items():
         results.append({"way": way, "rows": args.rows, "ms/step": ms, "first loss": first, "last loss": last})
     del entries
     free_ways()
@@ -127,7 +123,7 @@ def main() -> int:
         entries = {"small": (make_way("speedtorch", args.rows, args.dim, args.items, device, args.lr), batches),
                    "large": (make_way("speedtorch", args.scale_rows, args.dim, args.items, device, args.lr),
                              scale_batches)}
-        timed = time_interleaved(entries, args)
+        timed = time_steps(entries, args.steps, args.rounds, args.warmup)
         del entries
         free_ways()
         scale = {"small ms": timed["small"][0], "large ms": timed["large"][0],
@@ -150,7 +146,8 @@ def main() -> int:
     fused = fused_step_bench(args)
     print(format_table([fused], list(fused.keys())))
     if args.json:
-        args.json.write_text(json.dumps({"train": results, "fused_step": fused}, indent=1))
+        args.json.write_text(json.dumps({"train": results, "fused_step": fused,
+                                         SEED_WAY: seed_missing or "timed"}, indent=1))
     return 0
 
 
