@@ -59,7 +59,7 @@ fi
 
 if [ "${TESTS:-1}" = 1 ]; then
 step ctest
-(cd build && timeout ${CTEST_SECONDS:-150} ctest --output-on-failure >"$OUT/ctest.log" 2>&1); tail -3 "$OUT/ctest.log"
+(cd build && timeout ${CTEST_SECONDS:-200} ctest --output-on-failure >"$OUT/ctest.log" 2>&1); tail -3 "$OUT/ctest.log"
 
 step pytest
 # One process per file: a crash in one file does not hide the results of the others.

@@ -85,7 +85,7 @@ def availability(need_gpu: bool = True) -> str | None:
 
 class SeedTransfer:
     """A `rows` x `dim` float32 collection in SpeedTorch's pinned CuPy memory (``ModelFactory(CPUPinn=True)``,
-    uniform init) and a model variable on `device`: `gather` is ``beforeForwardPass`` (rows to the variable),
+    normal init) and a model variable on `device`: `gather` is ``beforeForwardPass`` (rows to the variable),
     `scatter` is ``afterOptimizerStep`` (the variable's rows back), each with SpeedTorch's own synchronizations."""
 
     def __init__(self, rows: int, dim: int, device):
@@ -93,7 +93,9 @@ class SeedTransfer:
         self.variable = torch.nn.Embedding(1, dim, device=device)  # batch-sized after the first swap
         self.switcher = speedtorch_2019.ModelFactory(self.variable, total_classes=rows, embed_dimension=dim,
                                                      CPUPinn=True)
-        self.switcher.uniformDistributionInit(-1.0, 1.0)
+        # normalDistributionInit writes its collection in place; uniformDistributionInit would hold a second one of
+        # the same size (CuPy scales a fresh sample) in pinned memory while it runs.
+        self.switcher.normalDistributionInit(0.0, 1.0)
 
     def indices(self, idx_gpu: torch.Tensor):
         """SpeedTorch indexes its CuPy array with what it is given: the batch's ids as a CuPy array on the GPU."""
