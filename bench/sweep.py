@@ -110,9 +110,12 @@ def build_ways(ways, rows, dim, args, device):
 
 
 def free() -> None:
+    """Gives back a width's tables before the next width's are made (pinned staging lingers in torch's host cache)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+        if hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()
 
 
 def measure_point(point, table, seed, ways, args, device, gen) -> dict:
