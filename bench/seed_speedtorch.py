@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -83,6 +84,17 @@ def availability(need_gpu: bool = True) -> str | None:
     return None
 
 
+def build_or_report(what: str, build):
+    """`build()`, or None after a line saying why when SpeedTorch fails here (a 2019 library on today's CuPy and
+    torch): the benchmark goes on with the other ways' figures. The traceback goes to stderr."""
+    try:
+        return build()
+    except Exception as e:  # noqa: BLE001 - any failure of the third-party code leaves it out, said aloud
+        traceback.print_exc()
+        print(f"{LABEL}: {what} failed, left out ({type(e).__name__}: {e})", flush=True)
+        return None
+
+
 class SeedTransfer:
     """A `rows` x `dim` float32 collection in SpeedTorch's pinned CuPy memory (``ModelFactory(CPUPinn=True)``,
     normal init) and a model variable on `device`: `gather` is ``beforeForwardPass`` (rows to the variable),
@@ -96,6 +108,13 @@ class SeedTransfer:
         # normalDistributionInit writes its collection in place; uniformDistributionInit would hold a second one of
         # the same size (CuPy scales a fresh sample) in pinned memory while it runs.
         self.switcher.normalDistributionInit(0.0, 1.0)
+
+    def probe(self) -> "SeedTransfer":
+        """One gather and write-back of two rows: a failure shows when the way is built, not in the middle of timing."""
+        ids = self.indices(torch.tensor([0, 1], device=self.variable.weight.device))
+        self.gather(ids)
+        self.scatter(ids)
+        return self
 
     def indices(self, idx_gpu: torch.Tensor):
         """SpeedTorch indexes its CuPy array with what it is given: the batch's ids as a CuPy array on the GPU."""

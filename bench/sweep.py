@@ -100,12 +100,22 @@ def transfer_calls(table, batch, dim, seed, cuda, gen):
 
 
 def build_ways(ways, rows, dim, args, device):
+    """The training ways at this width; SpeedTorch's after one step (left out, with a line, if it fails)."""
     built = {}
     for way in ways:
-        if way == SEED_WAY:
-            built[seed_speedtorch.LABEL] = seed_speedtorch.SeedSpeedTorchWay(rows, dim, args.items, device, args.lr)
-        else:
+        if way != SEED_WAY:
             built[way] = make_way(way, rows, dim, args.items, device, args.lr)
+            continue
+
+        def seed_way():
+            made = seed_speedtorch.SeedSpeedTorchWay(rows, dim, args.items, device, args.lr)
+            ids = torch.tensor([0, 1], device=device)
+            made.step(ids, ids, torch.tensor([0.0, 1.0], device=device))
+            return made
+
+        made = seed_speedtorch.build_or_report(f"the training way at {dim} wide", seed_way)
+        if made is not None:
+            built[seed_speedtorch.LABEL] = made
     return built
 
 
@@ -209,7 +219,8 @@ def main(argv=None) -> int:
         rows = max(args.table_mb * (1 << 20) // (dim * 4), max(p["batch"] for p in at_dim))
         table = speedtorch.pinned_empty(rows, dim)
         table.uniform_(-1.0, 1.0)
-        seed = seed_speedtorch.SeedTransfer(rows, dim, device) if not seed_missing else None
+        seed = None if seed_missing else seed_speedtorch.build_or_report(
+            f"the transfer way at {dim} wide", lambda: seed_speedtorch.SeedTransfer(rows, dim, device).probe())
         built = build_ways(ways, rows, dim, args, device)
         for point in sorted(at_dim, key=lambda p: p["batch"]):
             point["rows"] = rows

@@ -40,10 +40,17 @@ import seed_speedtorch  # noqa: E402
 SEED_WAY = "speedtorch_2019"
 
 
-def build_way(way, rows, args, device):
-    if way == SEED_WAY:
-        return seed_speedtorch.SeedSpeedTorchWay(rows, args.dim, args.items, device, args.lr)
-    return make_way(way, rows, args.dim, args.items, device, args.lr)
+def build_way(way, rows, args, device, batches):
+    """The way; for SpeedTorch, after one step (None, with a line saying why, if it fails)."""
+    if way != SEED_WAY:
+        return make_way(way, rows, args.dim, args.items, device, args.lr)
+
+    def build():
+        built = seed_speedtorch.SeedSpeedTorchWay(rows, args.dim, args.items, device, args.lr)
+        built.step(*batches[0])
+        return built
+
+    return seed_speedtorch.build_or_report("the training way", build)
 
 
 def free_ways() -> None:
@@ -108,9 +115,14 @@ def main() -> int:
     if seed_missing:
         print(f"{seed_speedtorch.LABEL}: skipped ({seed_missing})", flush=True)
         args.ways = [w for w in args.ways if w != SEED_WAY]
-    for way in args.ways:
+    for way in list(args.ways):
         print(f"building {way}", flush=True)
-        entries[way] = (build_way(way, args.rows, args, device), batches)
+        built = build_way(way, args.rows, args, device, batches)
+        if built is None:
+            args.ways.remove(way)
+            seed_missing = "failed, see above"
+            continue
+        entries[way] = (built, batches)
     for way, (ms, first, last) in time_steps(entries, args.steps, args.rounds, args.warmup).items():
         results.append({"way": way, "rows": args.rows, "ms/step": ms, "first loss": first, "last loss": last})
     del entries

@@ -89,8 +89,10 @@ def gpu_benchmark(args) -> list[dict]:
     if seed_missing:
         print(f"{seed_speedtorch.LABEL}: skipped ({seed_missing})", flush=True)
     else:
-        seed = seed_speedtorch.SeedTransfer(args.rows, dim, "cuda")
-        print(f"{seed_speedtorch.LABEL}: a {args.rows:,} x {dim} collection in its pinned CuPy memory", flush=True)
+        seed = seed_speedtorch.build_or_report(
+            "the transfer way", lambda: seed_speedtorch.SeedTransfer(args.rows, dim, "cuda").probe())
+        if seed is not None:
+            print(f"{seed_speedtorch.LABEL}: a {args.rows:,} x {dim} collection in its pinned CuPy memory", flush=True)
     if args.torch_pinned_rss:
         rss1 = rss_bytes()
         other = torch.empty(args.rows, dim, pin_memory=True)
