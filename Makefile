@@ -11,7 +11,7 @@ CMAKE_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 LIB := $(BUILD)/libspeedtorch_ops.so
 
-.PHONY: demo test deps build test-cpp test-python test-package sanitize tsan fuzz fuzz-deps bench clean
+.PHONY: demo test deps build test-cpp test-python test-package sanitize tsan fuzz fuzz-deps bench seed-speedtorch clean
 
 demo: build
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) PYTHONPATH=$(abspath python) $(PYTHON) -m speedtorch demo
@@ -19,13 +19,14 @@ demo: build
 test: build test-cpp test-python test-package
 
 # torch 2.11 from PyPI when no torch >= 2.4 is importable (an existing torch is reused: it must match the build);
+# the test tools, and matplotlib (bench/plot_sweeps.py, which tests/python/test_bench_sweeps.py runs);
 # from Debian when their headers are missing: nlohmann-json and xxHash (the library's meta files and content hashes:
 # required), GoogleTest and cpp-httplib (the C++ tests and the example server: optional).
 deps:
 	@$(PYTHON) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split(\"+\")[0].split(\".\")[:2]); sys.exit(v < (2, 4))" 2>/dev/null \
 	  || $(PYTHON) -m pip install "torch==2.11.0"
-	@$(PYTHON) -c "import numpy, pytest, hypothesis, tqdm, expecttest, scikit_build_core" 2>/dev/null \
-	  || $(PYTHON) -m pip install -q numpy pytest hypothesis tqdm expecttest "scikit-build-core>=0.10" ninja
+	@$(PYTHON) -c "import numpy, pytest, hypothesis, tqdm, expecttest, scikit_build_core, matplotlib" 2>/dev/null \
+	  || $(PYTHON) -m pip install -q numpy pytest hypothesis tqdm expecttest "scikit-build-core>=0.10" ninja matplotlib
 	@command -v cmake >/dev/null || $(PYTHON) -m pip install -q cmake
 	@[ -d /usr/include/nlohmann ] && [ -f /usr/include/xxhash.h ] \
 	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nlohmann-json3-dev libxxhash-dev)
@@ -121,6 +122,20 @@ fuzz-deps:
 
 bench: build
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) $(PYTHON) bench/transfer.py
+
+# SpeedTorch 0.1.6 (the 2019 library; import name SpeedTorch, built on CuPy), which bench/transfer.py, train.py and
+# sweep.py run beside speedtorch when CuPy and a GPU are there. Its distribution name is ours too, so it goes into a
+# folder of its own (bench/seed_speedtorch.py imports it from there), from the hash-pinned wheel. build-deps/ is
+# git-ignored and carried to the GPU machine, which has no network. The last line imports it (needs CuPy).
+SEED_DIR := build-deps/seed-speedtorch
+SEED_WHEELS := build-deps/wheels
+seed-speedtorch:
+	$(PYTHON) -m pip download -q --no-deps --only-binary :all: --require-hashes -r bench/seed-speedtorch.txt \
+	  -d $(SEED_WHEELS)
+	rm -rf $(SEED_DIR)
+	$(PYTHON) -m pip install -q --no-deps --no-compile --target $(SEED_DIR) \
+	  $(SEED_WHEELS)/SpeedTorch-0.1.6-py3-none-any.whl
+	$(PYTHON) bench/seed_speedtorch.py
 
 clean:
 	rm -rf $(BUILD)

@@ -1,12 +1,28 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: build (sm_90 only, for speed), C++ and Python tests with CUDA, the transfer
-# benchmark, the CPU-path benchmark, and (SANITIZE=1) compute-sanitizer over the GPU tests. TRAIN=1 adds
-# bench/train.py (TRAIN_ARGS passes options; SCALE_ROWS=N adds its scale run), RACECHECK=1 compute-sanitizer
-# racecheck, LOADTEST=1 the server's load test on CPU and GPU, FUSED=1 the fused-step kernel variants, CONTIG=1
-# bench/contiguous.py, DIST=1 the distributed table (bench/distributed.py at world sizes 1 and 2, and with 2+ GPUs
-# tests/python/test_distributed.py again with NCCL), TESTS=0 / DEMO=0 skip the tests / info+demo, TRANSFER=0 stops
-# before the transfer benchmarks; PYTEST_ARGS passes options to each pytest (e.g. "-m gpu": the GPU tests only).
-# Logs and JSON go to $OUT (or bench/out). Usage: bash bench/device_run.sh [transfer bench args...]
+# The GPU machine's script: build (sm_90 only, for speed), tests, compute-sanitizer, benchmarks and sweeps, with
+# every log and JSON written under $OUT (or bench/out). The machine has no network: build-deps/ (git-ignored) must be
+# carried with the working tree, `carry: ["build-deps"]`: build-deps/include/xxhash.h (the library's hash header,
+# which that machine lacks) and build-deps/seed-speedtorch (SpeedTorch 0.1.6 for the side-by-side benchmarks; made
+# here by `make seed-speedtorch`). Each step has a time limit, so that each call below stays under the device
+# tool's 10 minutes a command; on a machine still warm from the previous call the build is a no-op.
+#
+# The session's calls, in this order (about 25 minutes of device time in all):
+#   RUN=tests    bash bench/device_run.sh   build, ctest, pytest -m gpu (one process per file)         ~6-8 min
+#   RUN=sanitize bash bench/device_run.sh   compute-sanitizer memcheck and racecheck over the C++ CUDA
+#                                           tests and the GPU tests of row ops, optimizers, HostEmbedding ~6-8 min
+#   RUN=bench    bash bench/device_run.sh   transfer.py and train.py, SpeedTorch 0.1.6 timed in turns
+#                                           with ours (ratios printed), the CPU-path transfer benchmark   ~6-8 min
+#   RUN=sweep    bash bench/device_run.sh   sweep.py: 16k..512k ids and 32..512 wide against the link's
+#                                           bound -> $OUT/sweep.json (plots: bench/plot_sweeps.py here)  ~4-6 min
+# Then, on this machine: python bench/plot_sweeps.py <files_at>/sweep.json --out bench/plots --prefix h100_
+#
+# RUN sets defaults for the switches below; each can also be set alone (TESTS=1 SANITIZE=1 ... bash
+# bench/device_run.sh). TESTS=1 ctest + pytest (PYTEST_ARGS passes options to each pytest, e.g. "-m gpu"); DEMO=1
+# `speedtorch info` + demo; SANITIZE=1 memcheck, RACECHECK=1 racecheck; TRANSFER=1 bench/transfer.py
+# (TRANSFER_ARGS, and the script's own arguments, go to it) and its CPU path; TRAIN=1 bench/train.py (TRAIN_ARGS;
+# SCALE_ROWS=N adds its scale run); SWEEP=1 bench/sweep.py (SWEEP_ARGS); FUSED=1 the fused-step kernel variants;
+# LOADTEST=1 the server's load test; CONTIG=1 bench/contiguous.py; DIST=1 the distributed table (bench/distributed.py
+# at world sizes 1 and 2, and with 2+ GPUs tests/python/test_distributed.py with NCCL).
 set -u
 OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
@@ -14,37 +30,56 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 step() { echo; echo "=== $* ($(date +%T))"; }
 
+case "${RUN:-}" in
+  tests) : "${TESTS:=1}" "${PYTEST_ARGS:=-m gpu}" "${DEMO:=0}" "${TRANSFER:=0}" ;;
+  sanitize) : "${TESTS:=0}" "${DEMO:=0}" "${SANITIZE:=1}" "${RACECHECK:=1}" "${TRANSFER:=0}" ;;
+  bench) : "${TESTS:=0}" "${DEMO:=0}" "${TRAIN:=1}" "${TRANSFER:=1}" "${TRANSFER_ARGS:=--fractions=-1,0,1,0.5}" ;;
+  sweep) : "${TESTS:=0}" "${DEMO:=0}" "${SWEEP:=1}" "${TRANSFER:=0}" ;;
+  "") ;;
+  *) echo "RUN=$RUN: expected tests, sanitize, bench or sweep"; exit 2 ;;
+esac
+
 step build
-[ -d build-deps ] && DEPS=1
-# build-deps/ (carried, not in git): header-only cpp-httplib and nlohmann-json for the example server, which the GPU
-# machine lacks.
+# build-deps/ (carried, not in git): xxhash.h, and the example server's header-only cpp-httplib and nlohmann-json
+# where they were carried too.
+[ -f build-deps/include/xxhash.h ] || [ -f /usr/include/xxhash.h ] \
+  || echo "no xxhash.h: carry build-deps/ (carry: [\"build-deps\"]); CMake will stop"
 cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DPython3_EXECUTABLE="$(command -v $PY)" \
-  ${DEPS:+-DCMAKE_PREFIX_PATH=$PWD/build-deps} >"$OUT/build.log" 2>&1 && ninja -C build >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  -DCMAKE_PREFIX_PATH="$PWD/build-deps" >"$OUT/build.log" 2>&1 \
+  && timeout ${BUILD_SECONDS:-420} ninja -C build >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 export SPEEDTORCH_LIBRARY=$PWD/build/libspeedtorch_ops.so
 nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.max,pcie.link.width.max,driver_version --format=csv
 
+# SpeedTorch 0.1.6 for the benchmarks: say at once whether it was carried and imports (CuPy is on that machine).
+if [ "${TRAIN:-0}" = 1 ] || [ "${TRANSFER:-1}" = 1 ] || [ "${SWEEP:-0}" = 1 ]; then
+  step SpeedTorch 0.1.6
+  $PY bench/seed_speedtorch.py || echo "SpeedTorch 0.1.6 will be left out of the benchmarks: run" \
+    "\`make seed-speedtorch\` on the CPU machine and carry build-deps/"
+fi
+
 if [ "${TESTS:-1}" = 1 ]; then
 step ctest
-(cd build && ctest --output-on-failure >"$OUT/ctest.log" 2>&1); tail -3 "$OUT/ctest.log"
+(cd build && timeout ${CTEST_SECONDS:-200} ctest --output-on-failure >"$OUT/ctest.log" 2>&1); tail -3 "$OUT/ctest.log"
 
 step pytest
 # One process per file: a crash in one file does not hide the results of the others.
 : >"$OUT/pytest.log"
 for f in tests/python/test_*.py; do
-  $PY -m pytest "$f" -q -p no:cacheprovider -rf ${PYTEST_ARGS:-} >/tmp/pytest_one.log 2>&1
-  echo "$f rc=$? $(tail -1 /tmp/pytest_one.log)"
-  { echo "##### $f"; cat /tmp/pytest_one.log; } >>"$OUT/pytest.log"
+  timeout ${PYTEST_FILE_SECONDS:-240} $PY -m pytest "$f" -q -p no:cacheprovider -rf ${PYTEST_ARGS:-} \
+    >"$OUT/pytest_one.log" 2>&1
+  echo "$f rc=$? $(tail -1 "$OUT/pytest_one.log")"
+  { echo "##### $f"; cat "$OUT/pytest_one.log"; } >>"$OUT/pytest.log"
 done
+rm -f "$OUT/pytest_one.log"
 grep -E "^FAILED" "$OUT/pytest.log"
 fi
 
 if [ "${DEMO:-1}" = 1 ]; then
-
 step info
 PYTHONPATH=python $PY -m speedtorch info
 
 step demo
-PYTHONPATH=python $PY -m speedtorch demo --no-progress
+PYTHONPATH=python timeout 120 $PY -m speedtorch demo --no-progress
 fi
 
 if [ "${FUSED:-0}" = 1 ]; then
@@ -52,13 +87,8 @@ if [ "${FUSED:-0}" = 1 ]; then
   $PY bench/experiments/fused_step_variants.py 2>&1 | tail -22
 fi
 
-if [ "${TRAIN:-0}" = 1 ]; then
-  step train
-  $PY bench/train.py --json "$OUT/train.json" ${SCALE_ROWS:+--scale-rows $SCALE_ROWS} ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log" | tail -20
-fi
-
 if [ "${SANITIZE:-0}" = 1 ]; then
-  step compute-sanitizer
+  step compute-sanitizer memcheck
   timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/cpp/speedtorch_cpp_tests \
     --gtest_filter='RowOpsCuda.*' >"$OUT/memcheck_cpp.log" 2>&1; echo "memcheck C++ rc=$?"; tail -3 "$OUT/memcheck_cpp.log"
   timeout ${SANITIZE_PY_SECONDS:-200} compute-sanitizer --tool memcheck --error-exitcode 9 \
@@ -100,10 +130,27 @@ if [ "${CONTIG:-0}" = 1 ]; then
   $PY bench/contiguous.py 2>&1 | tee "$OUT/contiguous.log" | tail -25
 fi
 
-[ "${TRANSFER:-1}" = 1 ] || exit 0
-step bench
-$PY bench/transfer.py --torch-pinned-rss --json "$OUT/transfer.json" "$@" 2>&1 | tee "$OUT/transfer.log" | tail -80
+if [ "${TRANSFER:-1}" = 1 ]; then
+  step bench
+  timeout ${TRANSFER_SECONDS:-200} $PY bench/transfer.py --torch-pinned-rss --json "$OUT/transfer.json" \
+    ${TRANSFER_ARGS:-} "$@" 2>&1 | tee "$OUT/transfer.log" | tail -80
 
-step cpu-bench
-CUDA_VISIBLE_DEVICES= $PY bench/transfer.py --rows 2000000 --threads 16,2 2>&1 | tail -12
+  step cpu-bench
+  CUDA_VISIBLE_DEVICES= timeout 60 $PY bench/transfer.py --rows 2000000 --threads 16,2 2>&1 | tail -12
+fi
 
+if [ "${TRAIN:-0}" = 1 ]; then
+  step train
+  timeout ${TRAIN_SECONDS:-240} $PY bench/train.py --json "$OUT/train.json" ${SCALE_ROWS:+--scale-rows $SCALE_ROWS} \
+    ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log" | tail -24
+fi
+
+if [ "${SWEEP:-0}" = 1 ]; then
+  step sweep
+  timeout ${SWEEP_SECONDS:-420} $PY bench/sweep.py --json "$OUT/sweep.json" ${SWEEP_ARGS:-} 2>&1 \
+    | tee "$OUT/sweep.log" | tail -16
+  # The plots are drawn where the JSON is brought back; here too when this machine has matplotlib.
+  if [ -f "$OUT/sweep.json" ] && $PY -c "import matplotlib" 2>/dev/null; then
+    $PY bench/plot_sweeps.py "$OUT/sweep.json" --out "$OUT/plots" --prefix gpu_
+  fi
+fi

@@ -2,15 +2,18 @@
 one run, with ratios.
 
 Training: a `--rows` x `--dim` user table trained with Adam, batches of `--batch` Zipf(1.2) user ids, a `--items`
-item table on the GPU, dot product + BCE (speedtorch.recommender), each way of speedtorch.recommender.WAYS timed
+item table on the GPU, dot product + BCE (speedtorch.recommender), each way of speedtorch.recommender.WAYS and
+SpeedTorch 0.1.6 itself (`speedtorch_2019`: its ModelFactory / OptimizerFactory switchers with pinned CuPy
+collections, bench/seed_speedtorch.py; skipped with a line saying why without CuPy or `make seed-speedtorch`) timed
 per step (median after warm-up; all ways alive, taking turns in `--rounds` rounds). Fused step: Adam on
 `--fused-rows` distinct random rows of a pinned table, against the PCIe bound (bytes each way / contiguous pinned
 memcpy rate; the two directions overlap). Scale: the speedtorch way on a table of `--scale-rows` rows (weights +
 Adam state larger than the GPU's memory when big enough) against the `--rows` table, both alive and timed in
 alternating rounds.
 
-    python bench/train.py                        # the workload (GPU; ~90 GB of host RAM: every way is alive)
+    python bench/train.py                        # the workload (GPU; ~105 GB of host RAM: every way is alive)
     python bench/train.py --scale-rows 56000000  # then a table past GPU memory beside the 10M one (~105 GB)
+    python bench/train.py --ways speedtorch,gpu_sparse_adam,speedtorch_2019   # fewer ways, less memory
 """
 
 from __future__ import annotations
@@ -18,9 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,33 +32,25 @@ from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: 
 from speedtorch import recommender  # noqa: E402
 from speedtorch.recommender import WAYS, make_way, zipf_batches  # noqa: E402
 
-# Measured before this project on the same kind of machine (bench/BASELINES.md): SpeedTorch is not installable here.
-SPEEDTORCH_2019_MS = 7.57
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from interleaved_timing import time_steps  # noqa: E402
+import seed_speedtorch  # noqa: E402
+
+#: The way that is SpeedTorch 0.1.6 itself (bench/seed_speedtorch.py), timed in turns with ours.
+SEED_WAY = "speedtorch_2019"
 
 
-def time_interleaved(entries, args):
-    """Times ways that are all alive at once, in `--rounds` rounds of `--steps / --rounds` steps each, one way after
-    the other within a round: the lent machines drift by 15-25% over minutes, and this puts the drift on every way
-    alike; each way's turn starts with an untimed step. `entries` maps a label to (way, batches); returns label ->
-    (median ms per step, first loss, last loss)."""
-    for way, batches in entries.values():
-        for i in range(args.warmup):
-            way.step(*batches[i % len(batches)])
-    times = {label: [] for label in entries}
-    losses = {label: [] for label in entries}
-    per_round = max(1, args.steps // args.rounds)
-    for r in range(args.rounds):
-        for label, (way, batches) in entries.items():
-            # One untimed step first: it runs cold after the other ways' turns (the CPU-bound ones leave the GPU idle).
-            way.step(*batches[(r * per_round) % len(batches)])
-            for i in range(per_round):
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                loss = way.step(*batches[(r * per_round + i) % len(batches)])
-                torch.cuda.synchronize()
-                times[label].append(time.perf_counter() - start)
-                losses[label].append(float(loss.detach()))
-    return {label: (statistics.median(times[label]) * 1e3, losses[label][0], losses[label][-1]) for label in entries}
+def build_way(way, rows, args, device, batches):
+    """The way; for SpeedTorch, after one step (None, with a line saying why, if it fails)."""
+    if way != SEED_WAY:
+        return make_way(way, rows, args.dim, args.items, device, args.lr)
+
+    def build():
+        built = seed_speedtorch.SeedSpeedTorchWay(rows, args.dim, args.items, device, args.lr)
+        built.step(*batches[0])
+        return built
+
+    return seed_speedtorch.build_or_report("the training way", build)
 
 
 def free_ways() -> None:
@@ -97,7 +90,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5, help="the ways take turns this many times")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--ways", type=lambda s: s.split(","), default=list(WAYS))
+    parser.add_argument("--ways", type=lambda s: s.split(","), default=list(WAYS) + [SEED_WAY],
+                        help=f"ways to time ({SEED_WAY}: SpeedTorch {seed_speedtorch.VERSION} itself, skipped with "
+                             "a line saying why when it cannot run)")
     parser.add_argument("--fused-rows", type=int, default=131_072)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--scale-rows", type=int, default=0, help="also train the speedtorch way on this many rows")
@@ -116,10 +111,19 @@ def main() -> int:
 
     results = []
     entries = {}
-    for way in args.ways:
+    seed_missing = seed_speedtorch.availability() if SEED_WAY in args.ways else "not in --ways"
+    if seed_missing:
+        print(f"{seed_speedtorch.LABEL}: skipped ({seed_missing})", flush=True)
+        args.ways = [w for w in args.ways if w != SEED_WAY]
+    for way in list(args.ways):
         print(f"building {way}", flush=True)
-        entries[way] = (make_way(way, args.rows, args.dim, args.items, device, args.lr), batches)
-    for way, (ms, first, last) in time_interleaved(entries, args).items():
+        built = build_way(way, args.rows, args, device, batches)
+        if built is None:
+            args.ways.remove(way)
+            seed_missing = "failed, see above"
+            continue
+        entries[way] = (built, batches)
+    for way, (ms, first, last) in time_steps(entries, args.steps, args.rounds, args.warmup).items():
         results.append({"way": way, "rows": args.rows, "ms/step": ms, "first loss": first, "last loss": last})
     del entries
     free_ways()
@@ -131,7 +135,7 @@ def main() -> int:
         entries = {"small": (make_way("speedtorch", args.rows, args.dim, args.items, device, args.lr), batches),
                    "large": (make_way("speedtorch", args.scale_rows, args.dim, args.items, device, args.lr),
                              scale_batches)}
-        timed = time_interleaved(entries, args)
+        timed = time_steps(entries, args.steps, args.rounds, args.warmup)
         del entries
         free_ways()
         scale = {"small ms": timed["small"][0], "large ms": timed["large"][0],
@@ -143,9 +147,9 @@ def main() -> int:
     for r in results:
         r["speedtorch speedup"] = r["ms/step"] / base if base else float("nan")
     print(format_table(results, ["way", "rows", "ms/step", "speedtorch speedup", "first loss", "last loss"]))
-    if base:
-        print(f"speedtorch vs SpeedTorch 2019 ({SPEEDTORCH_2019_MS} ms, bench/BASELINES.md, not re-run): "
-              f"{SPEEDTORCH_2019_MS / base:.2f}x")
+    if base and SEED_WAY in by_way:
+        print(f"speedtorch vs {seed_speedtorch.LABEL}, both timed in this run in {args.rounds} alternating rounds: "
+              f"{by_way[SEED_WAY] / base:.2f}x faster ({base:.3f} vs {by_way[SEED_WAY]:.3f} ms/step)")
     if scale:
         print(f"scale: the {args.scale_rows:,}-row table steps in {scale['ratio']:.3f}x the time of the "
               f"{args.rows:,}-row table ({scale['large ms']:.3f} vs {scale['small ms']:.3f} ms, both alive, timed in "
@@ -154,7 +158,8 @@ def main() -> int:
     fused = fused_step_bench(args)
     print(format_table([fused], list(fused.keys())))
     if args.json:
-        args.json.write_text(json.dumps({"train": results, "fused_step": fused}, indent=1))
+        args.json.write_text(json.dumps({"train": results, "fused_step": fused,
+                                         SEED_WAY: seed_missing or "timed"}, indent=1))
     return 0
 
 

@@ -3,8 +3,11 @@ by side in one run, with ratios to the contiguous pinned memcpy bandwidth measur
 
 Workload (bench/BASELINES.md): `--batch` random distinct rows x `--dim` float32 between a `--rows` x `--dim` pinned host
 table and a GPU tensor; rows spread over the whole table ("spread") and within its first `--local-bytes` ("local");
-float16 / bfloat16 views of the same bytes; at each of `--threads` CPU thread counts. Without a GPU it times the
-CPU path against torch's CPU indexing instead.
+float16 / bfloat16 views of the same bytes; at each of `--threads` CPU thread counts. SpeedTorch 0.1.6 itself
+(its ModelFactory over a pinned CuPy collection of the same size: beforeForwardPass / afterOptimizerStep, see
+bench/seed_speedtorch.py) is timed in turns with speedtorch's default plan on the spread rows, with the ratio
+printed; without CuPy or `make seed-speedtorch` a line says it was skipped. Without a GPU it times the CPU path
+against torch's CPU indexing instead.
 
     python bench/transfer.py                       # the design workload (needs ~6 GB of host RAM per table)
     python bench/transfer.py --rows 1000000 --json out.json
@@ -23,6 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
 from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import seed_speedtorch  # noqa: E402
+from interleaved_timing import time_calls  # noqa: E402
+
+SEED_ROW = f"{seed_speedtorch.LABEL} ModelFactory(CPUPinn=True)"
 
 
 def rss_bytes() -> int:
@@ -75,6 +84,15 @@ def gpu_benchmark(args) -> list[dict]:
     print(f"table {args.rows:,} x {dim} float32: {raw / 1e9:.2f} GB raw, host RSS +{rss_table / 1e9:.2f} GB "
           f"({rss_table / raw:.3f}x)", flush=True)
     results.append({"what": "host RSS / raw bytes, speedtorch table", "value": rss_table / raw})
+    seed = None
+    seed_missing = seed_speedtorch.availability() if args.seed else "--no-seed"
+    if seed_missing:
+        print(f"{seed_speedtorch.LABEL}: skipped ({seed_missing})", flush=True)
+    else:
+        seed = seed_speedtorch.build_or_report(
+            "the transfer way", lambda: seed_speedtorch.SeedTransfer(args.rows, dim, "cuda").probe())
+        if seed is not None:
+            print(f"{seed_speedtorch.LABEL}: a {args.rows:,} x {dim} collection in its pinned CuPy memory", flush=True)
     if args.torch_pinned_rss:
         rss1 = rss_bytes()
         other = torch.empty(args.rows, dim, pin_memory=True)
@@ -113,6 +131,23 @@ def gpu_benchmark(args) -> list[dict]:
                         "ms": seconds * 1e3, "GB/s": bw, "of memcpy": bw / limit[direction],
                         "memcpy GB/s": limit[direction]})
 
+    def seed_rows(threads, seed, idx_gpu):
+        """SpeedTorch 0.1.6 and speedtorch's default plan on the same rows, timed in turns (`--rounds`)."""
+        seed_idx = seed.indices(idx_gpu)
+        seed.gather(seed_idx)  # the model variable holds a batch before the first write-back
+        speedtorch.set_transfer_config(uva_fraction=-1)
+        timed = time_calls({("speedtorch", "h2d"): lambda: speedtorch.gather(table, idx_gpu),
+                            ("seed", "h2d"): lambda: seed.gather(seed_idx),
+                            ("speedtorch", "d2h"): lambda: speedtorch.scatter_(table, idx_gpu, src),
+                            ("seed", "d2h"): lambda: seed.scatter(seed_idx)}, args.reps, args.rounds)
+        for direction in ("h2d", "d2h"):
+            record(threads, "spread", "float32", "speedtorch auto, in turns with SpeedTorch", direction,
+                   timed[("speedtorch", direction)])
+            record(threads, "spread", "float32", SEED_ROW, direction, timed[("seed", direction)])
+            seed_ratios.append({"threads": threads, "dir": direction,
+                                "speedup": timed[("seed", direction)] / timed[("speedtorch", direction)]})
+
+    seed_ratios: list[dict] = []
     staging = torch.empty(batch, dim, pin_memory=True)
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -166,6 +201,8 @@ def gpu_benchmark(args) -> list[dict]:
                            median_seconds(cp[0], args.reps))
                     record(threads, locality, "float32", "CuPy over pinned table (SpeedTorch)", "d2h",
                            median_seconds(cp[1], args.reps))
+                if seed is not None:
+                    seed_rows(threads, seed, idx_gpu)
             # Half-precision tables: the same bytes seen as (rows, 2 * dim) 16-bit values, so row bytes match.
             if locality == "spread":
                 for dtype in (torch.float16, torch.bfloat16):
@@ -178,6 +215,9 @@ def gpu_benchmark(args) -> list[dict]:
                            median_seconds(lambda: speedtorch.scatter_(half, idx_gpu, half_src), args.reps))
         torch.cuda.synchronize()
     measure_limit()
+    del seed
+    results.extend({"what": f"speedtorch auto vs {seed_speedtorch.LABEL}, {r['dir']}, {r['threads']} threads "
+                            f"(times faster)", "value": r["speedup"]} for r in seed_ratios)
     return results, limits_seen
 
 
@@ -214,6 +254,10 @@ def main() -> int:
                         help="UVA shares to time; -1 is the automatic split")
     parser.add_argument("--local-bytes", type=int, default=512 << 20)
     parser.add_argument("--torch-pinned-rss", action="store_true", help="also measure torch's pinned allocator")
+    parser.add_argument("--no-seed", dest="seed", action="store_false",
+                        help=f"leave out {seed_speedtorch.LABEL} (bench/seed_speedtorch.py)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help=f"turns in which speedtorch and {seed_speedtorch.LABEL} are timed")
     parser.add_argument("--json", type=Path, help="write all results here")
     args = parser.parse_args()
     if args.threads is None:
@@ -222,6 +266,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         args.rows = min(args.rows, 2_000_000)
         print(f"no GPU: timing the CPU path ({args.rows:,} rows)")
+        print(f"{seed_speedtorch.LABEL}: skipped ({seed_speedtorch.availability() if args.seed else '--no-seed'})")
         results = cpu_benchmark(args)
         print(format_table(results, ["threads", "way", "dir", "ms", "GB/s"]))
         if args.json:
