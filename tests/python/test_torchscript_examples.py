@@ -130,6 +130,7 @@ def test_updates_are_whole_rows_under_concurrent_reads(served):
     args, _ = served
     with load_test.Server(binary("speedtorch_server"), args["model"], threads=4, table=args.get("table")) as srv:
         ids = list(range(8))
+        assert srv.post("/update", {"ids": ids, "rows": [[0.0] * 16] * 8}) == (200, {"updated": 8})  # uniform rows
         stop = threading.Event()
         mixed: list[list[float]] = []
         statuses: list[int] = []
