@@ -112,8 +112,12 @@ if [ "${LOADTEST:-0}" = 1 ]; then
   $PY torchscript_examples/recommender_model.py --out /tmp/lt_model.pt --users 1000000 --items 10000 --dim 64 \
     --sidecar /tmp/lt_users.npy >/dev/null 2>&1 || echo "model writer failed"
   for dev in cpu cuda; do
+    # The same model as an AOTInductor package for $dev (docs/torchscript.md), served side by side with it.
+    $PY torchscript_examples/recommender_aoti.py --model /tmp/lt_model.pt --table /tmp/lt_users_aoti.npy \
+      --out /tmp/lt_model_$dev.pt2 --device $dev >/dev/null 2>&1 || echo "package compile for $dev failed"
     $PY torchscript_examples/load_test.py --server build/torchscript_examples/speedtorch_server \
-      --model /tmp/lt_model.pt --clients 16 --requests 400 --threads 16 --device $dev 2>&1 | grep -v Warn | tail -12
+      --model /tmp/lt_model.pt --package /tmp/lt_model_$dev.pt2 --table /tmp/lt_users_aoti.npy \
+      --clients 16 --requests 400 --threads 16 --device $dev 2>&1 | grep -v Warn | tail -12
   done
 fi
 

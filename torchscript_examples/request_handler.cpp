@@ -59,12 +59,12 @@ bool parse(const std::string& body, json& out, Response& failure) {
   return true;
 }
 
-torch::Tensor to_tensor(const std::vector<int64_t>& ids, torch::Device device) {
-  return torch::tensor(ids, torch::TensorOptions().dtype(torch::kLong)).to(device);
+torch::Tensor to_tensor(const std::vector<int64_t>& ids) {
+  return torch::tensor(ids, torch::TensorOptions().dtype(torch::kLong));
 }
 
-std::vector<std::vector<float>> to_rows(const torch::Tensor& t) {
-  const torch::Tensor rows = t.to(torch::kCPU, torch::kFloat).contiguous();
+// rows: host float, contiguous (ModelRunner's answers).
+std::vector<std::vector<float>> to_rows(const torch::Tensor& rows) {
   std::vector<std::vector<float>> out(rows.size(0));
   const float* p = rows.data_ptr<float>();
   for (int64_t i = 0; i < rows.size(0); ++i) out[i].assign(p + i * rows.size(1), p + (i + 1) * rows.size(1));
@@ -74,12 +74,15 @@ std::vector<std::vector<float>> to_rows(const torch::Tensor& t) {
 }  // namespace
 
 RecommenderService::RecommenderService(torch::jit::Module model, int64_t max_batch, torch::Device device)
-    : model_(std::move(model)), max_batch_(max_batch), device_(device) {
+    : RecommenderService(make_torchscript_runner(std::move(model), device), max_batch) {}
+
+RecommenderService::RecommenderService(std::unique_ptr<ModelRunner> model, int64_t max_batch)
+    : model_(std::move(model)), max_batch_(max_batch) {
+  TORCH_CHECK(model_ != nullptr, "RecommenderService: model must not be null");
   TORCH_CHECK(max_batch > 0, "max_batch must be > 0, got ", max_batch);
-  num_users_ = model_.run_method("num_users").toInt();
-  const torch::Tensor items = model_.attr("items").toTensor();
-  num_items_ = items.size(0);
-  dim_ = items.size(1);
+  num_users_ = model_->num_users();
+  num_items_ = model_->num_items();
+  dim_ = model_->dim();
 }
 
 Response RecommenderService::lookup(const std::string& body) const {
@@ -88,8 +91,8 @@ Response RecommenderService::lookup(const std::string& body) const {
   if (!parse(body, request, failure)) return failure;
   const auto ids = ids_field(request, "ids", num_users_, max_batch_, failure);
   if (failure.status != 200) return failure;
-  std::shared_lock<TableLock> lock(rows_lock_);
-  const torch::Tensor rows = model_.run_method("lookup", to_tensor(ids, device_)).toTensor();
+  std::shared_lock<TableLock> lock(rows_lock_);  // held until the rows are on the host (ModelRunner)
+  const torch::Tensor rows = model_->lookup(to_tensor(ids));
   lock.unlock();
   return {200, json{{"rows", to_rows(rows)}}.dump()};
 }
@@ -107,11 +110,8 @@ Response RecommenderService::top_k(const std::string& body) const {
   }
   if (k < 1 || k > max_batch_) return error(400, "'k' must be in [1, " + std::to_string(max_batch_) + "]");
   std::shared_lock<TableLock> lock(rows_lock_);
-  const auto result = model_.run_method("top_k", user, k).toTuple();
+  const auto [items, scores] = model_->top_k(user, k);
   lock.unlock();
-  // Answers are read on the host: a model on a GPU returns device tensors.
-  const torch::Tensor items = result->elements()[0].toTensor().to(torch::kCPU, torch::kLong).contiguous();
-  const torch::Tensor scores = result->elements()[1].toTensor().to(torch::kCPU, torch::kFloat).contiguous();
   return {200, json{{"items", std::vector<int64_t>(items.data_ptr<int64_t>(), items.data_ptr<int64_t>() + items.numel())},
                     {"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
                    .dump()};
@@ -127,11 +127,7 @@ Response RecommenderService::score(const std::string& body) const {
   if (failure.status != 200) return failure;
   if (users.size() != items.size()) return error(400, "'users' and 'items' must have the same length");
   std::shared_lock<TableLock> lock(rows_lock_);
-  const torch::Tensor scores =
-      model_.run_method("score", to_tensor(users, device_), to_tensor(items, device_))
-          .toTensor()
-          .to(torch::kCPU, torch::kFloat)
-          .contiguous();
+  const torch::Tensor scores = model_->score(to_tensor(users), to_tensor(items));
   lock.unlock();
   return {200, json{{"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
                    .dump()};
@@ -160,7 +156,7 @@ Response RecommenderService::update(const std::string& body) {
   const torch::Tensor rows =
       torch::from_blob(values.data(), {static_cast<int64_t>(ids.size()), dim_}, torch::kFloat).clone();
   std::unique_lock<TableLock> lock(rows_lock_);
-  model_.run_method("update_rows", to_tensor(ids, device_), rows);
+  model_->update_rows(to_tensor(ids), rows);
   return {200, json{{"updated", ids.size()}}.dump()};
 }
 

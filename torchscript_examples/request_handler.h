@@ -1,19 +1,23 @@
-// The recommender service behind the C++ server: JSON requests in, JSON answers out, over a scripted model loaded
-// with torch::jit::load (torchscript_examples/recommender_model.py). Kept apart from the HTTP layer so GoogleTest
-// can drive it directly.
+// The recommender service behind the C++ server: JSON requests in, JSON answers out, over a model run by a
+// ModelRunner (model_runner.h: a scripted model of recommender_model.py, or an AOTInductor package of
+// recommender_aoti.py with its table opened from files). Kept apart from the HTTP layer so GoogleTest can drive it
+// directly.
 //
 // Concurrency: any number of lookups, scores and top-k run at once (shared lock); a row update takes the lock
 // exclusively, so a reader sees each row entirely before or entirely after an update, never a mix. The lock is the
 // table's own kind (embedding/table_lock.h): a waiting update stops new reads at the door, so a stream of reads
-// cannot hold an update back indefinitely (as a reader-preferring std::shared_mutex on glibc would).
+// cannot hold an update back indefinitely (as a reader-preferring std::shared_mutex on glibc would). A read holds the
+// lock until its answer is on the host (ModelRunner's contract), so no GPU kernel still reads when an update writes.
 #pragma once
 
 #include <torch/script.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "embedding/table_lock.h"
+#include "model_runner.h"
 
 namespace speedtorch::serving {
 
@@ -25,9 +29,11 @@ struct Response {
 class RecommenderService {
  public:
   // max_batch: the most ids one request may name (larger requests get 413).
-  // device: where the ids go (the model's dense parameters must be there; its PinnedEmbedding stays in pinned
-  // host memory and is read by the device over UVA when it is a GPU).
+  // A scripted model, run on `device` (make_torchscript_runner: the module is moved there; its PinnedEmbedding
+  // stays in pinned host memory and is read by the device over UVA when it is a GPU).
   RecommenderService(torch::jit::Module model, int64_t max_batch, torch::Device device = torch::kCPU);
+  // Any model form (model_runner.h: open_model chooses by file).
+  RecommenderService(std::unique_ptr<ModelRunner> model, int64_t max_batch);
 
   // POST /lookup {"ids": [int, ...]}              -> {"rows": [[float, ...], ...]}
   Response lookup(const std::string& body) const;
@@ -41,10 +47,9 @@ class RecommenderService {
   int64_t num_users() const { return num_users_; }
 
  private:
-  mutable torch::jit::Module model_;  // its methods do not change the module's structure
+  std::unique_ptr<ModelRunner> model_;
   mutable TableLock rows_lock_;
   int64_t max_batch_;
-  torch::Device device_;
   int64_t num_users_;
   int64_t num_items_;
   int64_t dim_;

@@ -1,15 +1,17 @@
-// speedtorch_server: serves a scripted recommender (recommender_model.py) over HTTP on localhost with no Python:
+// speedtorch_server: serves a recommender over HTTP on localhost with no Python: a scripted model
+// (recommender_model.py) or an AOTInductor package (recommender_aoti.py) with its user table's files (model_runner.h).
 // POST /lookup, /topk, /score, /update with JSON bodies (request_handler.h), GET /health. Many requests run at
 // once on a thread pool; a bad request gets a 4xx with a message and never takes the server down.
 //
 //   speedtorch_server MODEL.pt [--host 127.0.0.1] [--port 0] [--threads 8] [--max-batch 4096] [--device cpu]
-// --device cuda moves the model's dense parameters to the GPU; the user table stays in pinned host memory and the
-// GPU reads the rows a request names over UVA.
+//   speedtorch_server MODEL.pt2 --table USERS.npy [the same options]
+// --device cuda runs the model on the GPU (a package must be compiled for cuda); the user table stays in pinned host
+// memory and the GPU reads the rows a request names over UVA. A package's table is opened copy-on-write: updates
+// live in the server's memory, the files never change.
 // With --port 0 the kernel picks a free port; the first line printed is "listening on HOST:PORT".
 // SIGTERM / SIGINT stop it: it takes no new connection, finishes the requests it has, and exits with status 0
 // (stop_signal_watcher.h).
 #include <httplib.h>
-#include <torch/script.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,6 +22,7 @@
 #include <string>
 #include <thread>
 
+#include "model_runner.h"
 #include "request_handler.h"
 #include "stop_signal_watcher.h"
 
@@ -43,7 +46,8 @@ void respond(httplib::Response& res, const std::function<speedtorch::serving::Re
 int main(int argc, char** argv) {
   speedtorch::serving::block_stop_signals();  // before any thread starts (see stop_signal_watcher.h)
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s MODEL.pt [--host H] [--port P] [--threads T] [--max-batch N] [--device D]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s MODEL.pt|MODEL.pt2 [--table USERS.npy] [--host H] [--port P] [--threads T] "
+                 "[--max-batch N] [--device D]\n", argv[0]);
     return 2;
   }
   std::string host = "127.0.0.1";
@@ -51,6 +55,7 @@ int main(int argc, char** argv) {
   int threads = 8;
   long max_batch = 4096;
   std::string device = "cpu";
+  std::string table;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--host") host = argv[i + 1];
@@ -58,15 +63,22 @@ int main(int argc, char** argv) {
     else if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     else if (flag == "--max-batch") max_batch = std::atol(argv[i + 1]);
     else if (flag == "--device") device = argv[i + 1];
+    else if (flag == "--table") table = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
     }
   }
+  if (threads < 1 || max_batch < 1) {
+    std::fprintf(stderr, "speedtorch_server: --threads and --max-batch must be >= 1, got %d and %ld\n", threads,
+                 max_batch);
+    return 2;
+  }
   try {
-    torch::jit::Module model = torch::jit::load(argv[1]);
-    model.to(torch::Device(device));  // a bad name throws: reported below, exit 1
-    speedtorch::serving::RecommenderService service(std::move(model), max_batch, torch::Device(device));
+    // A bad device name, model or table throws: reported below, exit 1.
+    speedtorch::serving::RecommenderService service(
+        speedtorch::serving::open_model(argv[1], table, torch::Device(device), static_cast<size_t>(threads)),
+        max_batch);
     httplib::Server server;
     server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     server.set_payload_max_length(64 << 20);

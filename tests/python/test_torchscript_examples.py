@@ -1,7 +1,9 @@
 """TorchScript end to end: a recommender with a PinnedEmbedding attribute scripted, saved and loaded (Python and the
 C++ programs of torchscript_examples/); the scripted training loop run from Python and, unchanged, by the C++
-trainer with the same result; the C++ server under concurrent load and bad requests. The C++ programs come from the
-CMake build (build/torchscript_examples, or $SPEEDTORCH_BUILD_DIR/torchscript_examples)."""
+trainer with the same result; the C++ server under concurrent load and bad requests, serving the scripted model or
+its AOTInductor package (recommender_aoti.py; compiled once per session: it takes a minute) with the same answers.
+The C++ programs come from the CMake build (build/torchscript_examples, or
+$SPEEDTORCH_BUILD_DIR/torchscript_examples)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import speedtorch
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "torchscript_examples"))
 import load_test  # noqa: E402
+import recommender_aoti  # noqa: E402
 import recommender_model  # noqa: E402
 
 BUILD = Path(os.environ.get("SPEEDTORCH_BUILD_DIR", ROOT / "build")) / "torchscript_examples"
@@ -31,7 +36,7 @@ def binary(name: str) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def saved(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ts")
     model = torch.jit.script(recommender_model.Recommender(3000, 200, 16))
@@ -39,6 +44,26 @@ def saved(tmp_path_factory):
     batches = torch.jit.script(recommender_model.make_batches(3000, 200, 6, 128))
     torch.jit.save(batches, str(folder / "batches.pt"))
     return folder, model
+
+
+@pytest.fixture(scope="session")
+def aoti_package(saved):
+    """The scripted model's AOTInductor package for the CPU and its user table's files: (package, table)."""
+    folder, model = saved
+    model.users.save(str(folder / "users.npy"))
+    recommender_aoti.export_package(model, folder / "model.pt2")
+    return str(folder / "model.pt2"), str(folder / "users.npy")
+
+
+@pytest.fixture(params=["torchscript", "aoti"])
+def served(request, saved):
+    """(server arguments, reference model) for each form the server takes: the scripted model, or the package."""
+    folder, model = saved
+    if request.param == "torchscript":
+        return {"model": str(folder / "model.pt")}, model
+    binary("speedtorch_server")  # skip before compiling a package the test cannot serve
+    package, table = request.getfixturevalue("aoti_package")
+    return {"model": package, "table": table}, model
 
 
 def test_round_trip_gives_identical_outputs(saved):
@@ -69,9 +94,24 @@ def test_cpp_trainer_matches_python(saved, tmp_path):
     torch.testing.assert_close(trained.lookup(ids), model.lookup(ids), rtol=1e-5, atol=1e-6)
 
 
-def test_server_under_load_and_bad_requests(saved):
-    folder, model = saved
-    with load_test.Server(binary("speedtorch_server"), str(folder / "model.pt"), threads=4, max_batch=256) as srv:
+def test_aoti_package_gives_the_scripted_models_answers(saved, aoti_package):
+    # The package run from Python, its table passed in: the rows bit for bit, the scores within rounding.
+    _, model = saved
+    package, _ = aoti_package
+    compiled = torch._inductor.aoti_load_package(package)
+    table = model.users.table()
+    for n in (1, 2, 77):
+        users, items = torch.randint(0, 3000, (n,)), torch.randint(0, 200, (n,))
+        rows, scores = compiled(table, users, items)
+        torch.testing.assert_close(rows, model.lookup(users), rtol=0, atol=0)
+        torch.testing.assert_close(scores, model.score(users, items).detach(), rtol=1e-5, atol=1e-6)
+    assert compiled.get_metadata()["speedtorch.num_users"] == "3000"
+
+
+def test_server_under_load_and_bad_requests(served):
+    args, model = served
+    with load_test.Server(binary("speedtorch_server"), args["model"], threads=4, max_batch=256,
+                          table=args.get("table")) as srv:
         result = load_test.run(srv, model, clients=4, requests=40)
         assert result["failures"] == [] and result["requests"] == 160
         assert srv.post("/lookup", b"{oops", raw=True)[0] == 400
@@ -83,6 +123,88 @@ def test_server_under_load_and_bad_requests(saved):
         assert status == 200 and body == {"updated": 1}
         assert srv.post("/lookup", {"ids": [7]})[1]["rows"] == [[0.5] * 16]
         assert srv.proc.poll() is None  # still serving
+
+
+def test_updates_are_whole_rows_under_concurrent_reads(served):
+    # Writers set rows 0..7 to one value each round; readers must never see a row mixing two rounds' values.
+    args, _ = served
+    with load_test.Server(binary("speedtorch_server"), args["model"], threads=4, table=args.get("table")) as srv:
+        ids = list(range(8))
+        assert srv.post("/update", {"ids": ids, "rows": [[0.0] * 16] * 8}) == (200, {"updated": 8})  # uniform rows
+        stop = threading.Event()
+        mixed: list[list[float]] = []
+        statuses: list[int] = []
+
+        def reader():
+            while not stop.is_set():
+                status, body = srv.post("/lookup", {"ids": ids})
+                statuses.append(status)
+                mixed.extend(row for row in body.get("rows", []) if len(set(row)) != 1)
+
+        threads = [threading.Thread(target=reader) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            for value in range(1, 41):
+                assert srv.post("/update", {"ids": ids, "rows": [[float(value)] * 16] * 8}) == (200, {"updated": 8})
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        assert set(statuses) == {200} and mixed == []
+        assert srv.post("/lookup", {"ids": [0, 7]})[1]["rows"] == [[40.0] * 16] * 2
+
+
+def test_load_test_compares_both_forms(saved, aoti_package):
+    # The load test as CI runs it: both servers, the same requests, every answer checked, figures side by side.
+    folder, _ = saved
+    package, table = aoti_package
+    out = subprocess.run([sys.executable, str(ROOT / "torchscript_examples" / "load_test.py"), "--server",
+                          binary("speedtorch_server"), "--model", str(folder / "model.pt"), "--package", package,
+                          "--table", table, "--clients", "4", "--requests", "60", "--threads", "4"],
+                         capture_output=True, text=True, timeout=600)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "0 wrong answers"
+    assert [line.split()[:2] for line in lines[2:4]] == [["torchscript", "240"], ["aoti", "240"]]
+
+
+def test_server_refuses_a_table_the_package_was_not_compiled_for(saved, aoti_package, tmp_path):
+    _, model = saved
+    package, table = aoti_package
+    other = speedtorch.PinnedEmbedding(2999, 16)
+    other.save(str(tmp_path / "other.npy"))
+    server = binary("speedtorch_server")
+    out = subprocess.run([server, package, "--table", str(tmp_path / "other.npy")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and "is 2999 x 16 but the package" in out.stderr, out.stderr
+    out = subprocess.run([server, package], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "--table" in out.stderr, out.stderr
+    out = subprocess.run([server, package, "--table", table, "--device", "cuda"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and "is compiled for cpu, not for --device cuda" in out.stderr, out.stderr
+
+
+@pytest.mark.gpu
+def test_aoti_package_for_cuda_serves_the_same_answers(saved, tmp_path):
+    # The package compiled for the GPU: the table stays in pinned host memory (opened from its files) and the
+    # compiled program's speedtorch.gather reads it over UVA; both forms on the GPU, checked against the model.
+    folder, model = saved
+    model.users.save(str(tmp_path / "users.npy"))
+    recommender_aoti.export_package(model, tmp_path / "model_cuda.pt2", device="cuda")
+    out = subprocess.run([sys.executable, str(ROOT / "torchscript_examples" / "load_test.py"), "--server",
+                          binary("speedtorch_server"), "--model", str(folder / "model.pt"), "--package",
+                          str(tmp_path / "model_cuda.pt2"), "--table", str(tmp_path / "users.npy"), "--device",
+                          "cuda", "--clients", "4", "--requests", "60", "--threads", "4"],
+                         capture_output=True, text=True, timeout=600)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[-1] == "0 wrong answers"
+    with load_test.Server(binary("speedtorch_server"), str(tmp_path / "model_cuda.pt2"), threads=2, device="cuda",
+                          table=str(tmp_path / "users.npy")) as srv:
+        assert srv.post("/update", {"ids": [5], "rows": [[0.25] * 16]}) == (200, {"updated": 1})
+        assert srv.post("/lookup", {"ids": [5, 5]})[1]["rows"] == [[0.25] * 16] * 2
 
 
 def _start_server(folder: Path) -> subprocess.Popen:

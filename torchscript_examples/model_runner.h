@@ -1,0 +1,56 @@
+// ModelRunner: what the recommender service (request_handler.h) runs a request on, whatever form the model takes:
+// - a scripted model loaded with torch::jit::load (recommender_model.py; TorchScript is deprecated from torch 2.11),
+// - an AOTInductor package loaded with torch::inductor::AOTIModelPackageLoader (recommender_aoti.py), with the user
+//   table opened from its files (PinnedEmbedding::open, memory-mapped) and passed to the compiled program.
+// Both give the same answers; docs/torchscript.md describes the migration from one to the other.
+//
+// Ids come in as host int64 tensors; answers go out as host tensors, complete when the call returns (so a caller's
+// lock around a read covers the whole read, GPU kernels included). Reads may run on many threads at once; an update
+// must run alone (the service orders them with its TableLock).
+#pragma once
+
+#include <torch/script.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace speedtorch::serving {
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual int64_t num_users() const = 0;
+  virtual int64_t num_items() const = 0;
+  virtual int64_t dim() const = 0;
+
+  // The users' rows, (n, dim) float.
+  virtual torch::Tensor lookup(const torch::Tensor& user_ids) const = 0;
+  // One score per (users[i], items[i]) pair, (n,) float.
+  virtual torch::Tensor score(const torch::Tensor& user_ids, const torch::Tensor& item_ids) const = 0;
+  // The min(k, num_items) best items for `user` and their scores, best first.
+  virtual std::pair<torch::Tensor, torch::Tensor> top_k(int64_t user, int64_t k) const = 0;
+  // Writes rows (n, dim) float into the users' rows of the table.
+  virtual void update_rows(const torch::Tensor& user_ids, const torch::Tensor& rows) = 0;
+};
+
+// A scripted recommender (its methods num_users, lookup, score, top_k, update_rows; its attribute items). The
+// module is moved to `device`; its PinnedEmbedding stays in pinned host memory and the GPU reads it over UVA.
+std::unique_ptr<ModelRunner> make_torchscript_runner(torch::jit::Module model, torch::Device device);
+
+// An AOTInductor package of recommender_aoti.py, compiled for `device`'s type, run on `device` with up to
+// `concurrent_runs` calls at once, over the user table saved at `table_path`, opened with `table_mode` ("r", "r+"
+// or "c": docs/persistence.md; "c" keeps updates in memory only, as the scripted model does).
+std::unique_ptr<ModelRunner> make_aoti_runner(const std::string& package_path, const std::string& table_path,
+                                              const std::string& table_mode, torch::Device device,
+                                              size_t concurrent_runs);
+
+// The runner for `model_path`: an AOTInductor package when it ends in .pt2 (then `table_path` is required), a
+// scripted model otherwise.
+std::unique_ptr<ModelRunner> open_model(const std::string& model_path, const std::string& table_path,
+                                        torch::Device device, size_t concurrent_runs);
+
+}  // namespace speedtorch::serving
