@@ -63,14 +63,13 @@ RowCache::RowCache(int64_t num_rows, at::Device device, const at::Tensor& table,
   const int64_t rows = std::max<int64_t>(1, std::min(num_rows, table.size(0)));  // more slots than rows: no use
   ways_ = std::min(kWays, rows);
   sets_ = (rows + ways_ - 1) / ways_;
-  // Sort keys are set * table rows + id (cuda/row_cache_kernel.h).
-  TORCH_CHECK(table.size(0) == 0 || sets_ <= INT64_MAX / table.size(0), "RowCache: ", sets_, " sets over ",
-              table.size(0), " rows overflow its sort keys; use fewer cache rows");
   const int64_t n = slots();
   const at::TensorOptions on = at::TensorOptions().device(device_);
   ids_ = at::full({n}, -1, on.dtype(at::kLong));
   ticks_ = at::full({n}, -1, on.dtype(at::kLong));
   dirty_ = at::zeros({n}, on.dtype(at::kInt));
+  state_loaded_ = at::zeros({n}, on.dtype(at::kInt));
+  if (device_.is_cuda()) set_locks_ = at::zeros({sets_}, on.dtype(at::kInt));
   rows_ = at::zeros({n, table.size(1)}, on.dtype(table.scalar_type()));
   if (state.defined()) state_ = at::zeros({n, state.size(1)}, on.dtype(at::kFloat));
 }
@@ -85,6 +84,8 @@ CacheSlots RowCache::view() {
   c.ids = ids_.data_ptr<int64_t>();
   c.ticks = ticks_.data_ptr<int64_t>();
   c.dirty = dirty_.data_ptr<int32_t>();
+  c.state_loaded = state_loaded_.data_ptr<int32_t>();
+  if (set_locks_.defined()) c.set_locks = set_locks_.data_ptr<int32_t>();
   c.rows = static_cast<char*>(rows_.data_ptr());
   c.row_stride_bytes = rows_.stride(0) * rows_.element_size();
   if (state_.defined()) {
@@ -128,7 +129,7 @@ at::Tensor RowCache::gather(const at::Tensor& table, const at::Tensor& state, co
   }
 #ifdef SPEEDTORCH_WITH_CUDA
   c10::cuda::CUDAGuard guard(device_);
-  const at::Tensor ids = cache_ids_on_gpu(last_stream_, {ids_, ticks_, dirty_, rows_, state_}, indices, table.size(0),
+  const at::Tensor ids = cache_ids_on_gpu(last_stream_, {ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_}, indices, table.size(0),
                                           device_, op);
   const CacheSlots cache = view();
   const at::Tensor slot_of = assign_cache_slots_gpu(cache, table, state, ids, now, false, op);
@@ -179,7 +180,7 @@ void RowCache::apply_gradients(const at::Tensor& table, const at::Tensor& state,
   }
 #ifdef SPEEDTORCH_WITH_CUDA
   c10::cuda::CUDAGuard guard(device_);
-  const at::Tensor ids = cache_ids_on_gpu(last_stream_, {ids_, ticks_, dirty_, rows_, state_}, indices, table.size(0),
+  const at::Tensor ids = cache_ids_on_gpu(last_stream_, {ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_}, indices, table.size(0),
                                           device_, op);
   const auto [unique, summed] = sum_duplicates_gpu(ids, rows_grad);
   const at::Tensor slot_of = assign_cache_slots_gpu(view(), table, state, unique, now, true, op);
@@ -198,7 +199,7 @@ void RowCache::flush(const at::Tensor& table, const at::Tensor& state, bool empt
     return;
   }
 #ifdef SPEEDTORCH_WITH_CUDA
-  flush_cache_gpu(last_stream_, view(), table, state, empty, {ids_, ticks_, dirty_, rows_, state_}, "RowCache.flush");
+  flush_cache_gpu(last_stream_, view(), table, state, empty, {ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_}, "RowCache.flush");
 #endif
 }
 

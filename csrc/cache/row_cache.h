@@ -1,9 +1,9 @@
 // RowCache: copies of a pinned host table's recently used rows, with their optimizer state, in the memory of one
 // device (a GPU, or the CPU), in front of the host table: what FBGEMM's LRU cache does for its UVM tables.
 //
-// A gather finds each id's slot (set-associative, 32 ways, least recently used eviction; one kernel, no wait for
-// the GPU), fills the misses from the host table over UVA (writing the evicted rows back first when dirty), then
-// reads the rows from the slots. An optimizer step updates the cached rows in device memory with the same fused
+// A gather finds each id's slot (set-associative, 32 ways, least recently used eviction; one kernel, a warp per id
+// holding its set's lock; no sort, no wait for the GPU), fills the misses' weights from the host table over UVA (writing the evicted rows back first when
+// dirty), then reads the rows from the slots. A row's optimizer state comes in at its first update. An optimizer step updates the cached rows in device memory with the same fused
 // kernel and the same table-wide step count as the host path, so every row gets bit for bit the update it would get
 // on the host; the slots become dirty and reach the host table when evicted or flushed. A row whose set holds only
 // rows of the current call (more distinct ids of one set than ways) is read and updated on the host instead.
@@ -67,7 +67,7 @@ class RowCache {
   int64_t sets_ = 0;
   int64_t ways_ = 0;
   int64_t tick_ = 0;  // the current call's tick: each call's slots carry it
-  at::Tensor ids_, ticks_, dirty_, rows_, state_;
+  at::Tensor ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_;
   std::optional<c10::Stream> last_stream_;  // on a GPU: the stream of the previous call
   std::mutex mutex_;
 };

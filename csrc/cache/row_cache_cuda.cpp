@@ -6,7 +6,6 @@
 #include <ATen/ops/_unique2.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/nonzero.h>
-#include <ATen/ops/sort.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -37,7 +36,8 @@ void enter_stream(std::optional<c10::Stream>& last_stream, const CacheTensors& s
     at::cuda::CUDAEvent previous;
     previous.record(c10::cuda::CUDAStream(*last_stream));
     previous.block(stream);
-    for (const at::Tensor* t : {&slots.ids, &slots.ticks, &slots.dirty, &slots.rows, &slots.state}) {
+    for (const at::Tensor* t : {&slots.ids, &slots.ticks, &slots.dirty, &slots.state_loaded, &slots.set_locks,
+                               &slots.rows, &slots.state}) {
       if (t->defined()) c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), stream);
     }
   }
@@ -81,19 +81,14 @@ at::Tensor cache_ids_on_gpu(std::optional<c10::Stream>& last_stream, const Cache
 }
 
 at::Tensor assign_cache_slots_gpu(const CacheSlots& cache, const at::Tensor& table,
-                                  const at::Tensor& state, const at::Tensor& ids, int64_t now, bool mark_dirty,
+                                  const at::Tensor& state, const at::Tensor& ids, int64_t now, bool for_update,
                                   const char* op) {
   const c10::cuda::CUDAStream stream = current_stream(ids);
   const CacheHostRows host = mapped_host_rows(table, state, op);
   const int64_t count = ids.numel();
-  at::Tensor keys = at::empty({count}, ids.options());
-  launch_cache_keys(ids.const_data_ptr<int64_t>(), count, cache.sets, host.num_rows, keys.data_ptr<int64_t>(),
-                    stream.stream());
-  // Stable: an id's duplicates stay in batch order (their slot is the same anyway).
-  const auto [sorted_keys, order] = at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/false);
   at::Tensor slot_of = at::empty({count}, ids.options());
-  launch_assign_cache_slots(cache, host, sorted_keys.const_data_ptr<int64_t>(), order.const_data_ptr<int64_t>(),
-                            count, now, mark_dirty, slot_of.data_ptr<int64_t>(), stream.stream());
+  launch_assign_cache_slots(cache, host, ids.const_data_ptr<int64_t>(), count, now, for_update,
+                            slot_of.data_ptr<int64_t>(), stream.stream());
   note_host_writes(table, state, stream);
   return slot_of;
 }

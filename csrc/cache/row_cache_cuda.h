@@ -14,16 +14,17 @@
 namespace speedtorch {
 
 struct CacheTensors {  // the slot tensors, for stream bookkeeping
-  at::Tensor ids, ticks, dirty, rows, state;
+  at::Tensor ids, ticks, dirty, state_loaded, set_locks, rows, state;
 };
 
 // Checked indices (any device) as flat int64 ids on the cache's GPU; the current stream first waits for the cache's
 // previous call.
 at::Tensor cache_ids_on_gpu(std::optional<c10::Stream>& last_stream, const CacheTensors& slots, const at::Tensor& indices,
                             int64_t num_rows, at::Device device, const char* op);
-// The slot of each id (-1: on the host only), assigning and filling slots for the misses.
+// The slot of each id (-1: on the host only), assigning and filling slots for the misses; for_update: as
+// assign_cache_slots_cpu's.
 at::Tensor assign_cache_slots_gpu(const CacheSlots& cache, const at::Tensor& table,
-                                  const at::Tensor& state, const at::Tensor& ids, int64_t now, bool mark_dirty,
+                                  const at::Tensor& state, const at::Tensor& ids, int64_t now, bool for_update,
                                   const char* op);
 // The weights of each id, from its slot or the host: (ids, dim) on the cache's GPU.
 at::Tensor read_cached_rows_gpu(const CacheSlots& cache, const at::Tensor& table,

@@ -5,7 +5,8 @@
 // The cache is set-associative: `sets` sets of `ways` slots; row `id` may only occupy a slot of set
 // cache_set_of(id). Each slot holds a row id (-1: empty), the tick of its last use (-1: empty; the victim of a miss
 // is the slot of its set with the oldest tick not used by the current call), a dirty flag (its row or state differs
-// from the host's copy) and a copy of the row's weights and optimizer state.
+// from the host's copy), and copies of the row's weights and, once an optimizer step needs it, its optimizer state
+// (a gather fills the weights only: serving never moves state).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,8 @@ struct CacheSlots {
   int64_t* ids;     // slot -> row id, -1 when empty
   int64_t* ticks;   // slot -> the call that last used it, -1 when empty
   int32_t* dirty;   // slot -> 1 when its weights or state must be written back
+  int32_t* state_loaded;  // slot -> 1 when its optimizer state has been copied in (always so when dirty)
+  int32_t* set_locks;     // set -> 1 while a GPU warp works on it (nullptr on the CPU)
   char* rows;       // slot 0's weights
   int64_t row_stride_bytes;
   float* state;     // slot 0's optimizer state (nullptr without optimizer)

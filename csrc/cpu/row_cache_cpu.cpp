@@ -17,17 +17,25 @@ float* host_state(const CacheHostRows& h, int64_t id) { return h.state + id * h.
 void write_back(const CacheSlots& c, const CacheHostRows& h, int64_t slot) {
   const int64_t id = c.ids[slot];
   std::memcpy(host_row(h, id), slot_row(c, slot), h.row_bytes);
-  if (h.state_floats > 0) std::memcpy(host_state(h, id), slot_state(c, slot), h.state_floats * sizeof(float));
+  if (h.state_floats > 0 && c.state_loaded[slot]) {
+    std::memcpy(host_state(h, id), slot_state(c, slot), h.state_floats * sizeof(float));
+  }
   c.dirty[slot] = 0;
 }
 
-int64_t find_or_insert(const CacheSlots& c, const CacheHostRows& h, int64_t id, int64_t now) {
+void load_state(const CacheSlots& c, const CacheHostRows& h, int64_t slot, int64_t id) {
+  if (h.state_floats > 0) std::memcpy(slot_state(c, slot), host_state(h, id), h.state_floats * sizeof(float));
+  c.state_loaded[slot] = 1;
+}
+
+int64_t find_or_insert(const CacheSlots& c, const CacheHostRows& h, int64_t id, int64_t now, bool for_update) {
   const int64_t first = cache_set_of(id, c.sets) * c.ways;
   int64_t victim = -1;
   int64_t oldest = now;  // only slots this call has not used may be evicted
   for (int64_t s = first; s < first + c.ways; ++s) {
     if (c.ids[s] == id) {
       c.ticks[s] = now;
+      if (for_update && !c.state_loaded[s]) load_state(c, h, s, id);
       return s;
     }
     if (c.ticks[s] < oldest) {
@@ -38,7 +46,8 @@ int64_t find_or_insert(const CacheSlots& c, const CacheHostRows& h, int64_t id, 
   if (victim < 0) return -1;
   if (c.ids[victim] >= 0 && c.dirty[victim]) write_back(c, h, victim);
   std::memcpy(slot_row(c, victim), host_row(h, id), h.row_bytes);
-  if (h.state_floats > 0) std::memcpy(slot_state(c, victim), host_state(h, id), h.state_floats * sizeof(float));
+  c.state_loaded[victim] = 0;
+  if (for_update) load_state(c, h, victim, id);
   c.ids[victim] = id;
   c.ticks[victim] = now;
   c.dirty[victim] = 0;
@@ -48,10 +57,10 @@ int64_t find_or_insert(const CacheSlots& c, const CacheHostRows& h, int64_t id, 
 }  // namespace
 
 void assign_cache_slots_cpu(const CacheSlots& cache, const CacheHostRows& host, const int64_t* ids, int64_t count,
-                            int64_t now, bool mark_dirty, int64_t* slots) {
+                            int64_t now, bool for_update, int64_t* slots) {
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t slot = find_or_insert(cache, host, ids[i], now);
-    if (slot >= 0 && mark_dirty) cache.dirty[slot] = 1;
+    const int64_t slot = find_or_insert(cache, host, ids[i], now, for_update);
+    if (slot >= 0 && for_update) cache.dirty[slot] = 1;
     slots[i] = slot;
   }
 }
@@ -73,6 +82,7 @@ void flush_cache_slots_cpu(const CacheSlots& cache, const CacheHostRows& host, b
     if (empty) {
       cache.ids[s] = -1;
       cache.ticks[s] = -1;
+      cache.state_loaded[s] = 0;
     }
   }
 }

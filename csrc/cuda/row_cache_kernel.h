@@ -11,16 +11,10 @@
 
 namespace speedtorch {
 
-// keys[i] = cache_set_of(ids[i]) * num_rows + ids[i]: sorted, they group the ids by set (and duplicates together).
-void launch_cache_keys(const int64_t* ids, int64_t count, int64_t sets, int64_t num_rows, int64_t* keys,
-                       cudaStream_t stream);
-
-// assign_cache_slots_cpu on the GPU. sorted_keys (ascending) and order (their positions in the batch) come from a
-// sort of launch_cache_keys' output; one warp walks each set's ids, its lanes the set's ways, so no two warps touch
-// one slot or one host row. slots[order[i]] receives the slot of the i-th sorted id.
-void launch_assign_cache_slots(const CacheSlots& cache, const CacheHostRows& host, const int64_t* sorted_keys,
-                               const int64_t* order, int64_t count, int64_t now, bool mark_dirty, int64_t* slots,
-                               cudaStream_t stream);
+// assign_cache_slots_cpu on the GPU: one warp per id, holding its set's lock (cache.set_locks, one zeroed int per
+// set) while it looks the id up and fills or evicts, so no two warps touch one set, slot or host row at once.
+void launch_assign_cache_slots(const CacheSlots& cache, const CacheHostRows& host, const int64_t* ids, int64_t count,
+                               int64_t now, bool for_update, int64_t* slots, cudaStream_t stream);
 
 // read_cached_rows_cpu on the GPU (out: device memory).
 void launch_read_cached_rows(const CacheSlots& cache, const CacheHostRows& host, const int64_t* ids,
