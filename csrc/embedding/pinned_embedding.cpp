@@ -6,6 +6,8 @@
 #include <ATen/core/Generator.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
+#include <exception>
 #include <mutex>
 #include <shared_mutex>
 
@@ -286,6 +288,16 @@ void PinnedEmbedding::copy_(const at::Tensor& src) {
               src.scalar_type());
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
   table_.copy_(src);  // a GPU source is copied by DMA straight into the pinned rows
+}
+
+PinnedEmbedding::~PinnedEmbedding() {
+  if (!cache_ || !table_buffer_ || table_buffer_->mapping() != FileMapping::kReadWrite) return;
+  try {
+    write_back_cache(false);
+  } catch (const std::exception& e) {  // a destructor must not throw; the files keep what they had
+    std::fprintf(stderr, "speedtorch: PinnedEmbedding: writing the row cache back to %s failed: %s\n",
+                 table_buffer_->path().c_str(), e.what());
+  }
 }
 
 void PinnedEmbedding::write_back_cache(bool empty) const {

@@ -18,6 +18,7 @@
 //   one stream they run in that order; kernels of different streams are not ordered by the lock (order the
 //   streams). Host-side reads and writes of the rows (CPU shares, CPU optimizer steps, initialisers, save) wait
 //   for the in-flight kernels that conflict with them (transfer/host_access_tracker.h).
+// - With a row cache (enable_cache), the cache's own mutex also serialises the calls that use it (gathers too).
 // - Not covered: the tensors table() and state() return, and the free operators (speedtorch::gather, ...) applied
 //   to them, touch the memory without the lock; whoever uses them orders them.
 #pragma once
@@ -44,6 +45,8 @@ class RowCache;
 class PinnedEmbedding : public torch::CustomClassHolder {
  public:
   PinnedEmbedding(int64_t num_rows, int64_t dim, c10::ScalarType dtype);
+  // A table over files opened "r+" gets its row cache's updates written back (they reach the files).
+  ~PinnedEmbedding() override;
 
   // Rows for `indices` (any shape, int32/int64, any device), shaped indices.shape + (dim,), on `device` if given,
   // else on the indices' device.

@@ -3,10 +3,13 @@
 // write-back makes the host table exact.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/custom_class.h>
+#include <torch/script.h>
 
 #include <string>
 
 #include "cache/row_cache.h"
+#include "embedding/pinned_embedding.h"
 #include "error_text.h"
 #include "optim/optimizer_config.h"
 #include "optim/row_optimizer.h"
@@ -71,6 +74,35 @@ TEST(RowCache, ErrorsNameTheArgument) {
             std::string::npos);
   EXPECT_NE(error_of([&] { cache.gather(t.rows, t.state, at::tensor({10}), std::nullopt, "op"); }).find("10"),
             std::string::npos);
+}
+
+// A TorchScript model run from C++ alone (as the serving example's server runs one) enables and uses the cache.
+TEST(RowCache, ScriptedModelsUseItFromCpp) {
+  torch::jit::Module m("Model");
+  auto table = torch::make_custom_class<PinnedEmbedding>(100, 4, at::kFloat);
+  PinnedEmbedding* users = table.toCustomClass<PinnedEmbedding>().get();
+  c10::Dict<std::string, double> options;
+  options.insert("lr", 0.5);
+  users->set_optimizer("sgd", options, true);
+  users->normal_(0.0, 1.0, 1);
+  m.register_attribute("users", c10::getCustomClassType<c10::intrusive_ptr<PinnedEmbedding>>(), table);
+  m.define(R"(
+    def cache(self, rows: int) -> int:
+        self.users.enable_cache(rows, torch.device("cpu"))
+        return self.users.cache_slots()
+
+    def train(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.users.gather(ids, None)
+        self.users.apply_gradients(ids, torch.ones_like(rows))
+        return rows
+  )");
+  EXPECT_EQ(m.run_method("cache", 40).toInt(), 64);
+  const at::Tensor before = users->table().clone();
+  const at::Tensor ids = at::tensor({1, 5, 7}, at::kLong);
+  EXPECT_TRUE(at::equal(m.run_method("train", ids).toTensor(), before.index_select(0, ids)));
+  EXPECT_EQ(users->cached_rows(), 3);
+  EXPECT_TRUE(at::equal(users->table().index_select(0, ids), before.index_select(0, ids) - 0.5));
+  EXPECT_EQ(users->cached_rows(), 0);  // table() wrote the cache back and emptied it
 }
 
 }  // namespace

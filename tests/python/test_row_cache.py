@@ -181,6 +181,28 @@ def test_save_and_snapshots_see_the_cached_updates(tmp_path, device):
     assert_same_table(host, copy.table)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_table_over_files_gets_the_cached_updates(tmp_path, device):
+    """flush() of an "r+" table writes the cache back (files verified against their new hashes), and so does
+    dropping the table."""
+    path = str(tmp_path / "mapped")
+    mapped = speedtorch.PinnedEmbedding.create(path, 120, 4, torch.float32, "adagrad", {"lr": 0.1})
+    host = speedtorch.PinnedEmbedding(120, 4, torch.float32)
+    host.set_optimizer("adagrad", {"lr": 0.1}, False)
+    init = torch.randn(120, 4)
+    host.copy_(init)
+    mapped.copy_(init)
+    mapped.enable_cache(32, torch.device(device))
+    run_both(host, mapped, batches(120, 4, 3, 50), device)
+    mapped.flush()
+    assert_same_table(host, speedtorch.PinnedEmbedding.load(path, True))
+    run_both(host, mapped, batches(120, 4, 2, 50, seed=11), device)
+    assert mapped.cached_rows() > 0
+    del mapped
+    back = speedtorch.PinnedEmbedding.open(path, "r")
+    assert torch.equal(back.table(), host.table()) and torch.equal(back.state(), host.state())
+
+
 class TableHolder(torch.nn.Module):
     def __init__(self, table):
         super().__init__()
