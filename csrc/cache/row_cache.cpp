@@ -16,6 +16,7 @@
 #include "cpu/index_range_check.h"
 #include "cpu/row_cache_cpu.h"
 #include "cpu/row_optimizer_cpu.h"
+#include "memory/pinned_host_buffer.h"
 #include "optim/row_optimizer.h"
 #include "transfer/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
@@ -129,8 +130,8 @@ at::Tensor RowCache::gather(const at::Tensor& table, const at::Tensor& state, co
   }
 #ifdef SPEEDTORCH_WITH_CUDA
   c10::cuda::CUDAGuard guard(device_);
-  const at::Tensor ids = cache_ids_on_gpu(last_stream_, {ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_}, indices, table.size(0),
-                                          device_, op);
+  const CacheTensors slots{ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_};
+  const at::Tensor ids = cache_ids_on_gpu(last_stream_, slots, indices, table.size(0), device_, op);
   const CacheSlots cache = view();
   const at::Tensor slot_of = assign_cache_slots_gpu(cache, table, state, ids, now, false, op);
   return read_cached_rows_gpu(cache, table, state, ids, slot_of, op).reshape(shape).to(target);
@@ -166,7 +167,8 @@ void RowCache::apply_gradients(const at::Tensor& table, const at::Tensor& state,
     const at::Tensor uncached = at::nonzero(slot_of < 0).reshape({-1});
     const at::Tensor cached_slots = slot_of.index_select(0, cached).contiguous();
     const at::Tensor cached_grads = summed.index_select(0, cached).contiguous();
-    apply_row_optimizer_cpu(optimizer_rows(rows_, state_, static_cast<char*>(rows_.data_ptr()), state_.data_ptr<float>()),
+    apply_row_optimizer_cpu(
+        optimizer_rows(rows_, state_, static_cast<char*>(rows_.data_ptr()), state_.data_ptr<float>()),
                             hyper, global_step, cached_slots.const_data_ptr<int64_t>(),
                             cached_grads.const_data_ptr<float>(), cached_slots.numel());
     if (uncached.numel() > 0) {  // sets that overflowed in this call: those rows are updated on the host
@@ -179,9 +181,18 @@ void RowCache::apply_gradients(const at::Tensor& table, const at::Tensor& state,
     return;
   }
 #ifdef SPEEDTORCH_WITH_CUDA
+  // Updated rows go back to the host over UVA (write-backs, and rows of overflowing sets): refused up front for host
+  // memory GPUs may only read, as the host path refuses it (a GPU write there ruins the CUDA context).
+  for (const at::Tensor* t : {&table, &state}) {
+    TORCH_CHECK(!is_device_read_only_host_memory(t->storage().data()), op, ": ",
+                t == &table ? "the table" : "the optimizer state", " is mapped from a file that GPUs may only read "
+                "(mode 'r', or 'r+' where Linux refuses writable GPU pins of shared file pages: anything but tmpfs), "
+                "and a row cache on a GPU writes updated rows back over UVA; disable_cache() and pass CPU gradients, "
+                "or open it with mode 'c' and save() checkpoints, or load() it");
+  }
   c10::cuda::CUDAGuard guard(device_);
-  const at::Tensor ids = cache_ids_on_gpu(last_stream_, {ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_}, indices, table.size(0),
-                                          device_, op);
+  const CacheTensors slots{ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_};
+  const at::Tensor ids = cache_ids_on_gpu(last_stream_, slots, indices, table.size(0), device_, op);
   const auto [unique, summed] = sum_duplicates_gpu(ids, rows_grad);
   const at::Tensor slot_of = assign_cache_slots_gpu(view(), table, state, unique, now, true, op);
   step_cached_rows_gpu(rows_, state_, table, state, unique, slot_of, summed, hyper, global_step, op);
@@ -199,7 +210,8 @@ void RowCache::flush(const at::Tensor& table, const at::Tensor& state, bool empt
     return;
   }
 #ifdef SPEEDTORCH_WITH_CUDA
-  flush_cache_gpu(last_stream_, view(), table, state, empty, {ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_}, "RowCache.flush");
+  const CacheTensors slots{ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_};
+  flush_cache_gpu(last_stream_, view(), table, state, empty, slots, "RowCache.flush");
 #endif
 }
 

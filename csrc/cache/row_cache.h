@@ -2,11 +2,12 @@
 // device (a GPU, or the CPU), in front of the host table: what FBGEMM's LRU cache does for its UVM tables.
 //
 // A gather finds each id's slot (set-associative, 32 ways, least recently used eviction; one kernel, a warp per id
-// holding its set's lock; no sort, no wait for the GPU), fills the misses' weights from the host table over UVA (writing the evicted rows back first when
-// dirty), then reads the rows from the slots. A row's optimizer state comes in at its first update. An optimizer step updates the cached rows in device memory with the same fused
-// kernel and the same table-wide step count as the host path, so every row gets bit for bit the update it would get
-// on the host; the slots become dirty and reach the host table when evicted or flushed. A row whose set holds only
-// rows of the current call (more distinct ids of one set than ways) is read and updated on the host instead.
+// holding its set's lock; no sort, no wait for the GPU), fills the misses' weights from the host table over UVA
+// (writing the evicted rows back first when dirty), then reads the rows from the slots. A row's optimizer state comes
+// in at its first update. An optimizer step updates the cached rows in device memory with the same fused kernel and the
+// same table-wide step count as the host path, so every row gets bit for bit the update it would get on the host; the
+// slots become dirty and reach the host table when evicted or flushed. A row whose set holds only rows of the current
+// call (more distinct ids of one set than ways) is read and updated on the host instead.
 //
 // The host table is exact only after flush(): the owner (embedding/pinned_embedding.h) flushes before anything
 // reads the host rows and empties the cache before anything writes them. Calls are serialised by the cache's own

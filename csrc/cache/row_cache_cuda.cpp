@@ -68,7 +68,8 @@ void note_host_writes(const at::Tensor& table, const at::Tensor& state, const c1
 
 }  // namespace
 
-at::Tensor cache_ids_on_gpu(std::optional<c10::Stream>& last_stream, const CacheTensors& slots, const at::Tensor& indices,
+at::Tensor cache_ids_on_gpu(std::optional<c10::Stream>& last_stream, const CacheTensors& slots,
+                            const at::Tensor& indices,
                             int64_t num_rows, at::Device device, const char* op) {
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
   enter_stream(last_stream, slots, stream);
@@ -147,7 +148,8 @@ void step_cached_rows_gpu(const at::Tensor& slot_rows, const at::Tensor& slot_st
   note_host_writes(table, state, stream);
 }
 
-void flush_cache_gpu(std::optional<c10::Stream>& last_stream, const CacheSlots& cache, const at::Tensor& table, const at::Tensor& state,
+void flush_cache_gpu(std::optional<c10::Stream>& last_stream, const CacheSlots& cache, const at::Tensor& table,
+                     const at::Tensor& state,
                      bool empty, const CacheTensors& slots, const char* op) {
   c10::cuda::CUDAGuard guard(slots.ids.device());
   const c10::cuda::CUDAStream stream = current_stream(slots.ids);

@@ -19,7 +19,8 @@ struct CacheTensors {  // the slot tensors, for stream bookkeeping
 
 // Checked indices (any device) as flat int64 ids on the cache's GPU; the current stream first waits for the cache's
 // previous call.
-at::Tensor cache_ids_on_gpu(std::optional<c10::Stream>& last_stream, const CacheTensors& slots, const at::Tensor& indices,
+at::Tensor cache_ids_on_gpu(std::optional<c10::Stream>& last_stream, const CacheTensors& slots,
+                            const at::Tensor& indices,
                             int64_t num_rows, at::Device device, const char* op);
 // The slot of each id (-1: on the host only), assigning and filling slots for the misses; for_update: as
 // assign_cache_slots_cpu's.
@@ -39,7 +40,8 @@ void step_cached_rows_gpu(const at::Tensor& slot_rows, const at::Tensor& slot_st
 // Sums duplicates' gradients as the host path does: (sorted distinct rows, their float32 gradient sums) on the GPU.
 std::pair<at::Tensor, at::Tensor> sum_duplicates_gpu(const at::Tensor& ids, const at::Tensor& grad);
 // Writes dirty slots back (and empties them with `empty`), then waits until the host rows are written.
-void flush_cache_gpu(std::optional<c10::Stream>& last_stream, const CacheSlots& cache, const at::Tensor& table, const at::Tensor& state,
+void flush_cache_gpu(std::optional<c10::Stream>& last_stream, const CacheSlots& cache, const at::Tensor& table,
+                     const at::Tensor& state,
                      bool empty, const CacheTensors& slots, const char* op);
 // Blocks until the cache's previous call has finished on the GPU.
 void wait_for_cache_gpu(const std::optional<c10::Stream>& last_stream);

@@ -63,7 +63,8 @@ __device__ void warp_copy_l2(char* dst, const char* src, int64_t bytes, int lane
     const auto* s = reinterpret_cast<const unsigned int*>(src);
     for (int64_t i = lane; i < bytes / 4; i += kWarp) d[i] = __ldcg(s + i);
   } else {
-    for (int64_t i = lane; i < bytes; i += kWarp) dst[i] = static_cast<char>(__ldcg(reinterpret_cast<const signed char*>(src) + i));
+    const auto* s = reinterpret_cast<const signed char*>(src);
+    for (int64_t i = lane; i < bytes; i += kWarp) dst[i] = static_cast<char>(__ldcg(s + i));
   }
 }
 
