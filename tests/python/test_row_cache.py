@@ -279,6 +279,27 @@ def test_hybrid_host_embedding_trains_like_host(device):
     assert torch.equal(other.weight, ref[1])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefetch_on_a_side_stream_trains_like_host(device):
+    """HostEmbedding.prefetch gathers the next batch (on a side stream on a GPU) while the step updates the cache on
+    the current one: the cache orders its calls across streams, and rows the step changed are gathered again."""
+    n, d = 300, 8
+    gen = torch.Generator().manual_seed(12)
+    init = torch.randn(n, d, generator=gen)
+    ids = [torch.randint(0, 60, (40,), generator=gen).to(device) for _ in range(6)]
+    kwargs = dict(device=device, optimizer="adagrad", optimizer_options={"lr": 0.1})
+    modules = [HostEmbedding(n, d, **kwargs), HostEmbedding(n, d, placement="hybrid", cache_rows=32, **kwargs)]
+    for module in modules:
+        module.table.copy_(init)
+        for i, batch in enumerate(ids):
+            module(batch).square().sum().backward()
+            if i + 1 < len(ids):
+                module.prefetch(ids[i + 1])
+            module.step()
+    assert torch.equal(modules[0].weight, modules[1].weight)
+    assert torch.equal(modules[0].table.state(), modules[1].table.state())
+
+
 def test_arguments_are_checked():
     table = speedtorch.PinnedEmbedding(10, 4, torch.float32)
     with pytest.raises(RuntimeError, match="num_rows .* must be >= 1, got 0"):
