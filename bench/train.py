@@ -97,7 +97,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--scale-rows", type=int, default=0, help="also train the speedtorch way on this many rows")
     parser.add_argument("--hot-fraction", type=float, default=recommender.HOT_FRACTION,
-                        help="share of users the speedtorch_hybrid way keeps on the GPU")
+                        help="share of users the speedtorch_hybrid way's row cache holds on the GPU")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     recommender.HOT_FRACTION = args.hot_fraction

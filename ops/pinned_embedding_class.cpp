@@ -53,6 +53,13 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
                   "A zero table (and optimizer state) over new files at path, mapped as open(path, 'r+')")
       .def("flush", &PinnedEmbedding::flush, "Writes an 'r+' table back to its files (pages, step count, hashes)")
       .def("mapping", &PinnedEmbedding::mapping)
+      .def("enable_cache", &PinnedEmbedding::enable_cache,
+           "Caches the most recently used rows (at least num_rows) and their optimizer state in device memory",
+           {torch::arg("num_rows"), torch::arg("device")})
+      .def("disable_cache", &PinnedEmbedding::disable_cache, "Writes the row cache back and drops it")
+      .def("cache_slots", &PinnedEmbedding::cache_slots)
+      .def("cached_rows", &PinnedEmbedding::cached_rows)
+      .def("flush_cache", &PinnedEmbedding::flush_cache, "Writes the row cache's updated rows back to the table")
       .def("set_sidecar", &PinnedEmbedding::set_sidecar,
            "Where torch.jit.save writes this table ('' keeps it inside the model)", {torch::arg("path")})
       .def("sidecar", &PinnedEmbedding::sidecar)

@@ -6,9 +6,12 @@
 #include <ATen/core/Generator.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
+#include <exception>
 #include <mutex>
 #include <shared_mutex>
 
+#include "cache/row_cache.h"
 #include "memory/pinned_host_buffer.h"
 #include "optim/optimizer_config.h"
 #include "optim/row_optimizer.h"
@@ -53,6 +56,7 @@ using WriteLock = std::unique_lock<TableLock>;
 at::Tensor PinnedEmbedding::gather(const at::Tensor& indices, std::optional<at::Device> device) const {
   ReadLock read(lock_);
   const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.gather");
+  if (cache_) return cache_->gather(table_, state_, indices, device, "PinnedEmbedding.gather");
   return gather_table_rows(table_, indices, device, "PinnedEmbedding.gather");
 }
 
@@ -60,6 +64,7 @@ at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor
   WriteLock write(lock_);
   check_writable("scatter_");
   const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.scatter_");
+  write_back_cache(true);
   scatter_table_rows(table_, indices, src, "PinnedEmbedding.scatter_");
   return table_;
 }
@@ -107,6 +112,7 @@ c10::Dict<std::string, double> PinnedEmbedding::optimizer_options() const {
 
 at::Tensor PinnedEmbedding::state() const {
   ReadLock read(lock_);
+  write_back_cache(true);  // the caller may write the rows it gets
   return state_;
 }
 
@@ -117,6 +123,7 @@ int64_t PinnedEmbedding::step_count() const {
 
 at::Tensor PinnedEmbedding::table() const {
   ReadLock read(lock_);
+  write_back_cache(true);  // the caller may write the rows it gets
   return table_;
 }
 
@@ -132,6 +139,7 @@ std::string PinnedEmbedding::sidecar() const {
 
 PinnedEmbedding::Snapshot PinnedEmbedding::snapshot() const {
   ReadLock read(lock_);
+  write_back_cache(false);
   // Rows a GPU kernel is still writing must land before they are copied.
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kRead);
   if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kRead);
@@ -188,6 +196,7 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
   TORCH_CHECK(!state_beside_rows || table_buffer_->mapping() == FileMapping::kNone, "PinnedEmbedding.set_optimizer: "
               "the table is mapped from ", table_buffer_->path(), " and its rows stay there; pass "
               "state_beside_rows=False (the state gets a table of its own)");
+  write_back_cache(true);
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
   if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kWrite);
   if (state_beside_rows) {
@@ -218,6 +227,7 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
   optimizer_ = optimizer_name(hyper.kind);
   options_ = options.copy();
   step_ = 0;
+  if (cache_) cache_ = std::make_shared<RowCache>(cache_->slots(), cache_->device(), table_, state_);  // new layout
 }
 
 void PinnedEmbedding::move_rows(at::Tensor& destination) {
@@ -241,6 +251,12 @@ void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tenso
   TORCH_CHECK(state_.defined(), "PinnedEmbedding.apply_gradients: no optimizer; call set_optimizer(kind, options) "
               "first");
   const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.apply_gradients");
+  if (cache_) {
+    cache_->apply_gradients(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
+                            "PinnedEmbedding.apply_gradients");
+    ++step_;
+    return;
+  }
   apply_row_optimizer(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
                       "PinnedEmbedding.apply_gradients");
   ++step_;  // only once the step went through
@@ -266,6 +282,7 @@ void PinnedEmbedding::fill_by_chunks(std::optional<int64_t> seed, Fill&& fill) {
 void PinnedEmbedding::zero_() {
   WriteLock write(lock_);
   check_writable("zero_");
+  write_back_cache(true);
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
   table_.zero_();
 }
@@ -273,6 +290,7 @@ void PinnedEmbedding::zero_() {
 void PinnedEmbedding::uniform_(double low, double high, std::optional<int64_t> seed) {
   WriteLock write(lock_);
   check_writable("uniform_");
+  write_back_cache(true);
   TORCH_CHECK(low <= high, "PinnedEmbedding.uniform_: low (", low, ") must be <= high (", high, ")");
   fill_by_chunks(seed, [&](at::Tensor& part, at::Generator& gen) { part.uniform_(low, high, gen); });
 }
@@ -280,6 +298,7 @@ void PinnedEmbedding::uniform_(double low, double high, std::optional<int64_t> s
 void PinnedEmbedding::normal_(double mean, double std, std::optional<int64_t> seed) {
   WriteLock write(lock_);
   check_writable("normal_");
+  write_back_cache(true);
   TORCH_CHECK(std >= 0, "PinnedEmbedding.normal_: std must be >= 0, got ", std);
   fill_by_chunks(seed, [&](at::Tensor& part, at::Generator& gen) { part.normal_(mean, std, gen); });
 }
@@ -287,12 +306,57 @@ void PinnedEmbedding::normal_(double mean, double std, std::optional<int64_t> se
 void PinnedEmbedding::copy_(const at::Tensor& src) {
   WriteLock write(lock_);
   check_writable("copy_");
+  write_back_cache(true);
   TORCH_CHECK(src.sizes() == table_.sizes(), "PinnedEmbedding.copy_: src must have shape ", table_.sizes(), ", got ",
               src.sizes());
   TORCH_CHECK(at::isFloatingType(src.scalar_type()), "PinnedEmbedding.copy_: src must be floating point, got ",
               src.scalar_type());
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
   table_.copy_(src);  // a GPU source is copied by DMA straight into the pinned rows
+}
+
+PinnedEmbedding::~PinnedEmbedding() {
+  if (!cache_ || !table_buffer_ || table_buffer_->mapping() != FileMapping::kReadWrite) return;
+  try {
+    write_back_cache(false);
+  } catch (const std::exception& e) {  // a destructor must not throw; the files keep what they had
+    std::fprintf(stderr, "speedtorch: PinnedEmbedding: writing the row cache back to %s failed: %s\n",
+                 table_buffer_->path().c_str(), e.what());
+  }
+}
+
+void PinnedEmbedding::write_back_cache(bool empty) const {
+  if (cache_) cache_->flush(table_, state_, empty);
+}
+
+void PinnedEmbedding::enable_cache(int64_t num_rows, at::Device device) {
+  WriteLock write(lock_);
+  TORCH_CHECK(num_rows >= 1, "PinnedEmbedding.enable_cache: num_rows (rows the cache holds) must be >= 1, got ",
+              num_rows, "; disable_cache() removes a cache");
+  write_back_cache(true);
+  cache_.reset();
+  cache_ = std::make_shared<RowCache>(num_rows, device, table_, state_);
+}
+
+void PinnedEmbedding::disable_cache() {
+  WriteLock write(lock_);
+  write_back_cache(true);
+  cache_.reset();
+}
+
+int64_t PinnedEmbedding::cache_slots() const {
+  ReadLock read(lock_);
+  return cache_ ? cache_->slots() : 0;
+}
+
+int64_t PinnedEmbedding::cached_rows() const {
+  ReadLock read(lock_);
+  return cache_ ? cache_->cached_rows() : 0;
+}
+
+void PinnedEmbedding::flush_cache() const {
+  ReadLock read(lock_);
+  write_back_cache(false);
 }
 
 }  // namespace speedtorch

@@ -18,6 +18,7 @@
 //   one stream they run in that order; kernels of different streams are not ordered by the lock (order the
 //   streams). Host-side reads and writes of the rows (CPU shares, CPU optimizer steps, initialisers, save) wait
 //   for the in-flight kernels that conflict with them (transfer/host_access_tracker.h).
+// - With a row cache (enable_cache), the cache's own mutex also serialises the calls that use it (gathers too).
 // - Not covered: the tensors table() and state() return, and the free operators (speedtorch::gather, ...) applied
 //   to them, touch the memory without the lock; whoever uses them orders them.
 #pragma once
@@ -40,9 +41,13 @@
 
 namespace speedtorch {
 
+class RowCache;
+
 class PinnedEmbedding : public torch::CustomClassHolder {
  public:
   PinnedEmbedding(int64_t num_rows, int64_t dim, c10::ScalarType dtype);
+  // A table over files opened "r+" gets its row cache's updates written back (they reach the files).
+  ~PinnedEmbedding() override;
 
   // Rows for `indices` (any shape, int32/int64, any device), shaped indices.shape + (dim,), on `device` if given,
   // else on the indices' device.
@@ -131,6 +136,23 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   void set_sidecar(const std::string& path);
   std::string sidecar() const;
 
+  // --- row cache (cache/row_cache.h) ---
+  // Keeps copies of the most recently used rows (at least num_rows of them, least recently used evicted) and their
+  // optimizer state in the memory of `device` (a GPU, or the CPU): gather and apply_gradients then read and update
+  // the copies (bit for bit the host path's results), which reach the host table when evicted or flushed. Whatever
+  // reads the host rows (table(), state(), save(), flush(), snapshots, pickling) writes the cache back first, and
+  // whatever writes them (scatter_, copy_, the initialisers, set_optimizer; and table() / state(), whose tensors the
+  // caller may write) also empties it, so the host table is exact whenever it is read. Runtime only: a saved or
+  // pickled table has no cache. Enabling again replaces the cache (the old one written back first).
+  void enable_cache(int64_t num_rows, at::Device device);
+  // Writes the cache back and drops it (nothing if there is none).
+  void disable_cache();
+  // The cache's slots (0 without a cache) and how many hold a row.
+  int64_t cache_slots() const;
+  int64_t cached_rows() const;
+  // Writes the cache's updated rows back to the host table (they stay cached).
+  void flush_cache() const;
+
   // Copies of the rows and the optimizer state with the configuration and step count they go with, read under one
   // lock so that no optimizer step or write lands between them (a model saved inline, embedding_pickle.cpp).
   struct Snapshot {
@@ -160,6 +182,10 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // Copies the rows into `destination` (a new layout), releasing the old table's memory as it goes when possible.
   void move_rows(at::Tensor& destination);
 
+  // Writes the row cache back to the host rows, and with `empty` forgets its rows (before host writes); nothing
+  // without a cache.
+  void write_back_cache(bool empty) const;
+
   template <typename Fill>
   void fill_by_chunks(std::optional<int64_t> seed, Fill&& fill);
 
@@ -173,6 +199,7 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   std::string sidecar_;
   std::string files_path_;  // the path open() mapped (for flush())
   TransferOverrides transfer_overrides_;
+  std::shared_ptr<RowCache> cache_;  // null without a row cache
   mutable TableLock lock_;  // guards every member above once the table is shared (see the top of this file)
 };
 

@@ -74,11 +74,13 @@ bool PinnedEmbedding::state_is_mapped() const {
 
 void PinnedEmbedding::save(const std::string& path) const {
   ReadLock read(lock_);
+  write_back_cache(false);
   save_locked(path);
 }
 
 io::EmbeddingMeta PinnedEmbedding::save_unless_held(const std::string& path) const {
   ReadLock read(lock_);
+  write_back_cache(false);
   if (!files_hold_table_locked(path)) save_locked(path);
   return io::read_embedding_meta(path);
 }
@@ -207,6 +209,7 @@ c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::map_files(const std::string
 
 void PinnedEmbedding::flush() {
   ReadLock read(lock_);
+  write_back_cache(false);
   flush_locked();
 }
 

@@ -10,6 +10,7 @@ of the model keeps its ordinary torch optimizer. Only the batch's rows ever occu
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -59,11 +60,13 @@ class HostEmbedding(torch.nn.Module):
         init_std: the table starts as N(0, init_std^2) (nn.Embedding's N(0, 1) by default).
         seed: seed of that initialisation (default: from torch's generator). The values depend on the placement.
         placement: ``"host"`` (pinned host RAM, the default), ``"gpu"`` (table and state in ``device`` memory: the
-            fastest when they fit) or ``"hybrid"`` (the hottest rows and their state in ``device`` memory, every row
-            in pinned host RAM). The API and the math are the same for all three.
-        hot_rows: for ``"hybrid"``: the ids kept on the device (fixed until :meth:`set_hot_rows`).
-        hot_fraction: for ``"hybrid"`` without ``hot_rows``: the share of rows kept on the device, chosen as the rows
-            updated most often, re-chosen every ``hot_refresh`` updates and at :meth:`update_hot_rows`.
+            fastest when they fit) or ``"hybrid"`` (every row in pinned host RAM, the most recently used ones and
+            their state also in a row cache in ``device`` memory: :meth:`speedtorch.PinnedEmbedding.enable_cache`).
+            The API and the math are the same for all three, bit for bit.
+        cache_rows: for ``"hybrid"``: how many rows the cache holds (at least; whole sets of 32).
+        hot_fraction: for ``"hybrid"`` without ``cache_rows``: the cache's size as a share of the rows.
+        hot_rows: for ``"hybrid"`` without ``cache_rows`` or ``hot_fraction``: ids to load into the cache first (its
+            size is their count); afterwards the cache follows the ids used (least recently used rows leave).
         table: an existing table to wrap instead of a new one (a :class:`speedtorch.PinnedEmbedding`, e.g. from
             :meth:`PinnedEmbedding.load` or :meth:`PinnedEmbedding.open`, or a placement table); its optimizer, if
             configured, is kept, and it is not re-initialised.
@@ -86,7 +89,7 @@ class HostEmbedding(torch.nn.Module):
         placement: str = "host",
         hot_rows: Optional[torch.Tensor] = None,
         hot_fraction: Optional[float] = None,
-        hot_refresh: int = 1000,
+        cache_rows: Optional[int] = None,
         table=None,
     ):
         super().__init__()
@@ -124,8 +127,11 @@ class HostEmbedding(torch.nn.Module):
             self.table.set_optimizer(optimizer, options, state_beside_rows)
             self.table.normal_(0.0, init_std, seed)
         if placement == "hybrid" and not isinstance(self.table, HybridTable):
-            num_hot = HybridTable.hot_count(num_embeddings, hot_rows, hot_fraction)
-            self.table = HybridTable(self.table, self.device, num_hot, hot_rows, hot_refresh)
+            if isinstance(self.table, DeviceTable):
+                raise ValueError("HostEmbedding: placement='hybrid' needs a speedtorch.PinnedEmbedding table")
+            self.table.enable_cache(_cache_size(num_embeddings, cache_rows, hot_rows, hot_fraction), self.device)
+            if hot_rows is not None:
+                self.set_hot_rows(hot_rows)
         # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input.
         self._anchor = torch.zeros(0, requires_grad=True)
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -239,15 +245,34 @@ class HostEmbedding(torch.nn.Module):
     # --- placement ---------------------------------------------------------------------------------------------
 
     def update_hot_rows(self) -> None:
-        """``placement="hybrid"`` by frequency: re-chooses the device-resident rows from the update counts now."""
-        self._hybrid("update_hot_rows").update_hot_rows()
+        """For a wrapped :class:`speedtorch.placement.HybridTable` chosen by frequency: re-chooses its
+        device-resident rows now. The row cache of ``placement="hybrid"`` needs no such call (it follows the ids)."""
+        table = self._hybrid("update_hot_rows")
+        if not isinstance(table, HybridTable):
+            raise RuntimeError("HostEmbedding.update_hot_rows: the row cache follows the ids used by itself (least "
+                               "recently used rows leave); there is nothing to re-choose. set_hot_rows(ids) loads "
+                               "rows into it")
+        table.update_hot_rows()
 
+    @torch.no_grad()
     def set_hot_rows(self, ids: torch.Tensor) -> None:
-        """``placement="hybrid"``: makes ``ids`` the device-resident rows (moving rows and their state)."""
-        self._hybrid("set_hot_rows").set_hot_rows(ids)
+        """``placement="hybrid"``: loads the rows ``ids`` (and their state) into the row cache now (they may leave
+        later, least recently used first); for a wrapped HybridTable: makes ``ids`` its device-resident rows."""
+        table = self._hybrid("set_hot_rows")
+        if isinstance(table, HybridTable):
+            table.set_hot_rows(ids)
+            return
+        ids = torch.unique(torch.as_tensor(ids).to(self.device, torch.int64))
+        if ids.numel() > table.cache_slots():
+            raise ValueError(f"HostEmbedding.set_hot_rows: {ids.numel()} rows given, the cache has room for "
+                             f"{table.cache_slots()}")
+        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.num_embeddings):
+            raise IndexError(f"HostEmbedding.set_hot_rows: hot row ids must be in [0, {self.num_embeddings}), got "
+                             f"{int(ids[0]) if int(ids[0]) < 0 else int(ids[-1])}")
+        table.gather(ids, self.device)
 
-    def _hybrid(self, what: str) -> HybridTable:
-        if not isinstance(self.table, HybridTable):
+    def _hybrid(self, what: str):
+        if self.placement != "hybrid":
             raise RuntimeError(f"HostEmbedding.{what}: only for placement='hybrid' (this one is {self.placement!r})")
         return self.table
 
@@ -327,3 +352,21 @@ class HostEmbedding(torch.nn.Module):
         else:
             table = PinnedEmbedding.load(path, verify)
         return cls(table.num_rows(), table.dim(), table=table, placement=placement, **kwargs)
+
+
+def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[torch.Tensor],
+                hot_fraction: Optional[float]) -> int:
+    """How many rows the row cache of placement='hybrid' holds: cache_rows, else a share of the rows, else the
+    count of hot_rows."""
+    if cache_rows is not None:
+        if int(cache_rows) < 1:
+            raise ValueError(f"HostEmbedding: cache_rows must be >= 1, got {cache_rows!r}")
+        return int(cache_rows)
+    if hot_fraction is not None:
+        if not 0.0 < hot_fraction <= 1.0:
+            raise ValueError(f"HostEmbedding: hot_fraction must be in (0, 1], got {hot_fraction!r}")
+        return max(1, math.ceil(hot_fraction * num_rows))
+    if hot_rows is not None:
+        return max(1, int(torch.unique(torch.as_tensor(hot_rows)).numel()))
+    raise ValueError("HostEmbedding: placement='hybrid' needs the cache's size: cache_rows, hot_fraction in (0, 1] or "
+                     "hot_rows (ids)")

@@ -2,8 +2,10 @@
 default pinned host table (a :class:`speedtorch.PinnedEmbedding`).
 
 - :class:`DeviceTable` (``placement="gpu"``): table and state in device memory (the fastest when they fit).
-- :class:`HybridTable` (``placement="hybrid"``): the hottest rows (by training frequency, or a caller-given set) and
+- :class:`HybridTable`: the hottest rows (by training frequency, or a caller-given set) and
   their state in device memory, all rows in a pinned host table; a ``num_rows`` remap on the device routes each id.
+  ``HostEmbedding(placement="hybrid")`` uses the C++ row cache instead (:meth:`PinnedEmbedding.enable_cache`:
+  least recently used eviction, no host round trip per split); pass a HybridTable as its ``table=`` to use this one.
 
 Both offer the part of PinnedEmbedding's API that HostEmbedding uses (``gather``, ``apply_gradients``, ``table``,
 ``state``, ``optimizer``, ``optimizer_options``, ``step_count``, ``save``, ``copy_``), so the module's code is the

@@ -6,8 +6,8 @@ Ways (each a class with ``step(users, items, labels) -> loss``):
 
 - ``speedtorch``: users in a :class:`speedtorch.nn.HostEmbedding` (table + Adam state in pinned host RAM).
 - ``speedtorch_gpu``: the same module with ``placement="gpu"`` (table + state in GPU memory, when they fit).
-- ``speedtorch_hybrid``: ``placement="hybrid"``: the hottest users (``HOT_FRACTION`` of the table: the Zipf ranks
-  that are hottest, a caller-given set) on the GPU, every row in pinned host RAM.
+- ``speedtorch_hybrid``: ``placement="hybrid"``: every row in pinned host RAM, a row cache of ``HOT_FRACTION`` of
+  the table on the GPU (loaded first with the hottest Zipf ranks, then following the ids used).
 - ``gpu_sparse_adam``: the whole user table on the GPU, ``nn.Embedding(sparse=True)`` + ``SparseAdam``.
 - ``torch_staged``: user rows and their Adam state in pinned host tensors, swapped with torch ops each step (unique
   ids, ``index_select`` into staging, copies up; ``index_copy_`` back), Adam applied on the GPU to the swapped rows.
@@ -27,7 +27,7 @@ from .nn import HostEmbedding
 
 WAYS = ("speedtorch", "speedtorch_state_apart", "speedtorch_gpu", "speedtorch_hybrid", "gpu_sparse_adam",
         "torch_staged", "cpu_sparse_adam")
-#: The share of users the hybrid way keeps on the GPU.
+#: The share of users the hybrid way's row cache holds on the GPU.
 HOT_FRACTION = 0.01
 
 # zipf_batches spreads Zipf ranks over the table with this multiplicative hash.

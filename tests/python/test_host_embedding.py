@@ -8,6 +8,7 @@ import torch
 
 import speedtorch
 from speedtorch.nn import HostEmbedding
+from speedtorch.placement import HybridTable
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -109,7 +110,12 @@ def test_prefetch_keeps_the_hybrid_rows_it_reads_alive(monkeypatch, deferred_che
     """prefetch reads a hybrid table's device-resident rows on a side stream; when the current stream replaces them
     (set_hot_rows) before that read ran, their memory must not go to a new tensor that the current stream writes."""
     n, d, hot = 4096, 64, 1024
-    emb = HostEmbedding(n, d, device="cuda", seed=0, optimizer="sgd", placement="hybrid", hot_rows=torch.arange(hot))
+    host = speedtorch.PinnedEmbedding(n, d, torch.float32)
+    host.set_optimizer("sgd", {}, True)
+    host.normal_(0.0, 1.0, 0)
+    # The Python HybridTable (placement="hybrid" itself is the C++ row cache, tests/python/test_row_cache.py).
+    emb = HostEmbedding(n, d, device="cuda", placement="hybrid",
+                        table=HybridTable(host, "cuda", hot, torch.arange(hot)))
     table = emb.table
     split = table._split
     sleep_cycles = 1

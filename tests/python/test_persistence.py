@@ -369,8 +369,10 @@ def test_placements_train_alike(device):
         "gpu": HostEmbedding(n, d, device=device, optimizer="adam", optimizer_options={"lr": 0.05}, placement="gpu"),
         "hybrid": HostEmbedding(n, d, device=device, optimizer="adam", optimizer_options={"lr": 0.05},
                                 placement="hybrid", hot_rows=hot),
-        "hybrid_freq": HostEmbedding(n, d, device=device, optimizer="adam", optimizer_options={"lr": 0.05},
-                                     placement="hybrid", hot_fraction=0.05, hot_refresh=3),
+        "hybrid_fraction": HostEmbedding(n, d, device=device, optimizer="adam", optimizer_options={"lr": 0.05},
+                                         placement="hybrid", hot_fraction=0.05),
+        "hybrid_python": HostEmbedding(n, d, device=device, optimizer="adam", optimizer_options={"lr": 0.05},
+                                       placement="hybrid", table=python_hybrid_table(n, d, device)),
     }
     results = {}
     for name, module in modules.items():
@@ -378,13 +380,21 @@ def test_placements_train_alike(device):
         losses = train(module, batches, target)
         results[name] = (losses, module.weight.detach().cpu().clone())
     assert isinstance(modules["gpu"].table, DeviceTable)
-    assert isinstance(modules["hybrid"].table, HybridTable)
-    assert modules["hybrid_freq"].table.hot_ids.numel() > 0  # re-chosen by frequency
+    assert modules["hybrid"].table.cache_slots() == 25  # 25 hot rows: one set of 25 ways
+    assert modules["hybrid_fraction"].table.cache_slots() == 20  # 5% of 400 rows
+    assert modules["hybrid_python"].table.hot_ids.numel() > 0  # re-chosen by frequency
     ref_losses, ref_weight = results["host"]
     assert ref_losses[-1] < ref_losses[0]
     for name, (losses, weight) in results.items():
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-4, err_msg=name)
         torch.testing.assert_close(weight, ref_weight, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def python_hybrid_table(n, d, device):
+    """The Python HybridTable (hot rows re-chosen by frequency every 3 updates), wrapped by HostEmbedding."""
+    host = speedtorch.PinnedEmbedding(n, d, torch.float32)
+    host.set_optimizer("adam", {"lr": 0.05}, True)
+    return HybridTable(host, device, 20, refresh=3)
 
 
 @pytest.mark.parametrize("placement", ["host", "gpu", "hybrid"])
@@ -410,6 +420,8 @@ def test_placement_arguments_are_checked():
         HostEmbedding(10, 4, device="cpu", placement="disk")
     with pytest.raises(ValueError, match="hot_fraction"):
         HostEmbedding(10, 4, device="cpu", placement="hybrid")
+    with pytest.raises(ValueError, match="hot_fraction"):
+        HybridTable.hot_count(10, None, 2.0)
     with pytest.raises(RuntimeError, match="set_optimizer"):
         HybridTable(speedtorch.PinnedEmbedding(10, 4, torch.float32), "cpu", 1)
     hybrid = HostEmbedding(10, 4, device="cpu", placement="hybrid", hot_rows=torch.tensor([1, 2]))
@@ -426,7 +438,7 @@ def test_hybrid_checks_ids_and_follows_writes_to_weight():
     module = HostEmbedding(10, 4, device="cpu", seed=0, optimizer="sgd", placement="hybrid",
                            hot_rows=torch.tensor([1, 9]))
     for bad in (-1, 10):
-        with pytest.raises(IndexError, match=f"index {bad}"):
+        with pytest.raises(IndexError, match=f"holds {bad} at flat position"):
             module(torch.tensor([2, bad]))
     with torch.no_grad():
         module.weight.zero_()  # e.g. nn.init on the weight: hot rows included
