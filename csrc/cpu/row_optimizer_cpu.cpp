@@ -6,8 +6,17 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
+
 namespace speedtorch {
 namespace {
+
+// Elements (rows x dim) a thread must have before a second one is woken. Waking OpenMP threads for a batch of a few
+// thousand narrow rows costs more than it saves, and on a loaded machine far more: a parallel region waits for its
+// slowest thread, which the scheduler may not run for milliseconds (bench/RESULTS.md, the CPU runs: 2 threads were
+// 38x slower than 1 on the demo's 1,350 x 32 updates). Twice ATen's grain size: an element here is a few
+// multiply-adds on a row and its state, reached with a cache miss per row.
+constexpr int64_t kGrainElements = 1 << 16;
 
 template <typename T>
 void update_rows(const OptimizerRows& t, const OptimizerHyper& h, int64_t global_step, const int64_t* rows,
@@ -44,7 +53,8 @@ void update_rows(const OptimizerRows& t, const OptimizerHyper& h, int64_t global
 
 void apply_row_optimizer_cpu(const OptimizerRows& table, const OptimizerHyper& hyper, int64_t global_step,
                              const int64_t* rows, const float* grads, int64_t count) {
-  at::parallel_for(0, count, 64, [&](int64_t begin, int64_t end) {
+  const int64_t grain_rows = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, table.dim));
+  at::parallel_for(0, count, grain_rows, [&](int64_t begin, int64_t end) {
     switch (table.weight_type) {
       case WeightType::kFloat: return update_rows<float>(table, hyper, global_step, rows, grads, begin, end);
       case WeightType::kHalf: return update_rows<c10::Half>(table, hyper, global_step, rows, grads, begin, end);

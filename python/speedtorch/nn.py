@@ -163,12 +163,14 @@ class HostEmbedding(torch.nn.Module):
 
     def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
         if self.update == "backward":
-            self._apply(unique, grad_rows)
+            self._apply(unique, grad_rows, sorted_unique=True)
         else:
             self._pending.append((unique, grad_rows))
 
-    def _apply(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
-        self.table.apply_gradients(unique, grad_rows)
+    def _apply(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
+        # sorted_unique: `unique` is one forward's torch.unique(sorted=True) output, so the op need not de-duplicate
+        # it again (it still checks the claim).
+        self.table.apply_gradients(unique, grad_rows, sorted_unique)
         if self._prefetched is not None:
             self._updated_since_prefetch.append(unique)
 
@@ -180,13 +182,14 @@ class HostEmbedding(torch.nn.Module):
         backward passes gets the sum of their gradients). Nothing to do with ``update="backward"``."""
         if not self._pending:
             return
-        if len(self._pending) == 1:
+        one_backward = len(self._pending) == 1
+        if one_backward:
             unique, grad = self._pending[0]
-        else:
+        else:  # rows reached by several backward passes repeat: the op sums them
             unique = torch.cat([u for u, _ in self._pending])
             grad = torch.cat([g for _, g in self._pending])
         self._pending.clear()
-        self._apply(unique, grad)
+        self._apply(unique, grad, sorted_unique=one_backward)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
         """Drops gradients not yet applied by :meth:`step`."""
