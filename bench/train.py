@@ -14,7 +14,7 @@ alternating rounds.
     python bench/train.py --cpu                  # no GPU (or --cpu): the demo's CPU sizes, see cpu_main
 
 On the CPU (no GPU, or `--cpu`), the sizes default to `python -m speedtorch demo`'s CPU sizes and the ways to
-speedtorch and cpu_sparse_adam; the fused step is timed against torch's SparseAdam on the same rows, and each
+speedtorch, speedtorch_both_tables and cpu_sparse_adam; the fused step is timed against torch's SparseAdam on the same rows, and each
 training step is also split into its stages (where the time goes), all at `--threads` intra-op threads.
 """
 
@@ -219,8 +219,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5, help="the ways take turns this many times")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--ways", type=lambda s: s.split(","), default=None, help="(all; CPU: speedtorch and "
-                        "cpu_sparse_adam)")
+    parser.add_argument("--ways", type=lambda s: s.split(","), default=None, help="(all; CPU: speedtorch, "
+                        "speedtorch_both_tables, cpu_sparse_adam)")
     parser.add_argument("--fused-rows", type=int, default=None, help="(131,072; CPU: 1,350, a demo batch's users)")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--scale-rows", type=int, default=0, help="also train the speedtorch way on this many rows")
@@ -232,7 +232,7 @@ def main() -> int:
     on_cpu = args.cpu or not torch.cuda.is_available()
     # GPU defaults: the workload of bench/BASELINES.md; CPU defaults: python -m speedtorch demo's CPU sizes.
     defaults = ({"rows": 200_000, "dim": 32, "items": 10_000, "batch": 4_096, "fused_rows": 1_350,
-                 "ways": ["speedtorch", "cpu_sparse_adam"]} if on_cpu else
+                 "ways": ["speedtorch", "speedtorch_both_tables", "cpu_sparse_adam"]} if on_cpu else
                 {"rows": 10_000_000, "dim": 128, "items": 100_000, "batch": 65_536, "fused_rows": 131_072,
                  "ways": list(WAYS)})
     for name, value in defaults.items():

@@ -1,8 +1,9 @@
 """`python -m speedtorch demo`: trains the recommender of speedtorch.recommender with its user table and Adam state
 in host RAM (a HostEmbedding; pinned when there is a GPU), shows the loss falling with a progress bar, and compares
 steps/s with the plain-PyTorch way in the same process (the user table on the CPU with nn.Embedding(sparse=True) +
-SparseAdam, as one does when the table does not fit on the GPU), the two ways taking turns every 10 steps. Runs on the
-GPU when there is one, else on the CPU."""
+SparseAdam, as one does when the table does not fit on the GPU), the ways taking turns every 10 steps. The item table
+stays on the compute device with SparseAdam in both, and a third way puts it in speedtorch too (a HostEmbedding there
+with the fused Adam). Runs on the GPU when there is one, else on the CPU."""
 
 from __future__ import annotations
 
@@ -86,12 +87,17 @@ def main(argv: list[str] | None = None) -> int:
           f"({args.rows * args.dim * 12 / 1e9:.2f} GB); {args.items:,} items; batch {args.batch:,} Zipf(1.2) users; "
           f"compute on {device}; {torch.get_num_threads()} CPU threads")
     results = []
-    trained = _train_in_turns(("speedtorch", "cpu_sparse_adam"), args, device, batches, not args.no_progress)
+    trained = _train_in_turns(("speedtorch", "speedtorch_both_tables", "cpu_sparse_adam"), args, device, batches,
+                              not args.no_progress)
     for name, (seconds, losses) in trained.items():
         results.append({"way": name, "steps/s": args.steps / seconds, "ms/step": 1e3 * seconds / args.steps,
                         "first loss": losses[0], "last loss": losses[-1]})
     print(format_table(results, ["way", "steps/s", "ms/step", "first loss", "last loss"]))
-    ratio = results[0]["steps/s"] / results[1]["steps/s"]
-    fell = results[0]["last loss"] < results[0]["first loss"]
-    print(f"speedtorch trains at {ratio:.2f}x the steps/s of the plain-PyTorch way; its loss fell: {fell}")
+    by_way = {r["way"]: r for r in results}
+    base = by_way["cpu_sparse_adam"]["steps/s"]
+    fell = all(r["last loss"] < r["first loss"] for r in results if r["way"].startswith("speedtorch"))
+    print(f"speedtorch trains at {by_way['speedtorch']['steps/s'] / base:.2f}x the steps/s of the plain-PyTorch way "
+          f"(the user table in speedtorch, the item table on {device} with SparseAdam in both), "
+          f"{by_way['speedtorch_both_tables']['steps/s'] / base:.2f}x with the item table in speedtorch too; "
+          f"its loss fell: {fell}")
     return 0 if fell else 1
