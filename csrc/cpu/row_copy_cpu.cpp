@@ -32,7 +32,7 @@ inline int64_t owner_lane(int64_t index, int64_t lanes) {
 
 // Rows a thread must have before a second one is woken: at least kGrainRows and 256 KiB. Below that, waking OpenMP
 // threads costs more than the copy, and on a loaded machine far more (a parallel region waits for its slowest
-// thread, which the scheduler may not run for milliseconds; bench/RESULTS.md, the CPU runs).
+// thread, which the scheduler may not run for milliseconds; bench/RESULTS.md, issue 16's CPU runs).
 constexpr int64_t kGrainBytes = 256 << 10;
 
 inline int64_t grain_rows(int64_t row_bytes) {

@@ -13,8 +13,8 @@ namespace {
 
 // Elements (rows x dim) a thread must have before a second one is woken. Waking OpenMP threads for a batch of a few
 // thousand narrow rows costs more than it saves, and on a loaded machine far more: a parallel region waits for its
-// slowest thread, which the scheduler may not run for milliseconds (bench/RESULTS.md, the CPU runs: 2 threads were
-// 38x slower than 1 on the demo's 1,350 x 32 updates). Twice ATen's grain size: an element here is a few
+// slowest thread, which the scheduler may not run for milliseconds (bench/RESULTS.md, issue 16's CPU runs: a demo
+// step took 343 ms with 2 threads against 9 ms with 1). Twice ATen's grain size: an element here is a few
 // multiply-adds on a row and its state, reached with a cache miss per row.
 constexpr int64_t kGrainElements = 1 << 16;
 
