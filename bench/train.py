@@ -14,6 +14,11 @@ alternating rounds.
     python bench/train.py                        # the workload (GPU; ~105 GB of host RAM: every way is alive)
     python bench/train.py --scale-rows 56000000  # then a table past GPU memory beside the 10M one (~105 GB)
     python bench/train.py --ways speedtorch,gpu_sparse_adam,speedtorch_2019   # fewer ways, less memory
+    python bench/train.py --cpu                  # no GPU (or --cpu): the demo's CPU sizes, see cpu_main
+
+On the CPU (no GPU, or `--cpu`), the sizes default to `python -m speedtorch demo`'s CPU sizes and the ways to
+speedtorch, speedtorch_both_tables and cpu_sparse_adam; the fused step is timed against torch's SparseAdam on the same rows, and each
+training step is also split into its stages (where the time goes), all at `--threads` intra-op threads.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -53,6 +60,11 @@ def build_way(way, rows, args, device, batches):
     return seed_speedtorch.build_or_report("the training way", build)
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def free_ways() -> None:
     gc.collect()
     torch.cuda.empty_cache()
@@ -80,20 +92,133 @@ def fused_step_bench(args):
     return result
 
 
+def cpu_fused_step_bench(args):
+    """Adam on `--fused-rows` distinct rows of a CPU table: speedtorch's fused step (ids as torch.unique returns
+    them, with and without sorted_unique) against SparseAdam on the same rows (a coalesced sparse gradient), all
+    timed in alternating rounds."""
+    rows = torch.randperm(args.rows)[: args.fused_rows].sort().values
+    grad = torch.randn(args.fused_rows, args.dim)
+    emb = speedtorch.PinnedEmbedding(args.rows, args.dim)
+    emb.uniform_(-0.1, 0.1, 0)
+    emb.set_optimizer("adam", {"lr": 1e-3}, True)
+    param = torch.nn.Parameter(torch.empty(args.rows, args.dim).uniform_(-0.1, 0.1))
+    opt = torch.optim.SparseAdam([param], lr=1e-3)
+    sparse_grad = torch.sparse_coo_tensor(rows.unsqueeze(0), grad, param.shape).coalesce()
+
+    def sparse_adam():
+        param.grad = sparse_grad
+        opt.step()
+
+    calls = {"speedtorch fused step": lambda: emb.apply_gradients(rows, grad),
+             "speedtorch fused step, sorted_unique": lambda: emb.apply_gradients(rows, grad, True),
+             "torch SparseAdam": sparse_adam}
+    times = {label: [] for label in calls}
+    for _ in range(args.rounds):
+        for label, fn in calls.items():
+            times[label].append(median_seconds(fn, max(1, args.reps // args.rounds), warmup=1))
+    base = statistics.median(times["torch SparseAdam"])
+    return [{"way": label, "rows": args.fused_rows, "ms": statistics.median(t) * 1e3,
+             "speedup vs SparseAdam": base / statistics.median(t)} for label, t in times.items()]
+
+
+def cpu_stage_profile(args, batches):
+    """Each way's training step cut into stages, wall ms (median over `--steps` steps, the ways alternating)."""
+    import torch.nn.functional as F
+
+    from speedtorch.nn import _HostRows
+
+    cpu = torch.device("cpu")
+    st = make_way("speedtorch", args.rows, args.dim, args.items, cpu, args.lr)
+    sp = make_way("cpu_sparse_adam", args.rows, args.dim, args.items, cpu, args.lr)
+    times: dict[str, list[float]] = {}
+
+    def lap(key, start):
+        now = time.perf_counter()
+        times.setdefault(key, []).append((now - start) * 1e3)
+        return now
+
+    def speedtorch_step(users, items, labels):
+        m = st.users
+        t = time.perf_counter()
+        unique, inverse = torch.unique(users, sorted=True, return_inverse=True)
+        t = lap("speedtorch: unique ids", t)
+        rows = _HostRows.apply(m._anchor, m, unique, m.table.gather(unique, cpu))
+        t = lap("speedtorch: gather rows", t)
+        loss = st._loss(F.embedding(inverse, rows), items, labels)
+        t = lap("speedtorch: forward (embedding + loss)", t)
+        st.item_opt.zero_grad()
+        loss.backward()
+        t = lap("speedtorch: backward", t)
+        m.step()
+        t = lap("speedtorch: user table step (fused)", t)
+        st.item_opt.step()
+        lap("speedtorch: item table step (SparseAdam)", t)
+
+    def sparse_adam_step(users, items, labels):
+        t = time.perf_counter()
+        loss = sp._loss(sp.users(users), items, labels)
+        t = lap("cpu_sparse_adam: forward (embedding + loss)", t)
+        sp.user_opt.zero_grad()
+        sp.item_opt.zero_grad()
+        loss.backward()
+        t = lap("cpu_sparse_adam: backward", t)
+        sp.user_opt.step()
+        t = lap("cpu_sparse_adam: user table step (SparseAdam)", t)
+        sp.item_opt.step()
+        lap("cpu_sparse_adam: item table step (SparseAdam)", t)
+
+    for i in range(args.warmup):
+        speedtorch_step(*batches[i % len(batches)])
+        sparse_adam_step(*batches[i % len(batches)])
+    times.clear()
+    for i in range(args.steps):
+        speedtorch_step(*batches[i % len(batches)])
+        sparse_adam_step(*batches[i % len(batches)])
+    return [{"stage": k, "median ms": statistics.median(v)} for k, v in times.items()]
+
+
+def cpu_main(args) -> int:
+    """The CPU benchmark: training ways interleaved, the fused step against SparseAdam, the stages of a step."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    batches = zipf_batches(args.rows, args.batch, 8, num_items=args.items)
+    print(f"CPU, {torch.get_num_threads()} intra-op threads; user table {args.rows:,} x {args.dim}; {args.items:,} "
+          f"items; batch {args.batch:,}; distinct users per batch ~{len(torch.unique(batches[0][0])):,}", flush=True)
+    entries = {way: (make_way(way, args.rows, args.dim, args.items, torch.device("cpu"), args.lr), batches)
+               for way in args.ways}
+    results = [{"way": way, "ms/step": ms, "first loss": first, "last loss": last}
+               for way, (ms, first, last) in time_steps(entries, args.steps, args.rounds, args.warmup).items()]
+    del entries
+    by_way = {r["way"]: r["ms/step"] for r in results}
+    for r in results:
+        r["speedtorch speedup"] = r["ms/step"] / by_way["speedtorch"] if "speedtorch" in by_way else float("nan")
+    print(format_table(results, ["way", "ms/step", "speedtorch speedup", "first loss", "last loss"]))
+    fused = cpu_fused_step_bench(args)
+    print(format_table(fused, ["way", "rows", "ms", "speedup vs SparseAdam"]))
+    stages = cpu_stage_profile(args, batches)
+    print(format_table(stages, ["stage", "median ms"]))
+    if args.json:
+        args.json.write_text(json.dumps({"train": results, "fused_step": fused, "stages": stages}, indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=10_000_000)
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--items", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=65_536)
+    parser.add_argument("--cpu", action="store_true", help="the CPU benchmark even when a GPU is present")
+    parser.add_argument("--threads", type=int, default=0, help="CPU: intra-op threads (default: torch's)")
+    parser.add_argument("--rows", type=int, default=None, help="user table rows (10M; CPU: 200k)")
+    parser.add_argument("--dim", type=int, default=None, help="(128; CPU: 32)")
+    parser.add_argument("--items", type=int, default=None, help="(100k; CPU: 10k)")
+    parser.add_argument("--batch", type=int, default=None, help="(65,536; CPU: 4,096)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5, help="the ways take turns this many times")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--ways", type=lambda s: s.split(","), default=list(WAYS) + [SEED_WAY],
-                        help=f"ways to time ({SEED_WAY}: SpeedTorch {seed_speedtorch.VERSION} itself, skipped with "
-                             "a line saying why when it cannot run)")
-    parser.add_argument("--fused-rows", type=int, default=131_072)
+    parser.add_argument("--ways", type=lambda s: s.split(","), default=None,
+                        help=f"ways to time (all, and {SEED_WAY}: SpeedTorch {seed_speedtorch.VERSION} itself, skipped "
+                             "with a line saying why when it cannot run; CPU: speedtorch, speedtorch_both_tables, "
+                             "cpu_sparse_adam)")
+    parser.add_argument("--fused-rows", type=int, default=None, help="(131,072; CPU: 1,350, a demo batch's users)")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--scale-rows", type=int, default=0, help="also train the speedtorch way on this many rows")
     parser.add_argument("--hot-fraction", type=float, default=recommender.HOT_FRACTION,
@@ -101,9 +226,17 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     recommender.HOT_FRACTION = args.hot_fraction
-    if not torch.cuda.is_available():
-        print("bench/train.py needs a GPU (the CPU path is exercised by `python -m speedtorch demo --cpu`)")
-        return 0
+    on_cpu = args.cpu or not torch.cuda.is_available()
+    # GPU defaults: the workload of bench/BASELINES.md; CPU defaults: python -m speedtorch demo's CPU sizes.
+    defaults = ({"rows": 200_000, "dim": 32, "items": 10_000, "batch": 4_096, "fused_rows": 1_350,
+                 "ways": ["speedtorch", "speedtorch_both_tables", "cpu_sparse_adam"]} if on_cpu else
+                {"rows": 10_000_000, "dim": 128, "items": 100_000, "batch": 65_536, "fused_rows": 131_072,
+                 "ways": list(WAYS) + [SEED_WAY]})
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if on_cpu:
+        return cpu_main(args)
     device = torch.device("cuda")
     batches = [tuple(t.to(device) for t in b) for b in zipf_batches(args.rows, args.batch, 8, num_items=args.items)]
     print(f"threads {torch.get_num_threads()}; user table {args.rows:,} x {args.dim}; batch {args.batch:,}; "

@@ -34,8 +34,9 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
            "Configures the fused optimizer (torch.optim names and options) and allocates its state",
            {torch::arg("kind"), torch::arg("options"), torch::arg("state_beside_rows") = true})
       .def("apply_gradients", &PinnedEmbedding::apply_gradients,
-           "One optimizer step on the rows indices name (duplicates' gradients summed)",
-           {torch::arg("indices"), torch::arg("grad")})
+           "One optimizer step on the rows indices name (duplicates' gradients summed; sorted_unique=True: indices "
+           "are strictly increasing, checked, and the summing pass is skipped)",
+           {torch::arg("indices"), torch::arg("grad"), torch::arg("sorted_unique") = false})
       .def("optimizer", &PinnedEmbedding::optimizer)
       .def("optimizer_options", &PinnedEmbedding::optimizer_options)
       .def("state", &PinnedEmbedding::state)

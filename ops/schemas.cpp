@@ -19,6 +19,8 @@ TORCH_LIBRARY(speedtorch, m) {
   // One fused optimizer step on the rows `indices` name: their gradients `grad` (indices.shape + (dim,)) are
   // summed per distinct row, then weights and state rows are updated in place (csrc/optim). `step` is the
   // table-wide step count after this step, used for bias correction unless options["per_row_step"] == 1.
+  // sorted_unique=True: the caller's indices are strictly increasing (torch.unique's output), so the summing pass
+  // is skipped; checked, and refused with an error before any update when they are not.
   m.def("row_optimizer_step_(Tensor(a!) weights, Tensor(b!) state, Tensor indices, Tensor grad, str optimizer, "
-        "Dict(str, float) options, int step) -> ()");
+        "Dict(str, float) options, int step, bool sorted_unique=False) -> ()");
 }

@@ -76,6 +76,30 @@ IndexSpan check_index_tensor(const at::Tensor& host_indices, int64_t num_rows, c
   return span;
 }
 
+IndexSpan check_sorted_unique_index_tensor(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
+  TORCH_CHECK(host_indices.is_cpu(), op, ": internal error: indices must be on the host here, got ",
+              host_indices.device());
+  const at::Tensor idx = host_indices.contiguous();
+  const int64_t count = idx.numel();
+  if (count == 0) return IndexSpan{};
+  IndexSpan span;
+  with_index_type(idx, [&](const auto* p) {
+    // Serial: one compare per index is cheaper than waking a second thread for the batches this is used on.
+    for (int64_t i = 1; i < count; ++i) {
+      TORCH_CHECK_VALUE(p[i] > p[i - 1], op, ": indices were passed as sorted and unique (sorted_unique=True) but ",
+                        "position ", i, " holds ", static_cast<int64_t>(p[i]), " after ", static_cast<int64_t>(p[i - 1]),
+                        "; nothing was updated. Pass sorted_unique=False (duplicates' gradients are then summed), "
+                        "or the output of torch.unique(ids, sorted=True)");
+    }
+    // Increasing: the first and the last index bound all of them.
+    const int64_t first = static_cast<int64_t>(p[0]);
+    const int64_t last = static_cast<int64_t>(p[count - 1]);
+    if (first < 0 || last >= num_rows) check_indices_in_range(p, count, num_rows, op, "indices");  // throws
+    span = IndexSpan{first, last};
+  });
+  return span;
+}
+
 template IndexRangeViolation find_index_out_of_range<int32_t>(const int32_t*, int64_t, int64_t);
 template IndexRangeViolation find_index_out_of_range<int64_t>(const int64_t*, int64_t, int64_t);
 template IndexSpan check_indices_in_range<int32_t>(const int32_t*, int64_t, int64_t, const char*, const char*);

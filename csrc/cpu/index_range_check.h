@@ -37,4 +37,10 @@ IndexSpan check_indices_in_range(const Index* indices, int64_t count, int64_t nu
 // check_indices_in_range over a host index tensor (int64 or int32), the argument named "indices".
 IndexSpan check_index_tensor(const at::Tensor& host_indices, int64_t num_rows, const char* op);
 
+// For callers that vouch their indices are distinct (sorted_unique=True: what torch.unique returns): checks that a
+// host index tensor is strictly increasing and in range, in one serial pass (its first and last then bound it).
+// Throws c10::ValueError at the first position that is not above the one before it (the caller lied: nothing was
+// touched), c10::IndexError for an index out of range; returns the span otherwise.
+IndexSpan check_sorted_unique_index_tensor(const at::Tensor& host_indices, int64_t num_rows, const char* op);
+
 }  // namespace speedtorch

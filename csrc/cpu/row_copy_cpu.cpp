@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace speedtorch {
@@ -24,12 +25,21 @@ inline int64_t owner_lane(int64_t index, int64_t lanes) {
   return static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(lanes)) >> 64);
 }
 
+// Rows a thread must have before a second one is woken: at least kGrainRows and 256 KiB. Below that, waking OpenMP
+// threads costs more than the copy, and on a loaded machine far more (a parallel region waits for its slowest
+// thread, which the scheduler may not run for milliseconds; bench/RESULTS.md, issue 16's CPU runs).
+constexpr int64_t kGrainBytes = 256 << 10;
+
+inline int64_t grain_rows(int64_t row_bytes) {
+  return std::max<int64_t>(kGrainRows, kGrainBytes / std::max<int64_t>(1, row_bytes));
+}
+
 }  // namespace
 
 template <typename Index>
 void gather_rows_cpu(const HostRows& table, const Index* indices, int64_t count, char* out) {
   const int64_t rb = table.row_bytes;
-  at::parallel_for(0, count, kGrainRows, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, count, grain_rows(rb), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (i + kPrefetchDistance < end) {
         prefetch_row_start(table.base + static_cast<int64_t>(indices[i + kPrefetchDistance]) * table.row_stride_bytes);
@@ -44,8 +54,9 @@ void scatter_rows_cpu(const HostRows& table, const Index* indices, int64_t count
                       const uint8_t* keep) {
   const int64_t rb = table.row_bytes;
   auto row = [&](int64_t i) { return table.base + static_cast<int64_t>(indices[i]) * table.row_stride_bytes; };
+  const int64_t grain = grain_rows(rb);
   if (keep != nullptr) {
-    at::parallel_for(0, count, kGrainRows, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         if (keep[i]) std::memcpy(row(i), src + i * rb, rb);
       }
@@ -55,7 +66,7 @@ void scatter_rows_cpu(const HostRows& table, const Index* indices, int64_t count
   // Duplicates may be anywhere, so split the work by row, not by position: every worker scans all positions in
   // order and writes only the rows it owns. Each row then has one writer, and its last occurrence lands last.
   const int64_t lanes = at::get_num_threads();
-  if (lanes <= 1 || count < 2 * kGrainRows) {
+  if (lanes <= 1 || count < 2 * grain) {
     for (int64_t i = 0; i < count; ++i) std::memcpy(row(i), src + i * rb, rb);
     return;
   }

@@ -6,21 +6,54 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
+
 namespace speedtorch {
 namespace {
+
+// Elements (rows x dim) a thread must have before a second one is woken. Waking OpenMP threads for a batch of a few
+// thousand narrow rows costs more than it saves, and on a loaded machine far more: a parallel region waits for its
+// slowest thread, which the scheduler may not run for milliseconds (bench/RESULTS.md, issue 16's CPU runs: a demo
+// step took 343 ms with 2 threads against 9 ms with 1). Twice ATen's grain size: an element here is a few
+// multiply-adds on a row and its state, reached with a cache miss per row.
+constexpr int64_t kGrainElements = 1 << 16;
+
+// The rows of a batch lie anywhere in a table of many megabytes: each is a cache (and often TLB) miss, and a thread
+// that waits for each row in turn is bound by memory latency, not arithmetic. Asking for the rows a few ahead keeps
+// their misses in flight while the current row is updated.
+constexpr int64_t kPrefetchRows = 6;
+
+inline void prefetch_for_write(const char* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, /*rw=*/1, /*locality=*/3);
+}
 
 template <typename T>
 void update_rows(const OptimizerRows& t, const OptimizerHyper& h, int64_t global_step, const int64_t* rows,
                  const float* grads, int64_t begin, int64_t end) {
   const int64_t dim = t.dim;
+  // With the table-wide step, every row shares its bias corrections and schedules: computed once here, not per row
+  // (two pow() in double precision per row).
+  const RowStep shared = row_step(h, 1, global_step);
+  const int64_t weight_bytes = dim * static_cast<int64_t>(sizeof(T));
+  const int64_t state_bytes = t.state_stride_floats * static_cast<int64_t>(sizeof(float));
   for (int64_t i = begin; i < end; ++i) {
+    if (i + kPrefetchRows < end) {
+      const int64_t ahead = rows[i + kPrefetchRows];
+      prefetch_for_write(t.weights + ahead * t.weight_stride_bytes, weight_bytes);
+      prefetch_for_write(reinterpret_cast<const char*>(t.state + ahead * t.state_stride_floats), state_bytes);
+    }
     const int64_t row = rows[i];
     T* w = reinterpret_cast<T*>(t.weights + row * t.weight_stride_bytes);
     float* header = t.state + row * t.state_stride_floats;
     auto* step = reinterpret_cast<int32_t*>(header);
     const int32_t k = *step + 1;
     *step = k;
-    RowStep r = row_step(h, k, global_step);
+    RowStep r = shared;
+    if (h.per_row_step) {
+      r = row_step(h, k, global_step);
+    } else {
+      r.first = k == 1;
+    }
     float* s0 = header + kStateHeaderFloats;
     float* s1 = s0 + dim;
     float* s2 = s1 + dim;
@@ -44,7 +77,8 @@ void update_rows(const OptimizerRows& t, const OptimizerHyper& h, int64_t global
 
 void apply_row_optimizer_cpu(const OptimizerRows& table, const OptimizerHyper& hyper, int64_t global_step,
                              const int64_t* rows, const float* grads, int64_t count) {
-  at::parallel_for(0, count, 64, [&](int64_t begin, int64_t end) {
+  const int64_t grain_rows = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, table.dim));
+  at::parallel_for(0, count, grain_rows, [&](int64_t begin, int64_t end) {
     switch (table.weight_type) {
       case WeightType::kFloat: return update_rows<float>(table, hyper, global_step, rows, grads, begin, end);
       case WeightType::kHalf: return update_rows<c10::Half>(table, hyper, global_step, rows, grads, begin, end);

@@ -245,20 +245,20 @@ void PinnedEmbedding::move_rows(at::Tensor& destination) {
   }
 }
 
-void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tensor& grad) {
+void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tensor& grad, bool sorted_unique) {
   WriteLock write(lock_);
   check_writable("apply_gradients");
   TORCH_CHECK(state_.defined(), "PinnedEmbedding.apply_gradients: no optimizer; call set_optimizer(kind, options) "
               "first");
   const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.apply_gradients");
-  if (cache_) {
+  if (cache_) {  // the cache sums duplicates itself, so sorted_unique has nothing to skip there
     cache_->apply_gradients(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
                             "PinnedEmbedding.apply_gradients");
     ++step_;
     return;
   }
   apply_row_optimizer(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
-                      "PinnedEmbedding.apply_gradients");
+                      "PinnedEmbedding.apply_gradients", sorted_unique);
   ++step_;  // only once the step went through
 }
 

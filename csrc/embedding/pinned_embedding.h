@@ -75,8 +75,9 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   void set_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options, bool state_beside_rows);
   // One optimizer step on the rows `indices` name: grad (indices.shape + (dim,), any device) is summed per distinct
   // row, then rows and state are updated in place (optim/row_optimizer.h, what speedtorch::row_optimizer_step_
-  // runs). Needs set_optimizer first.
-  void apply_gradients(const at::Tensor& indices, const at::Tensor& grad);
+  // runs). Needs set_optimizer first. sorted_unique: the indices are strictly increasing (torch.unique's output),
+  // so the summing pass is skipped; checked, an error before any update when they are not.
+  void apply_gradients(const at::Tensor& indices, const at::Tensor& grad, bool sorted_unique = false);
   // The optimizer's name ("" when none), options, state (num_rows x state width float32; undefined when none), and
   // the table-wide step count.
   std::string optimizer() const;

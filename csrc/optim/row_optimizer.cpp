@@ -59,7 +59,8 @@ void check_row_optimizer_arguments(const at::Tensor& weights, const at::Tensor& 
 }
 
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
-                         const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op) {
+                         const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op,
+                         bool sorted_unique) {
   check_row_optimizer_arguments(weights, state, indices, grad, hyper, op);
   TORCH_CHECK(global_step >= 1, op, ": step must be >= 1, got ", global_step);
   // Before any route: the CPU writing a mode 'r' mapping is a SIGSEGV, a GPU writing it ruins the CUDA context.
@@ -77,17 +78,28 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
                   "read (mode 'r', or 'r+' where Linux refuses writable GPU pins of shared file pages: anything but "
                   "tmpfs); pass CPU gradients, or open it with mode 'c' and save() checkpoints, or load() it");
     }
-    return apply_row_optimizer_cuda(weights, state, flat, rows_grad, hyper, global_step, op);
+    return apply_row_optimizer_cuda(weights, state, flat, rows_grad, hyper, global_step, op, sorted_unique);
 #else
     TORCH_CHECK(false, op, ": this speedtorch library was built without CUDA");
 #endif
   }
   const at::Tensor idx = flat.contiguous();
-  check_index_tensor(idx, weights.size(0), op);
-  // Duplicates: one update per distinct row with the sum of its gradients.
-  const auto [unique, inverse, counts] = at::_unique2(idx.to(at::kLong), /*sorted=*/true, /*return_inverse=*/true);
-  const at::Tensor summed = at::zeros({unique.numel(), weights.size(1)}, rows_grad.options().dtype(at::kFloat))
-                                .index_add_(0, inverse, rows_grad.to(at::kFloat));
+  at::Tensor unique;
+  at::Tensor summed;
+  if (sorted_unique) {
+    // Already one gradient per distinct row: checked, then used as they are.
+    check_sorted_unique_index_tensor(idx, weights.size(0), op);
+    unique = idx.to(at::kLong);
+    summed = rows_grad.to(at::kFloat).contiguous();
+  } else {
+    check_index_tensor(idx, weights.size(0), op);
+    // Duplicates: one update per distinct row with the sum of its gradients.
+    const auto [distinct, inverse, counts] =
+        at::_unique2(idx.to(at::kLong), /*sorted=*/true, /*return_inverse=*/true);
+    unique = distinct;
+    summed = at::zeros({unique.numel(), weights.size(1)}, rows_grad.options().dtype(at::kFloat))
+                 .index_add_(0, inverse, rows_grad.to(at::kFloat));
+  }
   wait_for_uva_conflicts(weights.storage().data(), UvaAccess::kWrite);
   wait_for_uva_conflicts(state.storage().data(), UvaAccess::kWrite);
   const OptimizerRows rows = optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()),

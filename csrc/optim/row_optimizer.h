@@ -17,8 +17,15 @@ namespace speedtorch {
 // weights: (N, D) float32/float16/bfloat16, rows contiguous. state: (N, L) float32, L >= kStateHeaderFloats +
 // state_slots(hyper) * D, rows contiguous, on the weights' device. indices: flat int32/int64 (M), any device.
 // grad: (M, D) floating, any device. global_step: the table-wide step count after this step (>= 1).
+//
+// sorted_unique: the caller vouches that `indices` are strictly increasing (distinct), as torch.unique(sorted=True)
+// returns them, so the de-duplication pass (a sort and a sum) is skipped. The claim is checked, never trusted: one
+// pass on the host over CPU indices, or a compare of neighbours on the GPU read back with the span the step reads
+// anyway; indices that break it raise before anything is updated (cpu/index_range_check.h). Nothing else about the
+// step changes: the results equal those without the flag.
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
-                         const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op);
+                         const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op,
+                         bool sorted_unique = false);
 
 // The kernels' view of a table: weights and state tensors, at the addresses the kernel will use.
 OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state, char* weights_base,

@@ -8,11 +8,15 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/_unique2.h>
+#include <ATen/ops/le.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "cpu/index_range_check.h"
 #include "cpu/row_optimizer_cpu.h"
+#include "cuda/device_index_error.h"
 #include "cuda/row_optimizer_kernel.h"
 #include "optim/row_optimizer.h"
 #include "transfer/device_access.h"
@@ -22,14 +26,37 @@
 namespace speedtorch {
 namespace {
 
+// Strictly increasing CUDA indices (sorted_unique=True), checked on the GPU: the count of neighbours out of order
+// comes back with the first and last index (which then bound the rest) in the one read the step waits for anyway.
+// A broken claim or a bad index is worded by the host check, before anything is updated.
+IndexSpan validate_sorted_unique_indices(const at::Tensor& indices, int64_t num_rows, const char* op) {
+  const int64_t n = indices.numel();
+  if (n == 0) return IndexSpan{};
+  const at::Tensor flat = indices.reshape({-1});
+  const at::Tensor out_of_order = n > 1 ? at::le(flat.narrow(0, 1, n - 1), flat.narrow(0, 0, n - 1)).sum()
+                                        : at::zeros({}, flat.options().dtype(at::kLong));
+  const at::Tensor read = at::stack({flat[0].to(at::kLong), flat[n - 1].to(at::kLong), out_of_order.to(at::kLong)})
+                              .cpu();
+  const int64_t* v = read.const_data_ptr<int64_t>();
+  if (v[2] != 0 || v[0] < 0 || v[1] >= num_rows) {
+    check_sorted_unique_index_tensor(flat.cpu(), num_rows, op);  // throws with the position
+  }
+  return IndexSpan{v[0], v[1]};
+}
+
 // Indices checked before anything is updated, with their span. A step reads the indices back to the host (the
 // de-duplication's output size) and waits for the stream, so it can neither be captured into a CUDA graph nor
 // defer its index checks: both are refused with what to do instead.
-IndexSpan validated_span(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream, const char* op) {
+IndexSpan validated_span(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream, bool sorted_unique,
+                         const char* op) {
   TORCH_CHECK(!stream_is_capturing(stream), op, ": an optimizer step cannot be captured into a CUDA graph: it "
               "de-duplicates the batch (torch.unique), whose size only the host learns; run the step outside the "
               "captured region (capture the forward and backward only)");
-  const std::optional<IndexSpan> span = validate_indices(indices, num_rows, stream, op);
+  if (sorted_unique && indices.is_cpu()) return check_sorted_unique_index_tensor(indices, num_rows, op);
+  const std::optional<IndexSpan> span =
+      sorted_unique && !deferred_index_checks() ? std::optional<IndexSpan>(validate_sorted_unique_indices(indices,
+                                                                                                          num_rows, op))
+                                                : validate_indices(indices, num_rows, stream, op);
   TORCH_CHECK(span.has_value(), op, ": optimizer steps check their indices before updating anything, which waits "
               "for the stream; they cannot run with deferred index checks (speedtorch.set_deferred_index_checks)");
   return *span;
@@ -134,14 +161,17 @@ void step_pinned_table(const at::Tensor& weights, const at::Tensor& state, const
 
 void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                               const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step,
-                              const char* op) {
+                              const char* op, bool sorted_unique) {
   // The GPU that does the work: the table's, or the gradients' for a host table.
   const at::Device device = weights.is_cuda() ? weights.device() : grad.device();
   TORCH_CHECK(device.is_cuda(), op, ": a host table needs its gradients on a GPU or on the CPU, got ", grad.device());
   c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
-  const IndexSpan span = validated_span(indices, weights.size(0), stream.stream(), op);
-  const DistinctRows batch = sum_duplicate_rows(indices, grad, device);
+  const IndexSpan span = validated_span(indices, weights.size(0), stream.stream(), sorted_unique, op);
+  // Checked distinct: the rows and gradients go to the kernel as they are.
+  const DistinctRows batch =
+      sorted_unique ? DistinctRows{indices_on(indices, device).to(at::kLong), grad.to(device, at::kFloat).contiguous()}
+                    : sum_duplicate_rows(indices, grad, device);
   if (weights.is_cuda()) {
     step_gpu_resident_table(weights, state, batch, hyper, global_step, device.index(), stream.stream());
   } else {

@@ -90,11 +90,11 @@ class DeviceTable:
     def scatter_(self, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         return torch.ops.speedtorch.scatter_(self._table, indices, src)
 
-    def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor) -> None:
+    def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor, sorted_unique: bool = False) -> None:
         if self._state is None:
             raise RuntimeError("DeviceTable.apply_gradients: no optimizer; call set_optimizer(kind, options) first")
         torch.ops.speedtorch.row_optimizer_step_(self._table, self._state, indices, grad, self._optimizer,
-                                                 self._options, self._step + 1)
+                                                 self._options, self._step + 1, sorted_unique)
         self._step += 1
 
     def normal_(self, mean: float, std: float, seed: Optional[int] = None) -> None:
@@ -278,16 +278,18 @@ class HybridTable:
             rows[cold_pos.to(device)] = self.host.gather(ids[cold_pos], device)
         return rows.reshape(*indices.shape, self.dim())
 
-    def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor) -> None:
+    def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor, sorted_unique: bool = False) -> None:
         ids = indices.to(self.device).reshape(-1)
         grad = grad.reshape(ids.numel(), self.dim())
         hot_pos, cold_pos, slots = self._split(ids)
         # The host step goes first (empty or not): it advances the table-wide step count both parts use.
-        self.host.apply_gradients(ids[cold_pos], grad[cold_pos.to(grad.device)])
+        # sorted_unique holds for both parts: the split keeps the order of positions, and slots follow id order.
+        self.host.apply_gradients(ids[cold_pos], grad[cold_pos.to(grad.device)], sorted_unique)
         if hot_pos.numel():
             torch.ops.speedtorch.row_optimizer_step_(self.hot_table, self.hot_state, slots[hot_pos],
                                                      grad[hot_pos.to(grad.device)], self.host.optimizer(),
-                                                     self.host.optimizer_options(), self.host.step_count())
+                                                     self.host.optimizer_options(), self.host.step_count(),
+                                                     sorted_unique)
         if self.counts is not None:
             self.counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
             self._updates += 1

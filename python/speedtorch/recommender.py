@@ -5,6 +5,9 @@ cross-entropy on Zipf-skewed user ids.
 Ways (each a class with ``step(users, items, labels) -> loss``):
 
 - ``speedtorch``: users in a :class:`speedtorch.nn.HostEmbedding` (table + Adam state in pinned host RAM).
+- ``speedtorch_both_tables``: the same, and the item table a HostEmbedding too, on the compute device
+  (``placement="gpu"`` there; on the CPU, host RAM) with the fused Adam instead of SparseAdam: every embedding table
+  through speedtorch, as a user of it would train them.
 - ``speedtorch_gpu``: the same module with ``placement="gpu"`` (table + state in GPU memory, when they fit).
 - ``speedtorch_hybrid``: ``placement="hybrid"``: every row in pinned host RAM, a row cache of ``HOT_FRACTION`` of
   the table on the GPU (loaded first with the hottest Zipf ranks, then following the ids used).
@@ -13,7 +16,7 @@ Ways (each a class with ``step(users, items, labels) -> loss``):
   ids, ``index_select`` into staging, copies up; ``index_copy_`` back), Adam applied on the GPU to the swapped rows.
 - ``cpu_sparse_adam``: the user table on the CPU, ``nn.Embedding(sparse=True)`` + ``SparseAdam`` (the forum's way).
 
-The item table (small) is on the compute device with ``SparseAdam`` in every way.
+The item table (small) is on the compute device with ``SparseAdam`` in every way but ``speedtorch_both_tables``.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import torch.nn.functional as F
 
 from .nn import HostEmbedding
 
-WAYS = ("speedtorch", "speedtorch_state_apart", "speedtorch_gpu", "speedtorch_hybrid", "gpu_sparse_adam",
-        "torch_staged", "cpu_sparse_adam")
+WAYS = ("speedtorch", "speedtorch_both_tables", "speedtorch_state_apart", "speedtorch_gpu", "speedtorch_hybrid",
+        "gpu_sparse_adam", "torch_staged", "cpu_sparse_adam")
 #: The share of users the hybrid way's row cache holds on the GPU.
 HOT_FRACTION = 0.01
 
@@ -72,12 +75,18 @@ class _ItemsMixin:
 
 
 class SpeedtorchWay(_ItemsMixin):
-    def __init__(self, num_rows, dim, num_items, device, lr=1e-3, placement="host", state_beside_rows=True):
+    def __init__(self, num_rows, dim, num_items, device, lr=1e-3, placement="host", state_beside_rows=True,
+                 items_in_speedtorch=False):
         hot = hottest_users(num_rows, max(1, int(HOT_FRACTION * num_rows))) if placement == "hybrid" else None
         self.users = HostEmbedding(num_rows, dim, device=device, optimizer="adam", optimizer_options={"lr": lr},
                                    init_std=0.1, seed=0, placement=placement, hot_rows=hot,
                                    state_beside_rows=state_beside_rows)
         self._init_items(num_items, dim, device, lr)
+        if items_in_speedtorch:
+            self.items = HostEmbedding(num_items, dim, device=device, optimizer="adam", optimizer_options={"lr": lr},
+                                       init_std=0.1, seed=1,
+                                       placement="gpu" if torch.device(device).type == "cuda" else "host")
+            self.item_opt = self.items  # its step() applies the fused update; zero_grad() drops pending gradients
 
     def step(self, users, items, labels):
         loss = self._loss(self.users(users), items.to(self.device), labels.to(self.device))
@@ -148,6 +157,8 @@ class TorchStagedWay(_ItemsMixin):
 def make_way(way: str, num_rows: int, dim: int, num_items: int, device, lr: float = 1e-3):
     if way == "speedtorch":
         return SpeedtorchWay(num_rows, dim, num_items, device, lr)
+    if way == "speedtorch_both_tables":
+        return SpeedtorchWay(num_rows, dim, num_items, device, lr, items_in_speedtorch=True)
     if way == "speedtorch_state_apart":  # the Adam state in a table of its own instead of beside each row
         return SpeedtorchWay(num_rows, dim, num_items, device, lr, state_beside_rows=False)
     if way == "speedtorch_gpu":

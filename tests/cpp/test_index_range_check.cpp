@@ -64,5 +64,31 @@ TEST(IndexRangeCheck, TensorCheckTakesBothIndexTypesAndNamesTheOp) {
   }
 }
 
+// sorted_unique=True callers: strictly increasing indices pass with their span; a repeat, a step down or a bad
+// index is refused, naming the position.
+TEST(IndexRangeCheck, SortedUniqueCheckAcceptsIncreasingIndicesOnly) {
+  for (const auto dtype : {at::kLong, at::kInt}) {
+    const auto options = at::TensorOptions().dtype(dtype);
+    const IndexSpan span = check_sorted_unique_index_tensor(at::tensor({2, 5, 6, 40}, options), 41, "op");
+    EXPECT_EQ(span.min, 2);
+    EXPECT_EQ(span.max, 40);
+    EXPECT_GT(check_sorted_unique_index_tensor(at::empty({0}, options), 0, "op").min,
+              check_sorted_unique_index_tensor(at::empty({0}, options), 0, "op").max);
+    for (const auto& [values, position] : {std::pair<std::vector<int64_t>, int>{{1, 3, 3, 5}, 2},
+                                           std::pair<std::vector<int64_t>, int>{{4, 1}, 1}}) {
+      try {
+        check_sorted_unique_index_tensor(at::tensor(values, options), 10, "speedtorch.row_optimizer_step_");
+        FAIL() << "expected a ValueError";
+      } catch (const c10::ValueError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("sorted_unique=True"), std::string::npos) << what;
+        EXPECT_NE(what.find("position " + std::to_string(position) + " holds"), std::string::npos) << what;
+      }
+    }
+    EXPECT_THROW(check_sorted_unique_index_tensor(at::tensor({-1, 2}, options), 10, "op"), c10::IndexError);
+    EXPECT_THROW(check_sorted_unique_index_tensor(at::tensor({2, 10}, options), 10, "op"), c10::IndexError);
+  }
+}
+
 }  // namespace
 }  // namespace speedtorch

@@ -1,0 +1,239 @@
+"""row_optimizer_step_(..., sorted_unique=True) and PinnedEmbedding.apply_gradients(..., sorted_unique=True): the
+caller vouches its indices are strictly increasing, so the op skips its de-duplication. Results are exactly those
+without the flag, on every route; a caller that passes duplicates (or unsorted ids) gets an error and nothing is
+updated; HostEmbedding and the placements use the flag. Also: the CPU kernels give the same bits on one thread as
+on several (their grain sizes decide when a second thread helps)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import speedtorch
+from speedtorch.nn import HostEmbedding
+from speedtorch.placement import DeviceTable
+
+OPTIMIZERS = [("adam", {"lr": 0.01}), ("sgd", {"lr": 0.1, "momentum": 0.9}), ("rowwise_adagrad", {"lr": 0.1})]
+# (where the table and state live, where the ids and gradients are)
+ROUTES = [
+    ("cpu", "cpu"),
+    pytest.param("cuda", "cuda", marks=pytest.mark.gpu),
+    pytest.param("pinned", "cuda", marks=pytest.mark.gpu),
+    pytest.param("pinned", "cpu", marks=pytest.mark.gpu),
+]
+
+
+def make_table(n, d, kind, options, where, seed=0):
+    width = speedtorch.PinnedEmbedding.state_width(kind, options, d)
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(n, d, generator=gen)
+    state = torch.randn(n, width, generator=gen).abs()  # never zeros: a missed update must show
+    state[:, 0].zero_()  # the per-row step count (an int32 in the header float)
+    if where == "pinned":
+        w, s = speedtorch.pinned_empty(n, d), speedtorch.pinned_empty(n, width)
+        w.copy_(values)
+        s.copy_(state)
+        return w, s
+    return values.to(where), state.to(where)
+
+
+def sorted_batch(n, count, d, gen, dtype=torch.int64):
+    ids = torch.randperm(n, generator=gen)[:count].sort().values.to(dtype)
+    return ids, torch.randn(count, d, generator=gen)
+
+
+def synchronize():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize(("table_at", "ids_at"), ROUTES)
+@pytest.mark.parametrize(("kind", "options"), OPTIMIZERS, ids=[o[0] for o in OPTIMIZERS])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_skip_gives_the_same_bits(table_at, ids_at, kind, options, index_dtype):
+    n, d = 400, 20
+    w1, s1 = make_table(n, d, kind, options, table_at)
+    w2, s2 = make_table(n, d, kind, options, table_at)
+    gen = torch.Generator().manual_seed(5)
+    for step in range(1, 5):
+        ids, grad = sorted_batch(n, 150, d, gen, index_dtype)
+        ids, grad = ids.to(ids_at), grad.to(ids_at)
+        torch.ops.speedtorch.row_optimizer_step_(w1, s1, ids, grad, kind, options, step)
+        torch.ops.speedtorch.row_optimizer_step_(w2, s2, ids, grad, kind, options, step, True)
+    synchronize()
+    assert torch.equal(w1.cpu(), w2.cpu())
+    assert torch.equal(s1.cpu(), s2.cpu())
+
+
+@pytest.mark.parametrize(("table_at", "ids_at"), ROUTES)
+@pytest.mark.parametrize("ids", [[1, 3, 3, 5], [5, 3, 1], [2, 2]], ids=["duplicate", "descending", "all-same"])
+def test_a_caller_that_lies_gets_an_error_and_nothing_moves(table_at, ids_at, ids):
+    n, d = 10, 6
+    w, s = make_table(n, d, "adam", {}, table_at)
+    w0, s0 = w.clone(), s.clone()
+    ids = torch.tensor(ids)
+    with pytest.raises(ValueError, match=r"sorted_unique=True.*position \d+ holds"):
+        torch.ops.speedtorch.row_optimizer_step_(w, s, ids.to(ids_at), torch.randn(len(ids), d).to(ids_at), "adam",
+                                                 {}, 1, True)
+    synchronize()
+    assert torch.equal(w, w0) and torch.equal(s, s0)
+
+
+@pytest.mark.parametrize(("table_at", "ids_at"), ROUTES)
+def test_the_skip_still_checks_the_range(table_at, ids_at):
+    w, s = make_table(10, 4, "adam", {}, table_at)
+    w0 = w.clone()
+    for ids in ([3, 10], [-1, 4]):
+        with pytest.raises(IndexError, match="every index must be in"):
+            torch.ops.speedtorch.row_optimizer_step_(w, s, torch.tensor(ids).to(ids_at), torch.randn(2, 4).to(ids_at),
+                                                     "adam", {}, 1, True)
+    synchronize()
+    assert torch.equal(w, w0)
+
+
+def test_pinned_embedding_apply_gradients_with_the_skip():
+    n, d = 300, 12
+    tables = []
+    for _ in range(2):
+        t = speedtorch.PinnedEmbedding(n, d)
+        t.set_optimizer("adamw", {"lr": 0.01, "weight_decay": 0.1}, True)
+        t.normal_(0.0, 1.0, 3)
+        tables.append(t)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        ids, grad = sorted_batch(n, 80, d, gen)
+        tables[0].apply_gradients(ids, grad)
+        tables[1].apply_gradients(ids, grad, True)
+    assert torch.equal(tables[0].table(), tables[1].table())
+    assert torch.equal(tables[0].state(), tables[1].state())
+    before = tables[1].table().clone(), tables[1].state().clone(), tables[1].step_count()
+    with pytest.raises(ValueError, match="sorted_unique=True"):
+        tables[1].apply_gradients(torch.tensor([4, 4, 7]), torch.randn(3, d), True)
+    assert torch.equal(tables[1].table(), before[0]) and torch.equal(tables[1].state(), before[1])
+    assert tables[1].step_count() == before[2]  # a refused step does not count
+
+
+def test_scripted_callers_may_leave_the_flag_out():
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.classes.speedtorch.PinnedEmbedding(8, 2)
+            self.table.set_optimizer("sgd", {"lr": 1.0}, True)
+
+        def forward(self, ids: torch.Tensor, grad: torch.Tensor, skip: bool) -> torch.Tensor:
+            if skip:
+                self.table.apply_gradients(ids, grad, True)
+            else:
+                self.table.apply_gradients(ids, grad)
+            return self.table.table()
+
+    model = torch.jit.script(Model())
+    model.table.zero_()
+    out = model(torch.tensor([1, 1]), torch.ones(2, 2), False)  # duplicates summed
+    assert torch.equal(out[1], torch.full((2,), -2.0))
+    out = model(torch.tensor([1, 2]), torch.ones(2, 2), True)
+    assert torch.equal(out[1], torch.full((2,), -3.0)) and torch.equal(out[2], torch.full((2,), -1.0))
+
+
+class CountingTable:
+    """Wraps a table, recording the sorted_unique flag of each apply_gradients (delegates everything else)."""
+
+    def __init__(self, table):
+        self._table = table
+        self.flags = []
+
+    def apply_gradients(self, indices, grad, sorted_unique=False):
+        self.flags.append(sorted_unique)
+        self._table.apply_gradients(indices, grad, sorted_unique)
+
+    def __getattr__(self, name):
+        return getattr(self._table, name)
+
+
+@pytest.mark.parametrize("update", ["step", "backward"])
+def test_host_embedding_skips_for_one_forward_and_matches_the_op(update):
+    n, d = 200, 8
+    module = HostEmbedding(n, d, device="cpu", seed=4, optimizer="adam", optimizer_options={"lr": 0.05}, update=update)
+    reference = speedtorch.PinnedEmbedding(n, d)
+    reference.set_optimizer("adam", {"lr": 0.05}, True)
+    reference.copy_(module.weight)
+    counting = CountingTable(module.table)
+    module.table = counting
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(4):
+        ids = torch.randint(0, 50, (6, 9), generator=gen)  # many duplicates
+        target = torch.randn(d, generator=gen)
+        out = module(ids)
+        ((out - target) ** 2).sum().backward()
+        module.step()
+        # The reference: every occurrence's gradient, summed by the op itself (no skip).
+        rows = reference.gather(ids.reshape(-1)).requires_grad_()
+        ((rows - target) ** 2).sum().backward()
+        reference.apply_gradients(ids.reshape(-1), rows.grad)
+    assert counting.flags == [True] * 4
+    torch.testing.assert_close(module.weight, reference.table(), rtol=1e-6, atol=1e-6)
+
+
+def test_host_embedding_two_forwards_before_a_step_do_not_skip():
+    n, d = 50, 4
+    module = HostEmbedding(n, d, device="cpu", seed=1, optimizer="sgd", optimizer_options={"lr": 1.0})
+    start = module.weight.clone()
+    counting = CountingTable(module.table)
+    module.table = counting
+    for _ in range(2):
+        module(torch.tensor([3, 7])).sum().backward()  # the same rows in both: repeats the op must sum
+    module.step()
+    assert counting.flags == [False]
+    assert torch.equal(module.weight[3], start[3] - 2.0) and torch.equal(module.weight[7], start[7] - 2.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("placement", ["gpu", "hybrid"])
+def test_placements_pass_the_skip_and_match(placement):
+    n, d = 300, 8
+    kwargs = dict(device="cuda", seed=2, optimizer="adam", optimizer_options={"lr": 0.05}, placement=placement)
+    if placement == "hybrid":
+        kwargs["hot_rows"] = torch.arange(0, n, 7)
+    module = HostEmbedding(n, d, **kwargs)
+    reference = HostEmbedding(n, d, device="cuda", seed=2, optimizer="adam", optimizer_options={"lr": 0.05})
+    reference.table.copy_(module.weight.cpu())
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        ids = torch.randint(0, n, (64,), generator=gen)
+        for m in (module, reference):
+            m(ids).pow(2).sum().backward()
+            m.step()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(module.weight.cpu(), reference.weight.cpu(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_device_table_refuses_a_lie():
+    table = DeviceTable(10, 4, torch.float32, torch.device("cuda"))
+    table.set_optimizer("adam", {})
+    before = table.table().clone()
+    with pytest.raises(ValueError, match="sorted_unique=True"):
+        table.apply_gradients(torch.tensor([2, 2], device="cuda"), torch.ones(2, 4, device="cuda"), True)
+    assert torch.equal(table.table(), before) and table.step_count() == 0
+
+
+@pytest.mark.parametrize("kind", ["adam", "rowwise_adagrad"])
+def test_cpu_kernels_give_the_same_bits_on_one_thread_as_on_two(kind):
+    """Batches large enough to be split between threads (over the grain sizes) update and gather exactly as one
+    thread does: each row is worked on by one thread."""
+    n, d = 20_000, 32
+    options = {"lr": 0.01}
+    gen = torch.Generator().manual_seed(8)
+    ids, grad = sorted_batch(n, 12_000, d, gen)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            w, s = make_table(n, d, kind, options, "cpu")
+            torch.ops.speedtorch.row_optimizer_step_(w, s, ids, grad, kind, options, 1, True)
+            results.append((w, s, torch.ops.speedtorch.gather(w, ids.flip(0))))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
