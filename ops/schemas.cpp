@@ -1,7 +1,7 @@
 // The speedtorch operator library: the schemas of the row operators, which have per-backend kernels (registered in
 // ops/register_*.cpp). Operators with one implementation are defined beside it: settings and diagnostics in
-// ops/library_settings.cpp, .npy and table files in ops/npy_ops.cpp; the PinnedEmbedding class in
-// ops/pinned_embedding_class.cpp.
+// ops/library_settings.cpp, the library counters in ops/metrics_ops.cpp, .npy and table files in ops/npy_ops.cpp;
+// the PinnedEmbedding class in ops/pinned_embedding_class.cpp.
 //
 // Mutation is annotated ((a!)) so functionalization, torch.compile and TorchScript see what each op writes.
 #include <torch/library.h>

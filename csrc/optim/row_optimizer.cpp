@@ -8,6 +8,7 @@
 #include "cpu/index_range_check.h"
 #include "cpu/row_optimizer_cpu.h"
 #include "memory/pinned_host_buffer.h"
+#include "metrics/transfer_counters.h"
 #include "transfer/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include "optim/row_optimizer_cuda.h"
@@ -106,6 +107,8 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
                                             state.data_ptr<float>());
   apply_row_optimizer_cpu(rows, hyper, global_step, unique.const_data_ptr<int64_t>(),
                           summed.const_data_ptr<float>(), unique.numel());
+  metrics::add_optimizer_step(idx.numel(), unique.numel());
+  metrics::add_optimizer_rows(metrics::OptimizerRoute::kCpu, unique.numel());
 }
 
 }  // namespace speedtorch

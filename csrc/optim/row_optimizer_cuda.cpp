@@ -18,6 +18,7 @@
 #include "cpu/row_optimizer_cpu.h"
 #include "cuda/device_index_error.h"
 #include "cuda/row_optimizer_kernel.h"
+#include "metrics/transfer_counters.h"
 #include "optim/row_optimizer.h"
 #include "transfer/device_access.h"
 #include "transfer/host_access_tracker.h"
@@ -84,6 +85,7 @@ void step_gpu_resident_table(const at::Tensor& weights, const at::Tensor& state,
   launch_row_optimizer(rows, hyper, global_step, batch.rows.const_data_ptr<int64_t>(),
                        batch.grads.const_data_ptr<float>(), batch.count(), full_grid(device),
                        transfer_config().optimizer_vec4, stream);
+  metrics::add_optimizer_rows(metrics::OptimizerRoute::kGpuTable, batch.count());
 }
 
 // Bytes from one row's record (weights, then state) to the next: the record stride when state sits beside the
@@ -155,6 +157,8 @@ void step_pinned_table(const at::Tensor& weights, const at::Tensor& state, const
     apply_row_optimizer_cpu(rows, hyper, global_step, cpu.rows.const_data_ptr<int64_t>(),
                             cpu.grads.const_data_ptr<float>(), plan.staged_rows);
   }
+  metrics::add_optimizer_rows(metrics::OptimizerRoute::kUva, plan.uva_rows);
+  metrics::add_optimizer_rows(metrics::OptimizerRoute::kCpu, plan.staged_rows);
 }
 
 }  // namespace
@@ -177,6 +181,7 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
   } else {
     step_pinned_table(weights, state, batch, span, hyper, global_step, device.index(), stream, op);
   }
+  metrics::add_optimizer_step(indices.numel(), batch.count());
 }
 
 }  // namespace speedtorch

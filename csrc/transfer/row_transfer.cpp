@@ -7,6 +7,7 @@
 #include "cpu/row_copy_cpu.h"
 #include "cpu/table_views.h"
 #include "memory/pinned_host_buffer.h"
+#include "metrics/transfer_counters.h"
 #include "transfer/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include "transfer/row_transfer_cuda.h"
@@ -23,6 +24,7 @@ void gather_cpu(const at::Tensor& table, const at::Tensor& indices, at::Tensor& 
     wait_for_uva_conflicts(table.storage().data(), UvaAccess::kRead);
     gather_rows_cpu(rows, p, idx.numel(), static_cast<char*>(out.data_ptr()));
   });
+  metrics::add_rows_moved(metrics::TransferPath::kCpu, metrics::Direction::kGather, idx.numel(), rows.row_bytes);
 }
 
 void scatter_cpu(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
@@ -33,6 +35,7 @@ void scatter_cpu(const at::Tensor& table, const at::Tensor& indices, const at::T
     wait_for_uva_conflicts(table.storage().data(), UvaAccess::kWrite);
     scatter_rows_cpu(rows, p, idx.numel(), static_cast<const char*>(src.const_data_ptr()));
   });
+  metrics::add_rows_moved(metrics::TransferPath::kCpu, metrics::Direction::kScatter, idx.numel(), rows.row_bytes);
 }
 
 #ifndef SPEEDTORCH_WITH_CUDA
@@ -42,10 +45,7 @@ void scatter_cpu(const at::Tensor& table, const at::Tensor& indices, const at::T
 }
 #endif
 
-}  // namespace
-
-void gather_rows(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
-  if (indices.numel() == 0) return;
+void route_gather(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
   if (table.is_cpu() && out.is_cpu()) return gather_cpu(table, indices, out, op);
 #ifdef SPEEDTORCH_WITH_CUDA
   if (table.is_cpu() && out.is_cuda()) return gather_pinned_to_cuda(table, indices, out, op);
@@ -56,9 +56,7 @@ void gather_rows(const at::Tensor& table, const at::Tensor& indices, at::Tensor&
 #endif
 }
 
-void scatter_rows(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
-  check_host_memory_writable(table, op, "table");  // a write to a mode 'r' mapping is a SIGSEGV
-  if (indices.numel() == 0) return;
+void route_scatter(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
   if (table.is_cpu() && src.is_cpu()) return scatter_cpu(table, indices, src, op);
 #ifdef SPEEDTORCH_WITH_CUDA
   if (table.is_cpu() && src.is_cuda()) return scatter_cuda_to_pinned(table, indices, src, op);
@@ -67,6 +65,22 @@ void scatter_rows(const at::Tensor& table, const at::Tensor& indices, const at::
 #else
   no_cuda(op);
 #endif
+}
+
+}  // namespace
+
+// Each route counts the rows it moves (metrics/transfer_counters.h); the call is counted once it has succeeded.
+void gather_rows(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
+  if (indices.numel() == 0) return;
+  route_gather(table, indices, out, op);
+  metrics::add_transfer_call(metrics::Direction::kGather);
+}
+
+void scatter_rows(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
+  check_host_memory_writable(table, op, "table");  // a write to a mode 'r' mapping is a SIGSEGV
+  if (indices.numel() == 0) return;
+  route_scatter(table, indices, src, op);
+  metrics::add_transfer_call(metrics::Direction::kScatter);
 }
 
 }  // namespace speedtorch

@@ -27,6 +27,7 @@
 #include "cpu/table_views.h"
 #include "cuda/device_index_error.h"
 #include "cuda/row_kernels.h"
+#include "metrics/transfer_counters.h"
 #include "transfer/device_access.h"
 #include "transfer/host_access_tracker.h"
 #include "transfer/staging_ring.h"
@@ -82,6 +83,16 @@ WriterMask mark_writers(const at::Tensor& dev_idx, int64_t num_rows, int device,
                               mask.abort.data_ptr<int32_t>(), device_index_error_record(device), full_grid(device),
                               stream);
   return mask;
+}
+
+// The rows of one call each share moved (metrics/transfer_counters.h), counted when the work has been issued.
+void count_pinned_transfer(int64_t uva_rows, int64_t staged_rows, int64_t row_bytes, metrics::Direction direction) {
+  metrics::add_rows_moved(metrics::TransferPath::kUva, direction, uva_rows, row_bytes);
+  metrics::add_rows_moved(metrics::TransferPath::kStaged, direction, staged_rows, row_bytes);
+}
+
+void count_gpu_table_transfer(const at::Tensor& table, int64_t rows, metrics::Direction direction) {
+  metrics::add_rows_moved(metrics::TransferPath::kGpuTable, direction, rows, table.size(1) * table.element_size());
 }
 
 GpuRows gpu_rows(const at::Tensor& table, char* base) {
@@ -236,6 +247,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
       staged_gather(t.rows, p, t.plan.uva_rows, indices.numel(), out_ptr, staged->ring(), staged->copy_stream());
     });
   }
+  count_pinned_transfer(t.plan.uva_rows, t.plan.staged_rows, t.rows.row_bytes, metrics::Direction::kGather);
   // Leaving scope: the caller's stream waits for the staged copies (StagedShare).
 }
 
@@ -303,6 +315,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
                      staged->copy_stream());
     });
   }
+  count_pinned_transfer(t.plan.uva_rows, t.plan.staged_rows, t.rows.row_bytes, metrics::Direction::kScatter);
 }  // 6
 
 void gather_cuda_table(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
@@ -315,6 +328,7 @@ void gather_cuda_table(const at::Tensor& table, const at::Tensor& indices, at::T
   launch_row_gather(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
                     static_cast<char*>(out.data_ptr()), device_index_error_record(device),
                     full_grid(device), stream.stream());
+  count_gpu_table_transfer(table, indices.numel(), metrics::Direction::kGather);
 }
 
 void scatter_cuda_table(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op) {
@@ -329,6 +343,7 @@ void scatter_cuda_table(const at::Tensor& table, const at::Tensor& indices, cons
                      static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
                      writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device), full_grid(device),
                      stream.stream());
+  count_gpu_table_transfer(table, indices.numel(), metrics::Direction::kScatter);
 }
 
 }  // namespace speedtorch

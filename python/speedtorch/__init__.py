@@ -25,6 +25,7 @@ from .ops import (  # noqa: E402
     transfer_config,
     transfer_config_override,
 )
+from .counters import reset_stats, set_stats_enabled, stats, stats_help  # noqa: E402
 
 #: ``torch.classes.speedtorch.PinnedEmbedding``: a table in exact-size pinned host memory, usable from Python,
 #: TorchScript (as a module attribute) and C++.
@@ -56,10 +57,14 @@ __all__ = [
     "library_path",
     "pinned_empty",
     "placement",
+    "reset_stats",
     "scatter_",
     "set_deferred_index_checks",
     "deferred_index_checks",
+    "set_stats_enabled",
     "set_transfer_config",
+    "stats",
+    "stats_help",
     "transfer_config",
     "transfer_config_override",
 ]

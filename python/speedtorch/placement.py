@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from . import PinnedEmbedding
+from .counters import record_cache_lookups
 
 __all__ = ["DeviceTable", "HybridTable"]
 
@@ -142,6 +143,8 @@ class HybridTable:
     :meth:`table`, :meth:`state` and :meth:`save` write them back first. After :meth:`table` / :meth:`state` the host
     copy is the one that counts (the caller may write it, e.g. ``nn.init`` on ``HostEmbedding.weight``): the next
     row operation gathers the hot rows from it again.
+
+    Each :meth:`gather` adds its hot ids to ``speedtorch.stats()["cache_hits"]`` and the others to ``cache_misses``.
     """
 
     def __init__(self, host: PinnedEmbedding, device, num_hot: int, hot_rows: Optional[torch.Tensor] = None,
@@ -271,6 +274,8 @@ class HybridTable:
         device = self.device if device is None else torch.device(device)
         ids = indices.to(self.device).reshape(-1)
         hot_pos, cold_pos, slots = self._split(ids)
+        # The split's sizes are already on the host (_split synchronized once for them): counting adds no sync.
+        record_cache_lookups(hot_pos.numel(), cold_pos.numel())
         rows = torch.empty(ids.numel(), self.dim(), dtype=self.hot_table.dtype, device=device)
         if hot_pos.numel():
             rows[hot_pos.to(device)] = torch.ops.speedtorch.gather(self.hot_table, slots[hot_pos], device)

@@ -1,0 +1,46 @@
+// The library counters (csrc/metrics/transfer_counters.h) as operators: read, reset, switch off (to measure their
+// cost), and count lookups in a row cache kept outside C++ (placement.HybridTable).
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "metrics/transfer_counters.h"
+
+namespace speedtorch::ops {
+namespace {
+
+std::tuple<std::vector<std::string>, std::vector<int64_t>> stats_op() {
+  std::vector<std::string> names;
+  std::vector<int64_t> values;
+  for (const metrics::CounterValue& c : metrics::snapshot()) {
+    names.emplace_back(c.name);
+    values.push_back(c.value);
+  }
+  return {std::move(names), std::move(values)};
+}
+
+std::vector<std::string> stats_help_op() {
+  std::vector<std::string> help;
+  for (const metrics::CounterValue& c : metrics::snapshot()) help.emplace_back(c.help);
+  return help;
+}
+
+void record_cache_lookups_op(int64_t hits, int64_t misses) {
+  TORCH_CHECK(hits >= 0 && misses >= 0, "speedtorch.record_cache_lookups: hits and misses must be >= 0, got hits=",
+              hits, ", misses=", misses);
+  metrics::add_cache_lookups(hits, misses);
+}
+
+}  // namespace
+}  // namespace speedtorch::ops
+
+TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
+  m.def("stats() -> (str[], int[])", &speedtorch::ops::stats_op);
+  m.def("stats_help() -> str[]", &speedtorch::ops::stats_help_op);
+  m.def("reset_stats() -> ()", &speedtorch::metrics::reset);
+  m.def("set_stats_enabled(bool enabled) -> ()", &speedtorch::metrics::set_enabled);
+  m.def("stats_enabled() -> bool", &speedtorch::metrics::enabled);
+  m.def("record_cache_lookups(int hits, int misses) -> ()", &speedtorch::ops::record_cache_lookups_op);
+}
