@@ -1,6 +1,7 @@
 // speedtorch_server: serves a recommender over HTTP on localhost with no Python: a scripted model
 // (recommender_model.py) or an AOTInductor package (recommender_aoti.py) with its user table's files (model_runner.h).
-// POST /lookup, /topk, /score, /update with JSON bodies (request_handler.h), GET /health. Many requests run at
+// POST /lookup, /topk, /score, /update with JSON bodies (request_handler.h), GET /health, and GET /metrics in the
+// Prometheus text format (metrics_endpoint.h: request counts, latencies, library counters). Many requests run at
 // once on a thread pool; a bad request gets a 4xx with a message and never takes the server down.
 //
 //   speedtorch_server MODEL.pt [--host 127.0.0.1] [--port 0] [--threads 8] [--max-batch 4096] [--device cpu]
@@ -22,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "metrics_endpoint.h"
 #include "model_runner.h"
 #include "request_handler.h"
 #include "stop_signal_watcher.h"
@@ -79,9 +81,12 @@ int main(int argc, char** argv) {
     speedtorch::serving::RecommenderService service(
         speedtorch::serving::open_model(argv[1], table, torch::Device(device), static_cast<size_t>(threads)),
         max_batch);
+    // Before the server: it must outlive the server's threads, which record into it.
+    speedtorch::serving::RequestMetrics metrics({"/health", "/lookup", "/topk", "/score", "/update", "/metrics"});
     httplib::Server server;
     server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     server.set_payload_max_length(64 << 20);
+    speedtorch::serving::serve_metrics(server, metrics);
     server.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
       res.set_content("{\"status\": \"ok\", \"users\": " + std::to_string(service.num_users()) + "}",
                       "application/json");
