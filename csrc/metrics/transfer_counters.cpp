@@ -1,8 +1,9 @@
 // The counters of transfer_counters.h: one array of relaxed atomics and the table of their names and meanings.
 //
 // Relaxed: a counter orders nothing, it only has to lose no increment. Each call adds to a handful of counters
-// (not one per row), so even threads gathering at once touch them a few times per call; a single shared array
-// measured cheaper than the dispatcher's own work per call (bench/metrics_overhead.py), so it is not sharded.
+// (not one per row): about 8 ns per call, 20 ns when two threads count at once, against 3-5 us for the cheapest
+// call (bench/RESULTS.md, bench/metrics_counter_cost.cpp). Per-thread shards would only save part of those 20 ns,
+// so the counters are one shared array.
 #include "metrics/transfer_counters.h"
 
 #include <c10/util/Exception.h>

@@ -1,7 +1,7 @@
 // The library's counters: rows and bytes moved per transfer path, optimizer rows updated per route, and row-cache
-// lookups. One process-wide set, always on (each increment is a relaxed atomic add and one flag load per call, not
-// per row: bench/metrics_overhead.py), read by speedtorch.stats() (ops/metrics_ops.cpp) and by the example server's
-// GET /metrics (torchscript_examples/).
+// lookups. One process-wide set, always on (a few relaxed atomic adds per call, not per row: about 8 ns a call,
+// bench/RESULTS.md), read by speedtorch.stats() (ops/metrics_ops.cpp) and by the example server's GET /metrics
+// (torchscript_examples/).
 //
 // Each counter is incremented in the one place that decides its path (transfer/row_transfer*.cpp,
 // optim/row_optimizer*.cpp), once per call, on the host, when the work is issued: GPU work a call enqueues is
