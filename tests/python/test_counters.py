@@ -150,3 +150,17 @@ def test_gpu_optimizer_routes():
     # Automatic split: every distinct row of a pinned table goes over UVA.
     assert_counters(optimizer_steps=2, optimizer_index_rows=7, optimizer_rows_updated=4,
                     optimizer_uva_rows=2, optimizer_gpu_table_rows=2)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_hybrid_table_on_a_gpu_counts_hits_and_each_path():
+    host = speedtorch.PinnedEmbedding(20, 4)
+    host.set_optimizer("sgd", {"lr": 0.1}, True)
+    hybrid = HybridTable(host, "cuda", 2, hot_rows=torch.tensor([3, 4]))
+    speedtorch.reset_stats()
+    hybrid.gather(torch.tensor([3, 4, 4, 10], device="cuda"))
+    torch.cuda.synchronize()
+    s = speedtorch.stats()
+    assert (s["cache_hits"], s["cache_misses"]) == (3, 1)
+    assert s["gpu_table_gather_rows"] == 3  # the hot rows, from the device copy
+    assert s["uva_gather_rows"] + s["staged_gather_rows"] == 1  # the cold one, from the pinned host table
