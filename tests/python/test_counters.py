@@ -106,16 +106,11 @@ def test_hybrid_table_reports_hits_and_misses():
 # --- GPU paths ---------------------------------------------------------------------------------------------------
 
 
-def _force_split(fraction: float) -> None:
-    # As test_row_ops_gpu.force_split: even a small transfer takes the requested split.
-    speedtorch.set_transfer_config(uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0,
-                                   staging_chunk_bytes=4096)  # fmt: skip
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("fraction, uva", [(1.0, 10), (0.0, 0), (0.3, 3)])
-def test_pinned_transfers_split_between_uva_and_staged(fraction, uva):
-    _force_split(fraction)
+def test_pinned_transfers_split_between_uva_and_staged(transfer_settings, fraction, uva):
+    # As test_row_ops_gpu.force_split: even a small transfer takes the requested split (for this test only).
+    transfer_settings(uva_fraction=fraction, uva_reach_bytes=0, small_transfer_bytes=0, staging_chunk_bytes=4096)
     table = speedtorch.pinned_empty(100, 16)  # 64-byte rows
     idx = torch.arange(10) * 7
     speedtorch.gather(table, idx, device="cuda")
