@@ -54,7 +54,8 @@ constexpr std::array<CounterInfo, kNumCounters> kCounterInfo{{
     {Counter::kOptimizerCpuRows, "optimizer_cpu_rows", "Distinct rows updated by CPU threads"},
     {Counter::kOptimizerUvaRows, "optimizer_uva_rows", "Distinct rows of pinned host tables updated by a GPU over UVA"},
     {Counter::kOptimizerGpuTableRows, "optimizer_gpu_table_rows", "Distinct rows of GPU-resident tables updated"},
-    {Counter::kCacheHits, "cache_hits", "Row lookups served by a GPU-side row cache (hybrid table: hot rows)"},
+    {Counter::kCacheHits, "cache_hits",
+     "Row lookups served by a GPU-side row cache (placement.HybridTable: its device-resident rows)"},
     {Counter::kCacheMisses, "cache_misses", "Row lookups a GPU-side row cache did not hold (read from the host)"},
 }};
 
