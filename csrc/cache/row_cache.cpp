@@ -11,12 +11,14 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "cpu/index_range_check.h"
 #include "cpu/row_cache_cpu.h"
 #include "cpu/row_optimizer_cpu.h"
 #include "memory/pinned_host_buffer.h"
+#include "metrics/transfer_counters.h"
 #include "optim/row_optimizer.h"
 #include "transfer/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
@@ -73,6 +75,40 @@ RowCache::RowCache(int64_t num_rows, at::Device device, const at::Tensor& table,
   if (device_.is_cuda()) set_locks_ = at::zeros({sets_}, on.dtype(at::kInt));
   rows_ = at::zeros({n, table.size(1)}, on.dtype(table.scalar_type()));
   if (state.defined()) state_ = at::zeros({n, state.size(1)}, on.dtype(at::kFloat));
+  lookups_ = at::zeros({2}, on.dtype(at::kLong));
+  fold_handle_ = metrics::add_counter_fold([this] { fold_counts(); });
+}
+
+RowCache::~RowCache() {
+  metrics::remove_counter_fold(fold_handle_);  // waits for a fold in progress
+  try {
+    fold_counts();
+  } catch (const std::exception&) {
+    // A destructor must not throw; only the last calls' counts are lost (e.g. a CUDA context already gone at exit).
+  }
+}
+
+void RowCache::fold_counts() {
+  std::lock_guard<std::mutex> hold(mutex_);
+  std::array<int64_t, 2> counts{0, 0};
+  if (device_.is_cpu()) {
+    int64_t* held = lookups_.data_ptr<int64_t>();
+    counts = {held[0], held[1]};
+    held[0] = held[1] = 0;
+  } else {
+#ifdef SPEEDTORCH_WITH_CUDA
+    counts = take_lookup_counts_gpu(last_stream_, lookups_);
+#endif
+  }
+  if (counts[0] == 0 && counts[1] == 0) return;
+  metrics::add_cache_lookups(counts[0], counts[1]);
+  // Hits are read from the cache's memory, misses from the host table (over UVA from a GPU).
+  const int64_t row_bytes = rows_.size(1) * rows_.element_size();
+  const bool gpu = device_.is_cuda();
+  metrics::add_rows_moved(gpu ? metrics::TransferPath::kGpuTable : metrics::TransferPath::kCpu,
+                          metrics::Direction::kGather, counts[0], row_bytes);
+  metrics::add_rows_moved(gpu ? metrics::TransferPath::kUva : metrics::TransferPath::kCpu,
+                          metrics::Direction::kGather, counts[1], row_bytes);
 }
 
 bool RowCache::fits(const at::Tensor& table, const at::Tensor& state) const {
@@ -95,6 +131,7 @@ CacheSlots RowCache::view() {
   }
   c.sets = sets_;
   c.ways = static_cast<int32_t>(ways_);
+  c.lookups = lookups_.data_ptr<int64_t>();
   return c;
 }
 
@@ -113,6 +150,7 @@ at::Tensor RowCache::gather(const at::Tensor& table, const at::Tensor& state, co
   if (target.is_cuda() && !target.has_index()) target = device_.is_cuda() ? device_ : at::Device(at::kCUDA, 0);
   std::vector<int64_t> shape = indices.sizes().vec();
   shape.push_back(table.size(1));
+  if (indices.numel() > 0) metrics::add_transfer_call(metrics::Direction::kGather);  // rows: fold_counts
   const int64_t now = ++tick_;
   if (device_.is_cpu()) {
     const at::Tensor ids = indices.reshape({-1}).to(at::kCPU).to(at::kLong).contiguous();
@@ -155,6 +193,8 @@ void RowCache::apply_gradients(const at::Tensor& table, const at::Tensor& state,
     const at::Tensor idx = indices.reshape({-1}).to(at::kCPU).contiguous();
     check_index_tensor(idx, table.size(0), op);
     const auto [unique, inverse, counts] = at::_unique2(idx.to(at::kLong), /*sorted=*/true, /*return_inverse=*/true);
+    metrics::add_optimizer_step(idx.numel(), unique.numel());
+    metrics::add_optimizer_rows(metrics::OptimizerRoute::kCpu, unique.numel());
     const at::Tensor cpu_grad = rows_grad.to(at::kCPU);
     const at::Tensor summed = at::zeros({unique.numel(), table.size(1)}, cpu_grad.options().dtype(at::kFloat))
                                   .index_add_(0, inverse, cpu_grad.to(at::kFloat));
@@ -194,6 +234,7 @@ void RowCache::apply_gradients(const at::Tensor& table, const at::Tensor& state,
   const CacheTensors slots{ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_};
   const at::Tensor ids = cache_ids_on_gpu(last_stream_, slots, indices, table.size(0), device_, op);
   const auto [unique, summed] = sum_duplicates_gpu(ids, rows_grad);
+  metrics::add_optimizer_step(ids.numel(), unique.numel());  // the routes: step_cached_rows_gpu
   const at::Tensor slot_of = assign_cache_slots_gpu(view(), table, state, unique, now, true, op);
   step_cached_rows_gpu(rows_, state_, table, state, unique, slot_of, summed, hyper, global_step, op);
 #else

@@ -38,6 +38,8 @@ class RowCache {
   // A cache of at least `num_rows` slots (rounded up to whole sets of kWays; fewer ways when num_rows < kWays) on
   // `device` for rows shaped like `table`'s (2-D, rows contiguous) and state rows like `state`'s (undefined: none).
   RowCache(int64_t num_rows, at::Device device, const at::Tensor& table, const at::Tensor& state);
+  // Folds the lookups still counted in the cache's memory into the library counters (metrics/transfer_counters.h).
+  ~RowCache();
   RowCache(const RowCache&) = delete;
   RowCache& operator=(const RowCache&) = delete;
 
@@ -62,6 +64,8 @@ class RowCache {
 
  private:
   CacheSlots view();
+  // Adds the lookups counted since the last fold to the library counters (waits for the cache's GPU work).
+  void fold_counts();
   void check_table(const at::Tensor& table, const at::Tensor& state, const char* op) const;
 
   at::Device device_;
@@ -70,6 +74,8 @@ class RowCache {
   int64_t tick_ = 0;  // the current call's tick: each call's slots carry it
   at::Tensor ids_, ticks_, dirty_, state_loaded_, set_locks_, rows_, state_;
   std::optional<c10::Stream> last_stream_;  // on a GPU: the stream of the previous call
+  at::Tensor lookups_;                       // [hits, misses] of gathers since the last fold, in the cache's memory
+  int64_t fold_handle_ = -1;
   std::mutex mutex_;
 };
 

@@ -15,6 +15,7 @@
 
 #include "cuda/row_cache_kernel.h"
 #include "cuda/row_optimizer_kernel.h"
+#include "metrics/transfer_counters.h"
 #include "optim/row_optimizer.h"
 #include "transfer/device_access.h"
 #include "transfer/host_access_tracker.h"
@@ -124,6 +125,8 @@ void step_cached_rows_gpu(const at::Tensor& slot_rows, const at::Tensor& slot_st
   const OptimizerRows in_slots = optimizer_rows(slot_rows, slot_state, static_cast<char*>(slot_rows.data_ptr()),
                                                 slot_state.data_ptr<float>());
   const int64_t on_host = (slot_of < 0).sum().item<int64_t>();  // waits: the usual case launches one kernel
+  metrics::add_optimizer_rows(metrics::OptimizerRoute::kGpuTable, rows.numel() - on_host);
+  metrics::add_optimizer_rows(metrics::OptimizerRoute::kUva, on_host);
   if (on_host == 0) {
     launch_row_optimizer(in_slots, hyper, global_step, slot_of.const_data_ptr<int64_t>(),
                          grads.const_data_ptr<float>(), rows.numel(), full_grid(device), config.optimizer_vec4,
@@ -160,6 +163,17 @@ void flush_cache_gpu(std::optional<c10::Stream>& last_stream, const CacheSlots& 
   // The host rows are read (or written) next, on this thread.
   wait_for_uva_conflicts(table.storage().data(), UvaAccess::kWrite);
   if (state.defined()) wait_for_uva_conflicts(state.storage().data(), UvaAccess::kWrite);
+}
+
+std::array<int64_t, 2> take_lookup_counts_gpu(const std::optional<c10::Stream>& last_stream, at::Tensor& lookups) {
+  if (!last_stream.has_value()) return {0, 0};  // no call has run: nothing counted
+  c10::cuda::CUDAGuard guard(lookups.device());
+  // On the stream of the cache's last call: the copy waits for its kernels, and the zeroing comes before any later
+  // call's (a call on another stream first waits for this one, enter_stream).
+  const c10::cuda::CUDAStreamGuard on_last(c10::cuda::CUDAStream(*last_stream));
+  const at::Tensor held = lookups.to(at::kCPU);
+  lookups.zero_();
+  return {held[0].item<int64_t>(), held[1].item<int64_t>()};
 }
 
 void wait_for_cache_gpu(const std::optional<c10::Stream>& last_stream) {

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
 
+#include <array>
 #include <optional>
 #include <utility>
 
@@ -45,5 +46,9 @@ void flush_cache_gpu(std::optional<c10::Stream>& last_stream, const CacheSlots& 
                      bool empty, const CacheTensors& slots, const char* op);
 // Blocks until the cache's previous call has finished on the GPU.
 void wait_for_cache_gpu(const std::optional<c10::Stream>& last_stream);
+
+// The [hits, misses] counted in `lookups` (device memory) since the last call, which zeroes them; waits for the
+// cache's previous call.
+std::array<int64_t, 2> take_lookup_counts_gpu(const std::optional<c10::Stream>& last_stream, at::Tensor& lookups);
 
 }  // namespace speedtorch

@@ -31,6 +31,9 @@ struct CacheSlots {
   int64_t state_stride_floats;
   int64_t sets;
   int32_t ways;
+  // [hits, misses] of gathers' lookups (updates are not counted: they follow a gather of the same rows), in the
+  // cache's memory; nullptr: not counted. Folded into the library counters when they are read (cache/row_cache.h).
+  int64_t* lookups;
 };
 
 // The host table the cache stands in front of, at the addresses the code touching it uses (host pointers on the CPU,

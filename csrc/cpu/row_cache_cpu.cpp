@@ -36,6 +36,7 @@ int64_t find_or_insert(const CacheSlots& c, const CacheHostRows& h, int64_t id, 
     if (c.ids[s] == id) {
       c.ticks[s] = now;
       if (for_update && !c.state_loaded[s]) load_state(c, h, s, id);
+      if (!for_update && c.lookups != nullptr) ++c.lookups[0];
       return s;
     }
     if (c.ticks[s] < oldest) {
@@ -43,6 +44,7 @@ int64_t find_or_insert(const CacheSlots& c, const CacheHostRows& h, int64_t id, 
       victim = s;
     }
   }
+  if (!for_update && c.lookups != nullptr) ++c.lookups[1];
   if (victim < 0) return -1;
   if (c.ids[victim] >= 0 && c.dirty[victim]) write_back(c, h, victim);
   std::memcpy(slot_row(c, victim), host_row(h, id), h.row_bytes);

@@ -93,6 +93,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                               int for_update, int64_t* slots) {
   const int lane = static_cast<int>(threadIdx.x % kWarp);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+  // Gathers count hits and misses per block, then add them once: one global atomic per block, not per id.
+  __shared__ unsigned long long block_lookups[2];
+  if (threadIdx.x < 2) block_lookups[threadIdx.x] = 0;
+  __syncthreads();
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; i < count; i += warps) {
     const int64_t id = ids[i];
     const int64_t set = cache_set_of(id, c.sets);
@@ -106,6 +110,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const bool has_way = lane < c.ways;
     const int64_t my_id = has_way ? load_l2(c.ids + mine) : -2;
     const unsigned hits = __ballot_sync(kFullMask, my_id == id);
+    if (!for_update && lane == 0) atomicAdd(&block_lookups[hits != 0 ? 0 : 1], 1ULL);
     int64_t slot;
     if (hits != 0) {
       slot = first + __ffs(hits) - 1;
@@ -150,6 +155,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     __threadfence();  // release: every lane's writes reach L2 before the lock is seen free
     __syncwarp();
     if (lane == 0) atomicExch(c.set_locks + set, 0);
+  }
+  // Every warp of the block is past the loop and holds no set lock here.
+  __syncthreads();
+  if (c.lookups != nullptr && threadIdx.x < 2 && block_lookups[threadIdx.x] != 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(c.lookups) + threadIdx.x, block_lookups[threadIdx.x]);
   }
 }
 

@@ -10,6 +10,8 @@
 
 #include <array>
 #include <atomic>
+#include <map>
+#include <mutex>
 
 namespace speedtorch::metrics {
 namespace {
@@ -132,20 +134,60 @@ void add_cache_lookups(int64_t hits, int64_t misses) {
   if (misses) add(Counter::kCacheMisses, misses);
 }
 
+namespace {
+
+struct Folds {
+  std::mutex mutex;
+  int64_t next = 0;
+  std::map<int64_t, std::function<void()>> by_handle;
+};
+
+Folds& folds() {
+  static Folds* f = new Folds();  // never destroyed: caches may be dropped during static destruction
+  return *f;
+}
+
+void run_folds() {
+  Folds& f = folds();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  for (auto& [handle, fold] : f.by_handle) fold();
+}
+
+}  // namespace
+
+int64_t add_counter_fold(std::function<void()> fold) {
+  Folds& f = folds();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  const int64_t handle = f.next++;
+  f.by_handle.emplace(handle, std::move(fold));
+  return handle;
+}
+
+void remove_counter_fold(int64_t handle) {
+  Folds& f = folds();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  f.by_handle.erase(handle);
+}
+
 std::vector<CounterValue> snapshot() {
+  run_folds();
   std::vector<CounterValue> out;
   out.reserve(kNumCounters);
-  for (const CounterInfo& info : kCounterInfo) out.push_back({info.name, info.help, value(info.counter)});
+  for (const CounterInfo& info : kCounterInfo) {
+    out.push_back({info.name, info.help, g_counters[static_cast<int>(info.counter)].value.load(std::memory_order_relaxed)});
+  }
   return out;
 }
 
 int64_t value(Counter counter) {
   const int i = static_cast<int>(counter);
   TORCH_CHECK(i >= 0 && i < kNumCounters, "speedtorch metrics: no counter number ", i);
+  run_folds();
   return g_counters[i].value.load(std::memory_order_relaxed);
 }
 
 void reset() {
+  run_folds();  // counts still pending elsewhere belong to before the reset
   for (Slot& slot : g_counters) slot.value.store(0, std::memory_order_relaxed);
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace speedtorch::metrics {
@@ -64,6 +65,13 @@ void add_optimizer_step(int64_t index_rows, int64_t distinct_rows);
 void add_optimizer_rows(OptimizerRoute route, int64_t rows);
 // Lookups in a GPU-side row cache (or a hybrid table's device-resident rows): found there, or not.
 void add_cache_lookups(int64_t hits, int64_t misses);
+
+// Counts kept elsewhere until the counters are read: a row cache on a GPU counts its lookups in device memory (its
+// kernel decides hits; reading them per call would wait for the GPU). `fold` adds them with the functions above;
+// snapshot(), value() and reset() call every registered fold first. Returns a handle for remove_counter_fold, which
+// waits for a fold in progress.
+int64_t add_counter_fold(std::function<void()> fold);
+void remove_counter_fold(int64_t handle);
 
 struct CounterValue {
   const char* name;  // snake_case, e.g. "uva_gather_bytes" (Prometheus: speedtorch_<name>_total)

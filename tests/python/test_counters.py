@@ -103,6 +103,37 @@ def test_hybrid_table_reports_hits_and_misses():
     assert (s["gather_calls"], s["cpu_gather_rows"]) == (2, 5)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_row_cache_counts_hits_misses_and_each_path(device):
+    """The C++ row cache counts its lookups where it decides them (on a GPU: in its kernel, folded in when the
+    counters are read)."""
+    table = speedtorch.PinnedEmbedding(50, 4)
+    table.set_optimizer("sgd", {"lr": 0.1}, True)
+    table.enable_cache(16, device)
+    speedtorch.reset_stats()
+    on = torch.device(device)
+    table.gather(torch.tensor([1, 2, 3], device=on), None)  # 3 misses: they become cached
+    table.gather(torch.tensor([1, 2, 40, 2], device=on), None)  # 3 hits (2 twice), 1 miss
+    hot, cold = ("gpu_table_gather_rows", "uva_gather_rows") if device == "cuda" else ("cpu_gather_rows", None)
+    s = speedtorch.stats()
+    assert (s["cache_hits"], s["cache_misses"], s["gather_calls"]) == (3, 4, 2)
+    assert s["cache_hit_rate"] == pytest.approx(3 / 7)
+    if cold is None:
+        assert (s[hot], s[hot.replace("rows", "bytes")]) == (7, 7 * 16)
+    else:
+        assert (s[hot], s[cold], s[cold.replace("rows", "bytes")]) == (3, 4, 4 * 16)
+    assert speedtorch.stats()["cache_hits"] == 3  # folded once, not again at the next read
+    speedtorch.reset_stats()
+    table.apply_gradients(torch.tensor([1, 2, 2], device=on), torch.ones(3, 4, device=on))
+    s = speedtorch.stats()
+    route = "optimizer_gpu_table_rows" if device == "cuda" else "optimizer_cpu_rows"
+    assert (s["optimizer_steps"], s["optimizer_index_rows"], s["optimizer_rows_updated"], s[route]) == (1, 3, 2, 2)
+    assert (s["cache_hits"], s["cache_misses"]) == (0, 0)  # a step's lookups are not hits
+    table.gather(torch.tensor([7], device=on), None)
+    del table  # counts a dropped cache still held are folded in, not lost
+    assert speedtorch.stats()["cache_misses"] == 1
+
+
 # --- GPU paths ---------------------------------------------------------------------------------------------------
 
 
