@@ -11,7 +11,7 @@ CMAKE_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 LIB := $(BUILD)/libspeedtorch_ops.so
 
-.PHONY: demo test deps build test-cpp test-python test-package sanitize tsan fuzz fuzz-deps bench seed-speedtorch clean
+.PHONY: demo test deps build test-cpp test-python test-package sanitize tsan fuzz fuzz-deps bench seed-speedtorch device-deps clean
 
 demo: build
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) PYTHONPATH=$(abspath python) $(PYTHON) -m speedtorch demo
@@ -127,6 +127,17 @@ bench: build
 # sweep.py run beside speedtorch when CuPy and a GPU are there. Its distribution name is ours too, so it goes into a
 # folder of its own (bench/seed_speedtorch.py imports it from there), from the hash-pinned wheel. build-deps/ is
 # git-ignored and carried to the GPU machine, which has no network. The last line imports it (needs CuPy).
+# What the GPU machine (the device tool; no network there) lacks, gathered into build-deps/ for `carry: ["build-deps"]`:
+# xxHash's header (the library needs it), cpp-httplib for the example server (Debian's header, its library and the
+# brotli libraries that library links; bench/device_run.sh and bench/gpu_check.sh put build-deps/lib on
+# LD_LIBRARY_PATH), and SpeedTorch 0.1.6 for the benchmarks.
+MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+device-deps: deps seed-speedtorch
+	mkdir -p build-deps/include build-deps/lib
+	cp /usr/include/xxhash.h /usr/include/httplib.h build-deps/include/
+	cp -P /usr/lib/$(MULTIARCH)/libcpp-httplib.so* /usr/lib/$(MULTIARCH)/libbrotli*.so* build-deps/lib/
+	du -sh build-deps
+
 SEED_DIR := build-deps/seed-speedtorch
 SEED_WHEELS := build-deps/wheels
 seed-speedtorch:
