@@ -23,6 +23,7 @@
 #include "transfer/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "cache/row_cache_cuda.h"
 #endif
@@ -76,6 +77,10 @@ RowCache::RowCache(int64_t num_rows, at::Device device, const at::Tensor& table,
   rows_ = at::zeros({n, table.size(1)}, on.dtype(table.scalar_type()));
   if (state.defined()) state_ = at::zeros({n, state.size(1)}, on.dtype(at::kFloat));
   lookups_ = at::zeros({2}, on.dtype(at::kLong));
+#ifdef SPEEDTORCH_WITH_CUDA
+  // The fills above are queued on this stream: the first call, on whatever stream, must come after them.
+  if (device_.is_cuda()) last_stream_ = c10::cuda::getCurrentCUDAStream(device_.index()).unwrap();
+#endif
   fold_handle_ = metrics::add_counter_fold([this] { fold_counts(); });
 }
 
@@ -150,8 +155,11 @@ at::Tensor RowCache::gather(const at::Tensor& table, const at::Tensor& state, co
   if (target.is_cuda() && !target.has_index()) target = device_.is_cuda() ? device_ : at::Device(at::kCUDA, 0);
   std::vector<int64_t> shape = indices.sizes().vec();
   shape.push_back(table.size(1));
-  if (indices.numel() > 0) metrics::add_transfer_call(metrics::Direction::kGather);  // rows: fold_counts
   const int64_t now = ++tick_;
+  // Counted once the call went through (a bad index counts nothing); its rows are counted by fold_counts.
+  const auto count_call = [&] {
+    if (indices.numel() > 0) metrics::add_transfer_call(metrics::Direction::kGather);
+  };
   if (device_.is_cpu()) {
     const at::Tensor ids = indices.reshape({-1}).to(at::kCPU).to(at::kLong).contiguous();
     check_index_tensor(ids, table.size(0), op);
@@ -164,6 +172,7 @@ at::Tensor RowCache::gather(const at::Tensor& table, const at::Tensor& state, co
     at::Tensor out = at::empty({ids.numel(), table.size(1)}, at::TensorOptions().dtype(table.scalar_type()));
     read_cached_rows_cpu(cache, host, ids.const_data_ptr<int64_t>(), slot_of.const_data_ptr<int64_t>(), ids.numel(),
                          static_cast<char*>(out.data_ptr()));
+    count_call();
     return out.reshape(shape).to(target);
   }
 #ifdef SPEEDTORCH_WITH_CUDA
@@ -172,7 +181,9 @@ at::Tensor RowCache::gather(const at::Tensor& table, const at::Tensor& state, co
   const at::Tensor ids = cache_ids_on_gpu(last_stream_, slots, indices, table.size(0), device_, op);
   const CacheSlots cache = view();
   const at::Tensor slot_of = assign_cache_slots_gpu(cache, table, state, ids, now, false, op);
-  return read_cached_rows_gpu(cache, table, state, ids, slot_of, op).reshape(shape).to(target);
+  at::Tensor out = read_cached_rows_gpu(cache, table, state, ids, slot_of, op).reshape(shape).to(target);
+  count_call();
+  return out;
 #else
   TORCH_CHECK(false, op, ": this speedtorch library was built without CUDA");
 #endif

@@ -8,6 +8,7 @@
 #include <ATen/ops/nonzero.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -168,6 +169,9 @@ void flush_cache_gpu(std::optional<c10::Stream>& last_stream, const CacheSlots& 
 std::array<int64_t, 2> take_lookup_counts_gpu(const std::optional<c10::Stream>& last_stream, at::Tensor& lookups) {
   if (!last_stream.has_value()) return {0, 0};  // no call has run: nothing counted
   c10::cuda::CUDAGuard guard(lookups.device());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::CUDAStream(*last_stream).stream(), &capture));
+  if (capture != cudaStreamCaptureStatusNone) return {0, 0};  // nothing may wait there now: counted at a later read
   // On the stream of the cache's last call: the copy waits for its kernels, and the zeroing comes before any later
   // call's (a call on another stream first waits for this one, enter_stream).
   const c10::cuda::CUDAStreamGuard on_last(c10::cuda::CUDAStream(*last_stream));

@@ -12,6 +12,7 @@
 #include <shared_mutex>
 
 #include "cache/row_cache.h"
+#include "cpu/index_range_check.h"
 #include "memory/pinned_host_buffer.h"
 #include "optim/optimizer_config.h"
 #include "optim/row_optimizer.h"
@@ -227,7 +228,12 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
   optimizer_ = optimizer_name(hyper.kind);
   options_ = options.copy();
   step_ = 0;
-  if (cache_) cache_ = std::make_shared<RowCache>(cache_->slots(), cache_->device(), table_, state_);  // new layout
+  if (cache_) {  // a cache for the new layout; should building it fail, the table is left with none, not a stale one
+    const int64_t slots = cache_->slots();
+    const at::Device device = cache_->device();
+    cache_.reset();
+    cache_ = std::make_shared<RowCache>(slots, device, table_, state_);
+  }
 }
 
 void PinnedEmbedding::move_rows(at::Tensor& destination) {
@@ -251,7 +257,11 @@ void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tenso
   TORCH_CHECK(state_.defined(), "PinnedEmbedding.apply_gradients: no optimizer; call set_optimizer(kind, options) "
               "first");
   const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.apply_gradients");
-  if (cache_) {  // the cache sums duplicates itself, so sorted_unique has nothing to skip there
+  if (cache_) {
+    // The cache sums duplicates itself, so sorted_unique has nothing to skip there; the claim is still checked, so
+    // that a caller gets the same answer whatever the placement.
+    if (sorted_unique) check_sorted_unique_index_tensor(indices.reshape({-1}).cpu().contiguous(), table_.size(0),
+                                                        "PinnedEmbedding.apply_gradients");
     cache_->apply_gradients(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
                             "PinnedEmbedding.apply_gradients");
     ++step_;

@@ -57,8 +57,9 @@ constexpr std::array<CounterInfo, kNumCounters> kCounterInfo{{
     {Counter::kOptimizerUvaRows, "optimizer_uva_rows", "Distinct rows of pinned host tables updated by a GPU over UVA"},
     {Counter::kOptimizerGpuTableRows, "optimizer_gpu_table_rows", "Distinct rows of GPU-resident tables updated"},
     {Counter::kCacheHits, "cache_hits",
-     "Row lookups served by a GPU-side row cache (placement.HybridTable: its device-resident rows)"},
-    {Counter::kCacheMisses, "cache_misses", "Row lookups a GPU-side row cache did not hold (read from the host)"},
+     "Row lookups of gathers served by a row cache (PinnedEmbedding.enable_cache / placement='hybrid', or a "
+     "placement.HybridTable's device-resident rows)"},
+    {Counter::kCacheMisses, "cache_misses", "Row lookups of gathers a row cache did not hold (read from the host)"},
 }};
 
 constexpr bool table_in_enum_order() {
@@ -150,7 +151,15 @@ Folds& folds() {
 void run_folds() {
   Folds& f = folds();
   std::lock_guard<std::mutex> lock(f.mutex);
-  for (auto& [handle, fold] : f.by_handle) fold();
+  for (auto& [handle, fold] : f.by_handle) {
+    // One source that cannot be read (e.g. a GPU whose context a failed kernel broke) must not stop every later
+    // read of the counters: its counts stay where they are.
+    try {
+      fold();
+    } catch (const std::exception& e) {
+      TORCH_WARN("speedtorch metrics: a row cache's lookup counts could not be read and are left out: ", e.what());
+    }
+  }
 }
 
 }  // namespace

@@ -265,8 +265,10 @@ class HostEmbedding(torch.nn.Module):
 
     @torch.no_grad()
     def set_hot_rows(self, ids: torch.Tensor) -> None:
-        """``placement="hybrid"``: loads the rows ``ids`` (and their state) into the row cache now (they may leave
-        later, least recently used first); for a wrapped HybridTable: makes ``ids`` its device-resident rows."""
+        """``placement="hybrid"``: loads the rows ``ids`` into the row cache now (their weights; a row's optimizer state
+        follows at its first update). They may leave later, least recently used first, and a row whose set (32 ways,
+        by a hash of its id) is already full of the given rows stays on the host. For a wrapped HybridTable: makes
+        ``ids`` its device-resident rows."""
         table = self._hybrid("set_hot_rows")
         if isinstance(table, HybridTable):
             table.set_hot_rows(ids)

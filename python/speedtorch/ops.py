@@ -66,9 +66,14 @@ def transfer_config_override(**options: float) -> Iterator[dict[str, float]]:
         with speedtorch.transfer_config_override(uva_fraction=0.0):
             rows = speedtorch.gather(table, ids, "cuda")
 
-    Yields the settings in force inside. For one table's own settings, in force whichever thread uses it, see
-    ``PinnedEmbedding.set_transfer_option``."""
-    saved = transfer_config()
+    Yields the settings in force inside. Only the settings named are restored, to the values they had. The settings
+    are the process's: blocks in several threads at once see each other's values. For one table's own settings, in
+    force in whichever thread uses it and nowhere else, see ``PinnedEmbedding.set_transfer_option``."""
+    before = transfer_config()
+    unknown = sorted(set(options) - set(before))
+    if unknown:  # the library's message names the known ones
+        set_transfer_config(**{unknown[0]: options[unknown[0]]})
+    saved = {name: before[name] for name in options}
     try:
         set_transfer_config(**options)
         yield transfer_config()

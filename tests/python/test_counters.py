@@ -56,6 +56,10 @@ def test_cpu_gather_and_scatter():
 def test_failed_call_counts_nothing():
     with pytest.raises(IndexError):
         speedtorch.gather(torch.randn(5, 2), torch.tensor([0, 5]))
+    cached = speedtorch.PinnedEmbedding(5, 2)
+    cached.enable_cache(4, "cpu")
+    with pytest.raises(IndexError):
+        cached.gather(torch.tensor([0, 5]), None)
     assert_counters()
 
 

@@ -123,10 +123,13 @@ def test_duplicates_in_one_batch_sum_like_the_host(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_flush_writes_back_and_keeps_rows_cached(device):
     host, cached = pair(100, 4, torch.float32, "adam", {"lr": 0.1}, True, 32, device)
+    rows = cached.table()  # the host rows themselves, read below without table() (which would write back itself)
     run_both(host, cached, batches(100, 4, 2, 20), device)
     before = cached.cached_rows()
+    assert not torch.equal(rows, host.table())  # updates still only in the cache
     cached.flush_cache()
     assert cached.cached_rows() == before > 0
+    assert torch.equal(rows, host.table())  # flush_cache() itself wrote them back
     snap = cached.table().clone()  # table() writes back and empties: the caller may write what it gets
     assert cached.cached_rows() == 0
     assert torch.equal(snap, host.table())

@@ -111,6 +111,11 @@ def test_pinned_embedding_apply_gradients_with_the_skip():
         tables[1].apply_gradients(torch.tensor([4, 4, 7]), torch.randn(3, d), True)
     assert torch.equal(tables[1].table(), before[0]) and torch.equal(tables[1].state(), before[1])
     assert tables[1].step_count() == before[2]  # a refused step does not count
+    # A row cache sums duplicates itself, but the claim is checked all the same: the same answer on every placement.
+    tables[1].enable_cache(16, "cpu")
+    with pytest.raises(ValueError, match="sorted_unique=True"):
+        tables[1].apply_gradients(torch.tensor([4, 4, 7]), torch.randn(3, d), True)
+    assert tables[1].step_count() == before[2]
 
 
 def test_scripted_callers_may_leave_the_flag_out():

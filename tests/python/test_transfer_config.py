@@ -44,6 +44,20 @@ def test_override_restores_after_an_error_and_after_a_refused_value():
     assert speedtorch.transfer_config() == before
 
 
+def test_override_restores_only_what_it_set():
+    before = speedtorch.transfer_config()
+    with speedtorch.transfer_config_override(uva_fraction=0.5):
+        speedtorch.set_transfer_config(staging_chunk_bytes=1 << 16)  # set inside the block, not by it: kept
+    try:
+        assert speedtorch.transfer_config() == dict(before, staging_chunk_bytes=float(1 << 16))
+    finally:
+        speedtorch.set_transfer_config(staging_chunk_bytes=before["staging_chunk_bytes"])
+    with pytest.raises(RuntimeError, match="unknown transfer option 'bogus'"):
+        with speedtorch.transfer_config_override(uva_fraction=0.5, bogus=1):
+            pass
+    assert speedtorch.transfer_config() == before
+
+
 def test_deferred_checks_scope_restores_the_mode():
     assert torch.ops.speedtorch.deferred_index_checks() is False
     with speedtorch.deferred_index_checks():
