@@ -34,6 +34,21 @@ def fixed_label(data: dict, sweep: str) -> str:
     return f"at {base['dim']} wide" if sweep == "batch" else f"at {base['batch']:,} ids"
 
 
+def label_x_axis(ax, xs: list, data: dict, sweep: str, xlabel: str) -> None:
+    """The sweep's x axis: log2, ticks at the points (16k, 32k, ...)."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [f"{x // 1024}k" if x >= 1024 and x % 1024 == 0 else str(x) for x in xs])
+    ax.set_xlabel(f"{xlabel} ({fixed_label(data, sweep)})")
+
+
+def finish(fig, axes, title: str, path: Path) -> None:
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def draw_transfer(data: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     colors: dict[str, str] = {}
@@ -55,18 +70,12 @@ def draw_transfer(data: dict, path: Path) -> None:
                     continue
                 line = ax.plot(xs, ys, style, marker="o", color=colors.get(way), label=f"{way}, {words}")[0]
                 colors.setdefault(way, line.get_color())
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [f"{x // 1024}k" if x >= 1024 and x % 1024 == 0 else str(x) for x in xs])
-        ax.set_xlabel(f"{xlabel} ({fixed_label(data, sweep)})")
+        label_x_axis(ax, xs, data, sweep, xlabel)
         ax.set_ylabel("GB/s")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"Row transfer rate, {data['device']} ({data['table_mb']} MB table; bound: {data['bound']})",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    finish(fig, axes, f"Row transfer rate, {data['device']} ({data['table_mb']} MB table; bound: {data['bound']})",
+           path)
 
 
 def draw_step(data: dict, path: Path) -> None:
@@ -82,18 +91,12 @@ def draw_step(data: dict, path: Path) -> None:
             ys = [next((r["ms"] for r in p["step"] if r["way"] == way), None) for p in points]
             line = ax.plot(xs, ys, "-", marker="o", color=colors.get(way), label=way)[0]
             colors.setdefault(way, line.get_color())
-        ax.set_xscale("log", base=2)
+        label_x_axis(ax, xs, data, sweep, xlabel)
         ax.set_yscale("log")
-        ax.set_xticks(xs, [f"{x // 1024}k" if x >= 1024 and x % 1024 == 0 else str(x) for x in xs])
-        ax.set_xlabel(f"{xlabel} ({fixed_label(data, sweep)})")
         ax.set_ylabel("ms per training step")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"Training step time (Adam, Zipf ids), {data['device']} ({data['table_mb']} MB user table)",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    finish(fig, axes, f"Training step time (Adam, Zipf ids), {data['device']} ({data['table_mb']} MB user table)",
+           path)
 
 
 def main(argv=None) -> int:

@@ -27,12 +27,6 @@ std::vector<std::string> stats_help_op() {
   return help;
 }
 
-void record_cache_lookups_op(int64_t hits, int64_t misses) {
-  TORCH_CHECK(hits >= 0 && misses >= 0, "speedtorch.record_cache_lookups: hits and misses must be >= 0, got hits=",
-              hits, ", misses=", misses);
-  metrics::add_cache_lookups(hits, misses);
-}
-
 }  // namespace
 }  // namespace speedtorch::ops
 
@@ -42,5 +36,5 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
   m.def("reset_stats() -> ()", &speedtorch::metrics::reset);
   m.def("set_stats_enabled(bool enabled) -> ()", &speedtorch::metrics::set_enabled);
   m.def("stats_enabled() -> bool", &speedtorch::metrics::enabled);
-  m.def("record_cache_lookups(int hits, int misses) -> ()", &speedtorch::ops::record_cache_lookups_op);
+  m.def("record_cache_lookups(int hits, int misses) -> ()", &speedtorch::metrics::add_cache_lookups);  // checks its arguments
 }

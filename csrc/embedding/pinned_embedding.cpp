@@ -12,7 +12,6 @@
 #include <shared_mutex>
 
 #include "cache/row_cache.h"
-#include "cpu/index_range_check.h"
 #include "memory/pinned_host_buffer.h"
 #include "optim/optimizer_config.h"
 #include "optim/row_optimizer.h"
@@ -260,8 +259,7 @@ void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tenso
   if (cache_) {
     // The cache sums duplicates itself, so sorted_unique has nothing to skip there; the claim is still checked, so
     // that a caller gets the same answer whatever the placement.
-    if (sorted_unique) check_sorted_unique_index_tensor(indices.reshape({-1}).cpu().contiguous(), table_.size(0),
-                                                        "PinnedEmbedding.apply_gradients");
+    if (sorted_unique) check_sorted_unique_indices(indices, table_.size(0), "PinnedEmbedding.apply_gradients");
     cache_->apply_gradients(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
                             "PinnedEmbedding.apply_gradients");
     ++step_;

@@ -2,6 +2,8 @@
 #include "optim/row_optimizer.h"
 
 #include <ATen/ops/_unique2.h>
+#include <ATen/ops/le.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
@@ -59,6 +61,22 @@ void check_row_optimizer_arguments(const at::Tensor& weights, const at::Tensor& 
               ": grad must have shape indices.shape + (", d, ",) = ", indices.numel(), " rows, got ", grad.sizes());
 }
 
+IndexSpan check_sorted_unique_indices(const at::Tensor& indices, int64_t num_rows, const char* op) {
+  const at::Tensor flat = indices.reshape({-1});
+  if (flat.is_cpu()) return check_sorted_unique_index_tensor(flat.contiguous(), num_rows, op);
+  const int64_t n = flat.numel();
+  if (n == 0) return IndexSpan{};
+  const at::Tensor out_of_order = n > 1 ? at::le(flat.narrow(0, 1, n - 1), flat.narrow(0, 0, n - 1)).sum()
+                                        : at::zeros({}, flat.options().dtype(at::kLong));
+  const at::Tensor read = at::stack({flat[0].to(at::kLong), flat[n - 1].to(at::kLong), out_of_order.to(at::kLong)})
+                              .cpu();
+  const int64_t* v = read.const_data_ptr<int64_t>();
+  if (v[2] != 0 || v[0] < 0 || v[1] >= num_rows) {
+    check_sorted_unique_index_tensor(flat.cpu().contiguous(), num_rows, op);  // throws with the position
+  }
+  return IndexSpan{v[0], v[1]};
+}
+
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                          const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op,
                          bool sorted_unique) {
@@ -89,7 +107,7 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
   at::Tensor summed;
   if (sorted_unique) {
     // Already one gradient per distinct row: checked, then used as they are.
-    check_sorted_unique_index_tensor(idx, weights.size(0), op);
+    check_sorted_unique_indices(idx, weights.size(0), op);
     unique = idx.to(at::kLong);
     summed = rows_grad.to(at::kFloat).contiguous();
   } else {

@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "cpu/index_range_check.h"
 #include "optim/row_optimizer_math.h"
 
 namespace speedtorch {
@@ -26,6 +27,12 @@ namespace speedtorch {
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                          const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op,
                          bool sorted_unique = false);
+
+// The check behind sorted_unique=True, on indices of any device (also a row cache's steps, which sum duplicates
+// themselves but hold callers to the same claim): strictly increasing and in [0, num_rows), else an error naming
+// the position. CPU indices: one pass on the host. CUDA indices: neighbours compared on the GPU, read back with the
+// first and last index (which bound the rest) in one wait; the host check words a failure. Returns the span.
+IndexSpan check_sorted_unique_indices(const at::Tensor& indices, int64_t num_rows, const char* op);
 
 // The kernels' view of a table: weights and state tensors, at the addresses the kernel will use.
 OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state, char* weights_base,

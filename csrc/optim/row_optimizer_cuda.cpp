@@ -27,24 +27,6 @@
 namespace speedtorch {
 namespace {
 
-// Strictly increasing CUDA indices (sorted_unique=True), checked on the GPU: the count of neighbours out of order
-// comes back with the first and last index (which then bound the rest) in the one read the step waits for anyway.
-// A broken claim or a bad index is worded by the host check, before anything is updated.
-IndexSpan validate_sorted_unique_indices(const at::Tensor& indices, int64_t num_rows, const char* op) {
-  const int64_t n = indices.numel();
-  if (n == 0) return IndexSpan{};
-  const at::Tensor flat = indices.reshape({-1});
-  const at::Tensor out_of_order = n > 1 ? at::le(flat.narrow(0, 1, n - 1), flat.narrow(0, 0, n - 1)).sum()
-                                        : at::zeros({}, flat.options().dtype(at::kLong));
-  const at::Tensor read = at::stack({flat[0].to(at::kLong), flat[n - 1].to(at::kLong), out_of_order.to(at::kLong)})
-                              .cpu();
-  const int64_t* v = read.const_data_ptr<int64_t>();
-  if (v[2] != 0 || v[0] < 0 || v[1] >= num_rows) {
-    check_sorted_unique_index_tensor(flat.cpu(), num_rows, op);  // throws with the position
-  }
-  return IndexSpan{v[0], v[1]};
-}
-
 // Indices checked before anything is updated, with their span. A step reads the indices back to the host (the
 // de-duplication's output size) and waits for the stream, so it can neither be captured into a CUDA graph nor
 // defer its index checks: both are refused with what to do instead.
@@ -53,11 +35,10 @@ IndexSpan validated_span(const at::Tensor& indices, int64_t num_rows, cudaStream
   TORCH_CHECK(!stream_is_capturing(stream), op, ": an optimizer step cannot be captured into a CUDA graph: it "
               "de-duplicates the batch (torch.unique), whose size only the host learns; run the step outside the "
               "captured region (capture the forward and backward only)");
-  if (sorted_unique && indices.is_cpu()) return check_sorted_unique_index_tensor(indices, num_rows, op);
-  const std::optional<IndexSpan> span =
-      sorted_unique && !deferred_index_checks() ? std::optional<IndexSpan>(validate_sorted_unique_indices(indices,
-                                                                                                          num_rows, op))
-                                                : validate_indices(indices, num_rows, stream, op);
+  // CPU indices are checked on the host in any mode; CUDA ones under deferred checks are refused below.
+  const bool check_claim = sorted_unique && (indices.is_cpu() || !deferred_index_checks());
+  const std::optional<IndexSpan> span = check_claim ? check_sorted_unique_indices(indices, num_rows, op)
+                                                    : validate_indices(indices, num_rows, stream, op);
   TORCH_CHECK(span.has_value(), op, ": optimizer steps check their indices before updating anything, which waits "
               "for the stream; they cannot run with deferred index checks (speedtorch.set_deferred_index_checks)");
   return *span;

@@ -70,10 +70,7 @@ def transfer_config_override(**options: float) -> Iterator[dict[str, float]]:
     are the process's: blocks in several threads at once see each other's values. For one table's own settings, in
     force in whichever thread uses it and nowhere else, see ``PinnedEmbedding.set_transfer_option``."""
     before = transfer_config()
-    unknown = sorted(set(options) - set(before))
-    if unknown:  # the library's message names the known ones
-        set_transfer_config(**{unknown[0]: options[unknown[0]]})
-    saved = {name: before[name] for name in options}
+    saved = {name: before[name] for name in options if name in before}  # an unknown name raises below
     try:
         set_transfer_config(**options)
         yield transfer_config()

@@ -222,6 +222,28 @@ def test_device_table_refuses_a_lie():
     assert torch.equal(table.table(), before) and table.step_count() == 0
 
 
+@pytest.mark.gpu
+def test_host_indices_are_checked_under_deferred_checks_too(deferred_checks):
+    """A GPU step with ids on the host checks the claim on the host whatever the index-check mode; a cached table's
+    step checks it as the plain one does."""
+    table = speedtorch.PinnedEmbedding(10, 4)
+    table.set_optimizer("adam", {}, True)
+    before = table.table().clone()
+    with pytest.raises(ValueError, match="sorted_unique=True"):
+        table.apply_gradients(torch.tensor([2, 2]), torch.ones(2, 4, device="cuda"), True)
+    assert torch.equal(table.table(), before) and table.step_count() == 0
+
+
+@pytest.mark.gpu
+def test_a_gpu_cache_checks_the_claim_on_the_gpu():
+    table = speedtorch.PinnedEmbedding(10, 4)
+    table.set_optimizer("adam", {}, True)
+    table.enable_cache(4, "cuda")
+    with pytest.raises(ValueError, match="sorted_unique=True"):
+        table.apply_gradients(torch.tensor([5, 3], device="cuda"), torch.ones(2, 4, device="cuda"), True)
+    assert table.step_count() == 0
+
+
 @pytest.mark.parametrize("kind", ["adam", "rowwise_adagrad"])
 def test_cpu_kernels_give_the_same_bits_on_one_thread_as_on_two(kind):
     """Batches large enough to be split between threads (over the grain sizes) update and gather exactly as one
