@@ -37,6 +37,7 @@ from speedtorch.recommender import make_way, zipf_batches  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import seed_speedtorch  # noqa: E402
 from interleaved_timing import time_calls, time_steps  # noqa: E402
+from torch_staged_baseline import torch_staged_calls  # noqa: E402
 
 SEED_WAY = "speedtorch_2019"
 GPU_DEFAULTS = {"table_mb": 4096, "ways": ["speedtorch", "gpu_sparse_adam", SEED_WAY]}
@@ -77,14 +78,7 @@ def transfer_calls(table, batch, dim, seed, cuda, gen):
     pinned = torch.empty(batch, dim, pin_memory=True)
     staging = torch.empty(batch, dim, pin_memory=True)
 
-    def torch_gather():
-        torch.index_select(table, 0, idx_cpu, out=staging)
-        out.copy_(staging, non_blocking=True)
-
-    def torch_scatter():
-        staging.copy_(src)
-        table.index_copy_(0, idx_cpu, staging)
-
+    torch_gather, torch_scatter = torch_staged_calls(table, idx_cpu, out, src, staging)
     calls = {("bound", "h2d"): lambda: out.copy_(pinned, non_blocking=True),
              ("bound", "d2h"): lambda: pinned.copy_(src, non_blocking=True),
              ("speedtorch", "h2d"): lambda: speedtorch.gather(table, idx_gpu),

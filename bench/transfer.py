@@ -30,6 +30,7 @@ from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import seed_speedtorch  # noqa: E402
 from interleaved_timing import time_calls  # noqa: E402
+from torch_staged_baseline import torch_staged_calls  # noqa: E402
 
 SEED_ROW = f"{seed_speedtorch.LABEL} ModelFactory(CPUPinn=True)"
 
@@ -135,7 +136,6 @@ def gpu_benchmark(args) -> list[dict]:
         """SpeedTorch 0.1.6 and speedtorch's default plan on the same rows, timed in turns (`--rounds`)."""
         seed_idx = seed.indices(idx_gpu)
         seed.gather(seed_idx)  # the model variable holds a batch before the first write-back
-        speedtorch.set_transfer_config(uva_fraction=-1)
         timed = time_calls({("speedtorch", "h2d"): lambda: speedtorch.gather(table, idx_gpu),
                             ("seed", "h2d"): lambda: seed.gather(seed_idx),
                             ("speedtorch", "d2h"): lambda: speedtorch.scatter_(table, idx_gpu, src),
@@ -155,33 +155,25 @@ def gpu_benchmark(args) -> list[dict]:
             measure_limit()
             idx_gpu = idx_cpu.cuda()
             for fraction in args.fractions:
-                speedtorch.set_transfer_config(uva_fraction=fraction)
-                for direction, fn in (
-                    ("h2d", lambda: speedtorch.gather(table, idx_gpu)),
-                    ("d2h", lambda: speedtorch.scatter_(table, idx_gpu, src)),
-                ):
-                    record(threads, locality, "float32", f"speedtorch {fraction_label(fraction)}", direction,
-                           median_seconds(fn, args.reps))
+                with speedtorch.transfer_config_override(uva_fraction=fraction):
+                    for direction, fn in (
+                        ("h2d", lambda: speedtorch.gather(table, idx_gpu)),
+                        ("d2h", lambda: speedtorch.scatter_(table, idx_gpu, src)),
+                    ):
+                        record(threads, locality, "float32", f"speedtorch {fraction_label(fraction)}", direction,
+                               median_seconds(fn, args.reps))
             if locality == "spread":  # the UVA path without sorting its share, for comparison
-                speedtorch.set_transfer_config(uva_fraction=1.0, sort_uva_indices=0)
-                record(threads, locality, "float32", "speedtorch uva=1.00 unsorted", "h2d",
-                       median_seconds(lambda: speedtorch.gather(table, idx_gpu), args.reps))
-                record(threads, locality, "float32", "speedtorch uva=1.00 unsorted", "d2h",
-                       median_seconds(lambda: speedtorch.scatter_(table, idx_gpu, src), args.reps))
-                speedtorch.set_transfer_config(sort_uva_indices=1)
-            speedtorch.set_transfer_config(uva_fraction=-1)
+                with speedtorch.transfer_config_override(uva_fraction=1.0, sort_uva_indices=0):
+                    record(threads, locality, "float32", "speedtorch uva=1.00 unsorted", "h2d",
+                           median_seconds(lambda: speedtorch.gather(table, idx_gpu), args.reps))
+                    record(threads, locality, "float32", "speedtorch uva=1.00 unsorted", "d2h",
+                           median_seconds(lambda: speedtorch.scatter_(table, idx_gpu, src), args.reps))
+            # From here on the process's settings (the automatic plan).
             # Same call with host indices (the data loader's usual output).
             record(threads, locality, "float32", "speedtorch auto, CPU indices", "h2d",
                    median_seconds(lambda: speedtorch.gather(table, idx_cpu, "cuda"), args.reps))
 
-            def torch_staged_gather():
-                torch.index_select(table, 0, idx_cpu, out=staging)
-                out.copy_(staging, non_blocking=True)
-
-            def torch_staged_scatter():
-                staging.copy_(src)
-                table.index_copy_(0, idx_cpu, staging)
-
+            torch_staged_gather, torch_staged_scatter = torch_staged_calls(table, idx_cpu, out, src, staging)
             record(threads, locality, "float32", "torch index_select + pinned staging", "h2d",
                    median_seconds(torch_staged_gather, args.reps))
             record(threads, locality, "float32", "torch pinned staging + index_copy_", "d2h",

@@ -47,11 +47,11 @@ def main() -> int:
     for locality, idx in index_sets.items():
         for sort in (1, 0):
             for blocks in args.blocks:
-                speedtorch.set_transfer_config(
+                with speedtorch.transfer_config_override(
                     uva_fraction=1.0, uva_reach_bytes=0, sort_uva_indices=sort, uva_blocks_per_sm=blocks
-                )
-                h2d = gbps(nbytes, median_seconds(lambda: speedtorch.gather(table, idx), args.reps))
-                d2h = gbps(nbytes, median_seconds(lambda: speedtorch.scatter_(table, idx, src), args.reps))
+                ):
+                    h2d = gbps(nbytes, median_seconds(lambda: speedtorch.gather(table, idx), args.reps))
+                    d2h = gbps(nbytes, median_seconds(lambda: speedtorch.scatter_(table, idx, src), args.reps))
                 rows.append({"rows": locality, "sorted": bool(sort), "blocks/SM": blocks, "h2d GB/s": h2d,
                              "h2d of memcpy": h2d / limit, "d2h GB/s": d2h, "d2h of memcpy": d2h / limit})
                 print(rows[-1], flush=True)
