@@ -41,15 +41,18 @@ class ModelRunner {
 // module is moved to `device`; its PinnedEmbedding stays in pinned host memory and the GPU reads it over UVA.
 std::unique_ptr<ModelRunner> make_torchscript_runner(torch::jit::Module model, torch::Device device);
 
+#if SPEEDTORCH_SERVING_AOTI
 // An AOTInductor package of recommender_aoti.py, compiled for `device`'s type, run on `device` with up to
 // `concurrent_runs` calls at once, over the user table saved at `table_path`, opened with `table_mode` ("r", "r+"
-// or "c": docs/persistence.md; "c" keeps updates in memory only, as the scripted model does).
+// or "c": docs/persistence.md; "c" keeps updates in memory only, as the scripted model does). Built with
+// PyTorch >= 2.10 only (aoti_runner.cpp).
 std::unique_ptr<ModelRunner> make_aoti_runner(const std::string& package_path, const std::string& table_path,
                                               const std::string& table_mode, torch::Device device,
                                               size_t concurrent_runs);
+#endif
 
-// The runner for `model_path`: an AOTInductor package when it ends in .pt2 (then `table_path` is required), a
-// scripted model otherwise.
+// The runner for `model_path`: an AOTInductor package when it ends in .pt2 (then `table_path` is required; a server
+// built against PyTorch < 2.10 refuses it, saying so), a scripted model otherwise.
 std::unique_ptr<ModelRunner> open_model(const std::string& model_path, const std::string& table_path,
                                         torch::Device device, size_t concurrent_runs);
 

@@ -117,7 +117,10 @@ def track_table_state(module: torch.nn.Module, name: str) -> torch.nn.Module:
     ``<name>._extra_state``. Call it once, after setting the attribute; returns ``module``."""
     if not isinstance(getattr(module, name, None), torch.ScriptObject):
         raise TypeError(f"track_table_state: {type(module).__name__}.{name} is not a speedtorch.PinnedEmbedding")
+    # The public hook registrations came in torch 2.5; torch 2.4 has the same hooks under private names.
     post_hook = getattr(module, "register_state_dict_post_hook", None) or module._register_state_dict_hook
     post_hook(functools.partial(_save_hook, name))
-    module.register_load_state_dict_pre_hook(functools.partial(_load_hook, name))
+    pre_hook = getattr(module, "register_load_state_dict_pre_hook", None) or functools.partial(
+        module._register_load_state_dict_pre_hook, with_module=True)
+    pre_hook(functools.partial(_load_hook, name))
     return module

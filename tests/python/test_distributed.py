@@ -15,9 +15,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import distributed_workers as workers
-from speedtorch.distributed import HostTopology, RowLayout
-from speedtorch.nn import HostEmbedding
+if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+    pytest.skip("speedtorch.distributed needs torch >= 2.5", allow_module_level=True)
+
+import distributed_workers as workers  # noqa: E402
+from speedtorch.distributed import HostTopology, RowLayout  # noqa: E402
+from speedtorch.nn import HostEmbedding  # noqa: E402
 
 ROWS, DIM, BATCH, STEPS = 61, 6, 16, 3  # 61 rows: blocks of unequal size at every world size
 # SPEEDTORCH_TEST_DIST_BACKEND=nccl runs every test here with NCCL and a GPU per rank (the multi-GPU run): the GPU's

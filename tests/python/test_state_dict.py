@@ -109,6 +109,25 @@ class Holder(torch.nn.Module):
         self.scale = torch.nn.Parameter(torch.ones(1))
 
 
+class HolderOfTorch24(Holder):
+    """A module as torch 2.4 makes them: without the public state-dict hook registrations (torch 2.5 added them)."""
+
+    register_state_dict_post_hook = None
+    register_load_state_dict_pre_hook = None
+
+
+def test_tracking_works_through_torch_24s_private_hook_registrations():
+    a, b = HolderOfTorch24(), HolderOfTorch24()
+    a.emb.apply_gradients(torch.tensor([3, 4]), torch.ones(2, 4))
+    state = a.state_dict()
+    assert {"emb.weight", "emb.optimizer_state", "emb.optimizer_step", "emb._extra_state"} <= set(state)
+    b.load_state_dict(_round_trip(state))
+    assert torch.equal(b.emb.table(), a.emb.table()) and torch.equal(b.emb.state(), a.emb.state())
+    assert b.emb.step_count() == 1
+    with pytest.raises(RuntimeError, match=r"size mismatch for emb\.weight"):
+        HolderOfTorch24(rows=40).load_state_dict(state)
+
+
 def test_a_module_holding_a_pinned_embedding_keeps_it_in_its_state_dict():
     a, b = Holder(), Holder()
     a.emb.apply_gradients(torch.tensor([1, 2]), torch.ones(2, 4))

@@ -27,6 +27,10 @@ import recommender_aoti  # noqa: E402
 import recommender_model  # noqa: E402
 
 BUILD = Path(os.environ.get("SPEEDTORCH_BUILD_DIR", ROOT / "build")) / "torchscript_examples"
+# AOTInductor packages are built and served with PyTorch >= 2.10 (torchscript_examples/CMakeLists.txt).
+TORCH_RELEASE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+needs_package_serving = pytest.mark.skipif(TORCH_RELEASE < (2, 10),
+                                           reason="AOTInductor packages are served with PyTorch >= 2.10")
 
 
 def binary(name: str) -> str:
@@ -49,6 +53,8 @@ def saved(tmp_path_factory):
 @pytest.fixture(scope="session")
 def aoti_package(saved):
     """The scripted model's AOTInductor package for the CPU and its user table's files: (package, table)."""
+    if TORCH_RELEASE < (2, 10):
+        pytest.skip("AOTInductor packages are served with PyTorch >= 2.10")
     folder, model = saved
     model.users.save(str(folder / "users.npy"))
     recommender_aoti.export_package(model, folder / "model.pt2")
@@ -187,6 +193,7 @@ def test_server_refuses_a_table_the_package_was_not_compiled_for(saved, aoti_pac
 
 
 @pytest.mark.gpu
+@needs_package_serving
 def test_aoti_package_for_cuda_serves_the_same_answers(saved, tmp_path):
     # The package compiled for the GPU: the table stays in pinned host memory (opened from its files) and the
     # compiled program's speedtorch.gather reads it over UVA; both forms on the GPU, checked against the model.
@@ -205,6 +212,16 @@ def test_aoti_package_for_cuda_serves_the_same_answers(saved, tmp_path):
                           table=str(tmp_path / "users.npy")) as srv:
         assert srv.post("/update", {"ids": [5], "rows": [[0.25] * 16]}) == (200, {"updated": 1})
         assert srv.post("/lookup", {"ids": [5, 5]})[1]["rows"] == [[0.25] * 16] * 2
+
+
+@pytest.mark.skipif(TORCH_RELEASE >= (2, 10), reason="this server serves packages (test_load_test_compares_both_forms)")
+def test_a_server_built_before_torch_2_10_refuses_a_package_saying_why(saved, tmp_path):
+    # Its torch's package loader lacks what the AOTInductor runner uses: the server says so before reading the file.
+    package = tmp_path / "model.pt2"
+    package.write_bytes(b"not read")
+    out = subprocess.run([binary("speedtorch_server"), str(package), "--table", str(tmp_path / "users.npy")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "PyTorch >= 2.10" in out.stderr and "scripted model" in out.stderr, out.stderr
 
 
 def _start_server(folder: Path) -> subprocess.Popen:

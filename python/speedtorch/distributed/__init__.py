@@ -6,9 +6,16 @@ copy per host in shared memory, rows sharded over hosts; docs/distributed.md.
 - :class:`HostTopology`: which ranks share a host (``LOCAL_WORLD_SIZE``).
 """
 
-from .embedding import DistributedHostEmbedding
-from .row_sharding import RowLayout
-from .sharded_table import ShardedHostTable
-from .topology import HostTopology
+import torch
+
+# Its checkpoints are DTensors of the public torch.distributed.tensor API, which came in torch 2.5.
+if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+    raise ImportError(f"speedtorch.distributed needs torch >= 2.5 (torch.distributed.tensor.DTensor); this is torch "
+                      f"{torch.__version__}")
+
+from .embedding import DistributedHostEmbedding  # noqa: E402
+from .row_sharding import RowLayout  # noqa: E402
+from .sharded_table import ShardedHostTable  # noqa: E402
+from .topology import HostTopology  # noqa: E402
 
 __all__ = ["DistributedHostEmbedding", "HostTopology", "RowLayout", "ShardedHostTable"]
