@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+if torch.__version__ < (2, 5):
     pytest.skip("speedtorch.distributed needs torch >= 2.5", allow_module_level=True)
 
 import distributed_workers as workers  # noqa: E402

@@ -28,8 +28,8 @@ import recommender_model  # noqa: E402
 
 BUILD = Path(os.environ.get("SPEEDTORCH_BUILD_DIR", ROOT / "build")) / "torchscript_examples"
 # AOTInductor packages are built and served with PyTorch >= 2.10 (torchscript_examples/CMakeLists.txt).
-TORCH_RELEASE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-needs_package_serving = pytest.mark.skipif(TORCH_RELEASE < (2, 10),
+SERVES_PACKAGES = torch.__version__ >= (2, 10)  # TorchVersion compares with tuples
+needs_package_serving = pytest.mark.skipif(not SERVES_PACKAGES,
                                            reason="AOTInductor packages are served with PyTorch >= 2.10")
 
 
@@ -53,7 +53,7 @@ def saved(tmp_path_factory):
 @pytest.fixture(scope="session")
 def aoti_package(saved):
     """The scripted model's AOTInductor package for the CPU and its user table's files: (package, table)."""
-    if TORCH_RELEASE < (2, 10):
+    if not SERVES_PACKAGES:
         pytest.skip("AOTInductor packages are served with PyTorch >= 2.10")
     folder, model = saved
     model.users.save(str(folder / "users.npy"))
@@ -214,7 +214,7 @@ def test_aoti_package_for_cuda_serves_the_same_answers(saved, tmp_path):
         assert srv.post("/lookup", {"ids": [5, 5]})[1]["rows"] == [[0.25] * 16] * 2
 
 
-@pytest.mark.skipif(TORCH_RELEASE >= (2, 10), reason="this server serves packages (test_load_test_compares_both_forms)")
+@pytest.mark.skipif(SERVES_PACKAGES, reason="this server serves packages (test_load_test_compares_both_forms)")
 def test_a_server_built_before_torch_2_10_refuses_a_package_saying_why(saved, tmp_path):
     # Its torch's package loader lacks what the AOTInductor runner uses: the server says so before reading the file.
     package = tmp_path / "model.pt2"

@@ -9,7 +9,7 @@ copy per host in shared memory, rows sharded over hosts; docs/distributed.md.
 import torch
 
 # Its checkpoints are DTensors of the public torch.distributed.tensor API, which came in torch 2.5.
-if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+if torch.__version__ < (2, 5):
     raise ImportError(f"speedtorch.distributed needs torch >= 2.5 (torch.distributed.tensor.DTensor); this is torch "
                       f"{torch.__version__}")
 
