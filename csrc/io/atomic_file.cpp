@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "io/file_mode.h"
+
 namespace speedtorch::io {
 namespace {
 
@@ -27,7 +29,7 @@ AtomicFile::AtomicFile(std::string path, std::string what) : path_(std::move(pat
   static std::atomic<uint64_t> counter{0};
   // Beside the target, so the rename stays within one file system (and so is atomic).
   temp_path_ = path_ + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter.fetch_add(1));
-  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  fd_ = open_new_file(temp_path_);
   TORCH_CHECK(fd_ >= 0, what_, ": cannot create ", temp_path_, " (beside ", path_, "): ", std::strerror(errno),
               "; the directory must exist and be writable");
 }
@@ -52,6 +54,7 @@ void AtomicFile::write(const void* data, std::size_t size) {
 
 void AtomicFile::finish() {
   TORCH_CHECK(!finished_, what_, ": finish() called twice");
+  keep_mode_of(path_, fd_, what_);
   TORCH_CHECK(::fsync(fd_) == 0, what_, ": flushing ", temp_path_, " to disk failed: ", std::strerror(errno));
   const int rc = ::close(fd_);
   fd_ = -1;

@@ -13,6 +13,7 @@
 #include <limits>
 #include <sstream>
 
+#include "io/file_mode.h"
 #include "io/message_text.h"
 #include "io/progress_meter.h"
 #include "memory/pinned_host_buffer.h"
@@ -520,7 +521,7 @@ NpyHeader create_zero_npy(const std::string& path, c10::ScalarType dtype, c10::I
   const std::string header = encode_npy_header(dtype, shape);
   NpyHeader h = parse_npy_header(header.data(), header.size(), path);
   // O_EXCL: never truncate a file someone else's table lives in.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  const int fd = open_new_file(path);
   TORCH_CHECK(fd >= 0, "speedtorch: cannot create ", path, ": ", std::strerror(errno),
               errno == EEXIST ? " (remove it first, or open it with PinnedEmbedding.open)" : "");
   const bool ok = ::write(fd, header.data(), header.size()) == static_cast<ssize_t>(header.size()) &&

@@ -246,6 +246,30 @@ def test_save_load_keeps_rows_state_and_config(tmp_path, dtype, beside):
     assert rows.shape == (300, 12)
 
 
+def test_saves_keep_the_mode_of_the_files_they_replace(tmp_path):
+    """One rule for file permissions (csrc/io/file_mode.h): a save used to turn a 0600 table into 0644 (its temporary
+    was made 0666 and renamed over it), and create() made 0600 files whatever the umask."""
+    emb = trained_table(10, 4)
+    stem = tmp_path / "t"
+    emb.save(str(stem))
+    files = [tmp_path / name for name in ("t.npy", "t.state.npy", "t.meta.json")]
+    for file in files:
+        os.chmod(file, 0o600)
+    emb.save(str(stem))
+    data.save_npy(torch.ones(3), tmp_path / "x.npy")
+    os.chmod(tmp_path / "x.npy", 0o640)
+    data.save_npy(torch.zeros(3), tmp_path / "x.npy")
+    assert [os.stat(f).st_mode & 0o777 for f in files] == [0o600] * 3
+    assert os.stat(tmp_path / "x.npy").st_mode & 0o777 == 0o640
+    old = os.umask(0o022)
+    try:
+        speedtorch.PinnedEmbedding.create(str(tmp_path / "new"), 10, 4, torch.float32, "adagrad", {})
+    finally:
+        os.umask(old)
+    for name in ("new.npy", "new.state.npy", "new.meta.json"):
+        assert os.stat(tmp_path / name).st_mode & 0o777 == 0o644, name
+
+
 def test_plain_npy_loads_as_rows_only(tmp_path):
     array = np.random.default_rng(2).standard_normal((40, 6)).astype(np.float32)
     np.save(tmp_path / "plain.npy", array)
