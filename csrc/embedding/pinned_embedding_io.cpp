@@ -5,12 +5,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <shared_mutex>
+#include <vector>
 
 #include "embedding/pinned_embedding.h"
 #include "io/embedding_files.h"
+#include "io/file_mode.h"
 #include "io/npy_file.h"
 #include "optim/optimizer_config.h"
 #include "transfer/host_access_tracker.h"
@@ -170,15 +174,34 @@ c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::create(const std::string& p
   meta.state_width = optimizer.empty() ? 0 : state_width(optimizer, options, dim);  // validates name and options
   meta.state_beside_rows = false;  // each in a file of its own, as open() maps them
   const io::EmbeddingPaths paths = io::embedding_paths(path);
-  io::create_zero_npy(paths.table, dtype, {num_rows, dim});
+  // Refused before anything is touched when any of the three files is there (a table someone else uses, or a
+  // state or meta file that would end up beside rows it does not describe).
+  for (const std::string* file : {&paths.table, &paths.state, &paths.meta}) {
+    const int err = ::access(file->c_str(), F_OK) == 0 ? EEXIST : errno;
+    TORCH_CHECK(err == ENOENT, "PinnedEmbedding.create: cannot create ", *file, ": ", std::strerror(err),
+                " (create() makes new files only: remove the table's files first, or open it with "
+                "PinnedEmbedding.open)");
+  }
+  // Each file is created exclusively (O_EXCL), so one made by someone else in the meantime is never taken over;
+  // on failure only the files made here are removed.
+  std::vector<std::string> made;
   try {
-    if (meta.state_width > 0) io::create_zero_npy(paths.state, at::kFloat, {num_rows, meta.state_width});
+    io::create_zero_npy(paths.table, dtype, {num_rows, dim});
+    made.push_back(paths.table);
+    if (meta.state_width > 0) {
+      io::create_zero_npy(paths.state, at::kFloat, {num_rows, meta.state_width});
+      made.push_back(paths.state);
+    }
+    // The meta's name is claimed the same way; write_embedding_meta then replaces that empty file atomically.
+    const int fd = io::open_new_file(paths.meta);
+    TORCH_CHECK(fd >= 0, "PinnedEmbedding.create: cannot create ", paths.meta, ": ", std::strerror(errno));
+    ::close(fd);
+    made.push_back(paths.meta);
     auto e = map_files(path, meta, FileMapping::kReadWrite);
     io::write_embedding_meta(path, meta, e->table_, e->state_);
     return e;
   } catch (...) {  // half-made files would only be in the way of the next try
-    ::unlink(paths.table.c_str());
-    ::unlink(paths.state.c_str());
+    for (const std::string& file : made) ::unlink(file.c_str());
     throw;
   }
 }

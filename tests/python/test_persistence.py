@@ -507,3 +507,12 @@ def test_create_makes_zero_files_that_open_shares(tmp_path):
     with pytest.raises(RuntimeError, match="unknown optimizer"):
         speedtorch.PinnedEmbedding.create(str(tmp_path / "bad"), 10, 8, torch.float32, "adamm", {})
     assert not any(p.name.startswith("bad") for p in tmp_path.iterdir())  # nothing half-made is left
+    # Any one of the three files already there: refused before anything is touched, and that file survives whole.
+    for existing in (".npy", ".state.npy", ".meta.json"):
+        stem = tmp_path / f"taken{existing.replace('.', '-')}"
+        (tmp_path / (stem.name + existing)).write_bytes(b"not ours")
+        with pytest.raises(RuntimeError, match="exists"):
+            speedtorch.PinnedEmbedding.create(str(stem), 10, 8, torch.float32, "adam", {})
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(stem.name)] == [stem.name + existing]
+        assert (tmp_path / (stem.name + existing)).read_bytes() == b"not ours"
+    assert np.load(path + ".npy").shape == (300, 8)  # the refused create above left the first table alone
