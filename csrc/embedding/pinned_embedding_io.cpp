@@ -151,13 +151,8 @@ c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::load(const std::string& pat
 }
 
 c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::open(const std::string& path, const std::string& mode) {
-  const io::EmbeddingMeta meta = io::read_embedding_meta(path);
-  const io::NpyHeader header = io::read_npy_header(io::embedding_paths(path).table);
-  TORCH_CHECK(header.dtype == meta.dtype || (header.dtype == at::kUInt16 && meta.dtype == at::kBFloat16),
-              "PinnedEmbedding.open: ", io::embedding_paths(path).table, " holds ", header.descr, " data; a mapped "
-              "table is used as the file stores it, and tables are float32, float16 or bfloat16. load() converts "
-              "it, or save the array as float32");
-  return map_files(path, meta, mapping_of_mode(mode));
+  const FileMapping mapping = mapping_of_mode(mode);
+  return map_files(path, io::read_embedding_meta(path), mapping);
 }
 
 c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::create(const std::string& path, int64_t num_rows, int64_t dim,
@@ -209,17 +204,26 @@ c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::create(const std::string& p
 c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::map_files(const std::string& path, const io::EmbeddingMeta& meta,
                                                                FileMapping mapping) {
   const io::EmbeddingPaths paths = io::embedding_paths(path);
-  const io::NpyHeader header = io::read_npy_header(paths.table);
   auto e = c10::make_intrusive<PinnedEmbedding>(int64_t{0}, meta.dim, meta.dtype);
+  // Each file's header is read from its mapping, and checked against the meta read before: a save that replaced
+  // the files in between is an error, never a view past the end of a smaller file.
   auto table_buffer = std::make_shared<PinnedHostBuffer>(paths.table, mapping, /*pin=*/true);
+  const io::NpyHeader header = io::mapped_npy_header(table_buffer->data(), table_buffer->size(), paths.table);
+  TORCH_CHECK(header.dtype == meta.dtype || (header.dtype == at::kUInt16 && meta.dtype == at::kBFloat16),
+              "PinnedEmbedding.open: ", paths.table, " holds ", header.descr, " data; a mapped table is used as the "
+              "file stores it, and tables are float32, float16 or bfloat16. load() converts it, or save the array "
+              "as float32");
+  io::check_table_header(header, meta, paths.table, paths.meta);
   e->table_ = tensor_over(table_buffer, header.data_offset, {meta.num_rows, meta.dim}, {meta.dim, 1}, meta.dtype);
   e->table_buffer_ = std::move(table_buffer);
   if (!meta.optimizer.empty()) {
     const int64_t width = state_width(meta.optimizer, meta.options, meta.dim);  // validates name and options
     TORCH_CHECK(width == meta.state_width, "PinnedEmbedding.open: ", paths.state, " holds ", meta.state_width,
                 " floats of state per row; ", meta.optimizer, " with these options keeps ", width);
-    const io::NpyHeader state_header = io::read_npy_header(paths.state);
     auto state_buffer = std::make_shared<PinnedHostBuffer>(paths.state, mapping, /*pin=*/true);
+    const io::NpyHeader state_header =
+        io::mapped_npy_header(state_buffer->data(), state_buffer->size(), paths.state);
+    io::check_state_header(state_header, meta, paths.state);
     e->state_ = tensor_over(state_buffer, state_header.data_offset, {meta.num_rows, width}, {width, 1}, at::kFloat);
     e->state_buffer_ = std::move(state_buffer);
     e->optimizer_ = meta.optimizer;

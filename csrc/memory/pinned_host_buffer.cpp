@@ -130,6 +130,8 @@ PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping,
     : mapping_(mapping), path_(path) {
   TORCH_CHECK(mapping != FileMapping::kNone, "speedtorch: a file-backed buffer needs a mapping mode");
   const bool writable = mapping != FileMapping::kReadOnly;
+  // One descriptor, opened once: the caller reads the header from the memory mapped here, never from another open
+  // of the path, which a save may have replaced in between.
   const int fd = ::open(path.c_str(), (mapping == FileMapping::kReadWrite ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   TORCH_CHECK(fd >= 0, "speedtorch: cannot open ", path, " to map it: ", std::strerror(errno),
               mapping == FileMapping::kReadWrite && errno == EACCES ? " (mode 'r+' needs write permission)" : "");
@@ -269,6 +271,27 @@ at::Tensor tensor_over(const std::shared_ptr<PinnedHostBuffer>& buffer, int64_t 
                        at::IntArrayRef strides, c10::ScalarType dtype) {
   TORCH_CHECK(offset_bytes >= 0 && static_cast<std::size_t>(offset_bytes) <= buffer->size(),
               "speedtorch: view offset ", offset_bytes, " outside a buffer of ", buffer->size(), " bytes");
+  TORCH_CHECK(sizes.size() == strides.size(), "speedtorch: a view needs one stride per size, got sizes ", sizes,
+              " and strides ", strides);
+  // The last byte the view reaches must lie in the buffer: a view past its end (a file that shrank between reading
+  // its header and mapping it) would fault on the first read there.
+  uint64_t extent = 1;  // elements, up to and including the last one
+  bool empty = false;
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    TORCH_CHECK(sizes[d] >= 0 && strides[d] >= 0, "speedtorch: a view of host memory has non-negative sizes and "
+                "strides, got sizes ", sizes, " and strides ", strides);
+    empty = empty || sizes[d] == 0;
+    if (sizes[d] > 0) {
+      const uint64_t step = static_cast<uint64_t>(sizes[d] - 1) * static_cast<uint64_t>(strides[d]);
+      TORCH_CHECK(strides[d] == 0 || step / static_cast<uint64_t>(strides[d]) == static_cast<uint64_t>(sizes[d] - 1),
+                  "speedtorch: a view of sizes ", sizes, " and strides ", strides, " overflows");
+      extent += step;
+    }
+  }
+  const uint64_t available = (buffer->size() - static_cast<std::size_t>(offset_bytes)) / c10::elementSize(dtype);
+  TORCH_CHECK(empty || extent <= available, "speedtorch: a view of sizes ", sizes, " and strides ", strides,
+              " (", dtype, ") from byte ", offset_bytes, " reaches past the end of a buffer of ", buffer->size(),
+              " bytes (the file is shorter than its header says?)");
   void* data = static_cast<char*>(buffer->data()) + offset_bytes;
   return at::from_blob(
       data, sizes, strides, [keep = buffer](void*) mutable { keep.reset(); },

@@ -90,6 +90,7 @@ at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype);
 
 // A tensor viewing `buffer` from `offset_bytes` with the given sizes and strides (in elements); it keeps the buffer
 // alive. Several such views may share one buffer (e.g. a table's rows and their optimizer state side by side).
+// Throws c10::Error unless every element lies within the buffer's size() bytes.
 at::Tensor tensor_over(const std::shared_ptr<PinnedHostBuffer>& buffer, int64_t offset_bytes, at::IntArrayRef sizes,
                        at::IntArrayRef strides, c10::ScalarType dtype);
 

@@ -5,7 +5,9 @@
 
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "error_text.h"
@@ -56,6 +58,22 @@ TEST(PinnedEmpty, StorageOutlivesTheFirstTensor) {
   }
   view.fill_(2.0);
   EXPECT_EQ(view.sum().item<float>(), 40.0f);
+}
+
+// A view must lie within its buffer: a file that shrank between reading its header and mapping it used to give a
+// view past the mapping's end, and a SIGBUS at the first read there (issue 22).
+TEST(TensorOver, RefusesViewsPastTheBuffer) {
+  auto buffer = std::make_shared<PinnedHostBuffer>(100, false);
+  EXPECT_EQ(tensor_over(buffer, 0, {25}, {1}, at::kFloat).numel(), 25);
+  EXPECT_EQ(tensor_over(buffer, 4, {4, 6}, {6, 1}, at::kFloat).numel(), 24);  // bytes 4 .. 100
+  EXPECT_EQ(tensor_over(buffer, 100, {0, 6}, {6, 1}, at::kFloat).numel(), 0);
+  for (const auto& [offset, sizes, strides] :
+       std::vector<std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>>>{
+           {4, {25}, {1}}, {0, {5, 5}, {6, 1}}, {0, {2, 2}, {int64_t{1} << 61, 1}}, {0, {26}, {1}}}) {
+    const std::string message = testing::error_of([&] { tensor_over(buffer, offset, sizes, strides, at::kFloat); });
+    EXPECT_TRUE(message.find("past the end") != std::string::npos || message.find("overflows") != std::string::npos)
+        << message;
+  }
 }
 
 TEST(PinnedEmpty, ZeroRowsAndNegativeSizes) {
