@@ -104,7 +104,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
 
   // --- files (pinned_embedding_io.cpp; formats in io/embedding_files.h) ---
   // Saves the rows, the optimizer's name, options, state and step count to `path` (+ .state.npy, .meta.json),
-  // streamed in chunks, atomically.
+  // streamed in chunks, atomically. Onto the files of an "r+" table (its own: flush(); another's: refused), as
+  // io/mapped_file_guard.h says.
   void save(const std::string& path) const;
   // save(path) unless the files at `path` already hold exactly this table: whole files whose meta records the
   // table's shape, dtype, optimizer, options and step count, and content hashes equal to those of the rows and state

@@ -6,8 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <shared_mutex>
 #include <vector>
@@ -15,6 +13,7 @@
 #include "embedding/pinned_embedding.h"
 #include "io/embedding_files.h"
 #include "io/file_mode.h"
+#include "io/mapped_file_guard.h"
 #include "io/npy_file.h"
 #include "optim/optimizer_config.h"
 #include "transfer/host_access_tracker.h"
@@ -28,13 +27,6 @@ FileMapping mapping_of_mode(const std::string& mode) {
   if (mode == "c") return FileMapping::kCopyOnWrite;
   TORCH_CHECK(false, "PinnedEmbedding.open: mode must be 'r' (read-only), 'r+' (changes reach the file) or 'c' "
               "(copy-on-write), as numpy.load's mmap_mode; got '", mode, "'");
-}
-
-// Whether two paths name the same existing file.
-bool same_file(const std::string& a, const std::string& b) {
-  char ra[PATH_MAX];
-  char rb[PATH_MAX];
-  return realpath(a.c_str(), ra) != nullptr && realpath(b.c_str(), rb) != nullptr && std::string(ra) == rb;
 }
 
 int64_t file_size(const std::string& path) {
@@ -122,9 +114,11 @@ bool PinnedEmbedding::files_hold_table_locked(const std::string& path) const {
 }
 
 void PinnedEmbedding::save_locked(const std::string& path) const {
-  // Saving an 'r+' table onto its own files would rename new files over the mapped ones: flush them instead.
-  if (table_buffer_->mapping() == FileMapping::kReadWrite &&
-      same_file(io::embedding_paths(path).table, io::embedding_paths(files_path_).table)) {
+  // Saving an 'r+' table onto its own files would rename new files over the mapped ones: flush them instead
+  // (io/mapped_file_guard.h: the rule save_npy follows too; other data onto a mapped file is refused).
+  if (io::saves_mapped_data_itself(io::embedding_paths(path).table, table_, "PinnedEmbedding.save")) {
+    TORCH_CHECK(table_buffer_->mapping() == FileMapping::kReadWrite, "PinnedEmbedding.save: internal error: a "
+                "table matching an 'r+' mapping of ", path, " is not mapped itself");
     flush_locked();
     return;
   }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "io/file_mode.h"
+#include "io/mapped_file_guard.h"
 
 namespace speedtorch::io {
 namespace {
@@ -26,6 +27,7 @@ std::string directory_of(const std::string& path) {
 
 AtomicFile::AtomicFile(std::string path, std::string what) : path_(std::move(path)), what_(std::move(what)) {
   TORCH_CHECK(!path_.empty(), what_, ": the path is empty");
+  check_not_mapped_read_write(path_, what_);  // refused before anything is written
   static std::atomic<uint64_t> counter{0};
   // Beside the target, so the rename stays within one file system (and so is atomic).
   temp_path_ = path_ + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter.fetch_add(1));
@@ -65,6 +67,7 @@ void AtomicFile::finish() {
 void AtomicFile::commit(bool sync_directory) {
   TORCH_CHECK(finished_, what_, ": commit() before finish()");
   TORCH_CHECK(!committed_, what_, ": commit() called twice");
+  check_not_mapped_read_write(path_, what_);  // a mapping may have appeared while the temporary was written
   TORCH_CHECK(::rename(temp_path_.c_str(), path_.c_str()) == 0, what_, ": renaming ", temp_path_, " to ", path_,
               " failed: ", std::strerror(errno));
   committed_ = true;

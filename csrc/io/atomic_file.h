@@ -1,7 +1,8 @@
 // A file written so that readers see the old version or the new one, never a mix: the bytes go to a temporary
 // beside the target, finish() flushes it to disk, commit() renames it over the target and flushes the directory. A
 // crash, an error or destruction before commit() leaves the target untouched (the temporary is removed when this
-// object is destroyed). The new file has the permissions of the one it replaces, or a new file's (io/file_mode.h).
+// object is destroyed). The new file has the permissions of the one it replaces, or a new file's (io/file_mode.h);
+// a target this process maps read-write is never replaced (io/mapped_file_guard.h).
 #pragma once
 
 #include <cstddef>

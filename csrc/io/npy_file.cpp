@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "io/file_mode.h"
+#include "io/mapped_file_guard.h"
 #include "io/message_text.h"
 #include "io/progress_meter.h"
 #include "memory/pinned_host_buffer.h"
@@ -518,6 +519,13 @@ uint64_t save_npy(const at::Tensor& tensor, const std::string& path) {
   // Rows a GPU kernel is still writing into a pinned table must land before the file is written.
   if (tensor.device().is_cpu() && tensor.numel() > 0) {
     wait_for_uva_conflicts(tensor.storage().data(), UvaAccess::kRead);
+  }
+  // Onto the file this very tensor maps read-write: written back in place, not replaced (io/mapped_file_guard.h).
+  if (saves_mapped_data_itself(path, tensor, "speedtorch.save_npy")) {
+    flush_file_mapping_holding(tensor.data_ptr());
+    ContentHasher hasher;
+    hasher.update(tensor.data_ptr(), static_cast<std::size_t>(tensor.nbytes()));
+    return hasher.digest();
   }
   NpyWriter writer(path, tensor.scalar_type(), tensor.sizes().vec());
   writer.write(tensor);

@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <iterator>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -66,6 +67,24 @@ std::optional<ReadOnlyRange> read_only_range_of(const void* ptr) {
   return it->second;
 }
 
+// Every live read-write (mode 'r+') file mapping, by begin: which file it maps (device and inode, so that any name
+// of the file finds it), for the guard against saves replacing a mapped file (io/mapped_file_guard.h).
+struct ReadWriteMapping {
+  std::uintptr_t end;
+  dev_t device;
+  ino_t inode;
+};
+std::mutex read_write_mappings_mutex;
+std::map<std::uintptr_t, ReadWriteMapping>& read_write_mappings() {
+  static auto* mappings = new std::map<std::uintptr_t, ReadWriteMapping>();  // as read_only_ranges()
+  return *mappings;
+}
+
+void remove_read_write_mapping(const void* data) {
+  std::lock_guard<std::mutex> lock(read_write_mappings_mutex);
+  read_write_mappings().erase(reinterpret_cast<std::uintptr_t>(data));
+}
+
 }  // namespace
 
 bool is_device_read_only_host_memory(const void* ptr) { return read_only_range_of(ptr).has_value(); }
@@ -81,6 +100,37 @@ void check_host_memory_writable(const at::Tensor& tensor, const char* op, const 
               "(speedtorch.data.open_npy / speedtorch.map_npy / PinnedEmbedding.open with mode 'r'): writing it "
               "would crash the process. Open the file with mode 'r+' (changes reach the file) or 'c' "
               "(copy-on-write), or load it into memory");
+}
+
+std::vector<FileMappingRange> read_write_mappings_of_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  std::vector<FileMappingRange> out;
+  std::lock_guard<std::mutex> lock(read_write_mappings_mutex);
+  for (const auto& [begin, mapping] : read_write_mappings()) {
+    if (mapping.device == st.st_dev && mapping.inode == st.st_ino) {
+      out.push_back({reinterpret_cast<const void*>(begin), static_cast<std::size_t>(mapping.end - begin)});
+    }
+  }
+  return out;
+}
+
+void flush_file_mapping_holding(const void* ptr) {
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  std::uintptr_t begin = 0;
+  std::uintptr_t end = 0;
+  {
+    std::lock_guard<std::mutex> lock(read_write_mappings_mutex);
+    const auto& mappings = read_write_mappings();
+    auto it = mappings.upper_bound(p);
+    TORCH_CHECK(it != mappings.begin() && p < std::prev(it)->second.end, "speedtorch: no read-write file mapping "
+                "holds the memory to flush");
+    begin = std::prev(it)->first;
+    end = std::prev(it)->second.end;
+  }
+  // The caller holds a tensor of the mapping, so it stays mapped while it is written back.
+  TORCH_CHECK(msync(reinterpret_cast<void*>(begin), end - begin, MS_SYNC) == 0, "speedtorch: writing a mapped file "
+              "back (msync) failed: ", std::strerror(errno));
 }
 
 bool cuda_device_available() {
@@ -156,6 +206,11 @@ PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping,
   data_ = p;
   // Known from the start, pinned or not: the operators refuse to write it (the CPU would fault) before they try.
   if (mapping == FileMapping::kReadOnly) add_read_only_range(data_, mapped_size_, /*host_writes_fault=*/true);
+  if (mapping == FileMapping::kReadWrite) {
+    std::lock_guard<std::mutex> lock(read_write_mappings_mutex);
+    read_write_mappings()[reinterpret_cast<std::uintptr_t>(data_)] =
+        ReadWriteMapping{reinterpret_cast<std::uintptr_t>(data_) + size_, st.st_dev, st.st_ino};
+  }
   if (pin_now) pin_or_unmap();
 }
 
@@ -170,6 +225,7 @@ void PinnedHostBuffer::pin_or_unmap() {
     pin();
   } catch (...) {  // a constructor that throws runs no destructor: release the mapping here
     remove_read_only_range(data_);
+    remove_read_write_mapping(data_);
     munmap(data_, mapped_size_);
     data_ = nullptr;
     throw;
@@ -242,6 +298,7 @@ void PinnedHostBuffer::discard(std::size_t offset, std::size_t bytes) {
 PinnedHostBuffer::~PinnedHostBuffer() {
   if (data_ == nullptr) return;
   remove_read_only_range(data_);  // the address range may be reused by writable memory next
+  remove_read_write_mapping(data_);
 #ifdef SPEEDTORCH_WITH_CUDA
   if (pinned_) {
     // UVA kernels still queued on the memory (a table dropped right after a scatter_ from the GPU, or after an

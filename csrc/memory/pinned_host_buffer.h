@@ -114,4 +114,18 @@ bool is_read_only_host_memory(const void* ptr);
 // Every operator that writes a caller's tensor calls it before writing.
 void check_host_memory_writable(const at::Tensor& tensor, const char* op, const char* arg);
 
+// The memory of one live file mapping: `size` bytes, the whole file, from `data`.
+struct FileMappingRange {
+  const void* data;
+  std::size_t size;
+};
+
+// The read-write (kReadWrite) mappings this process holds of the file `path` names (the same device and inode,
+// whatever the name): what io/mapped_file_guard.h guards. Empty when `path` does not exist.
+std::vector<FileMappingRange> read_write_mappings_of_file(const std::string& path);
+
+// Writes the dirty pages of the read-write file mapping holding `ptr` back to its file and waits for the disk
+// (msync), as PinnedHostBuffer::flush does. Throws c10::Error when `ptr` lies in no such mapping.
+void flush_file_mapping_holding(const void* ptr);
+
 }  // namespace speedtorch

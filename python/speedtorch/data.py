@@ -33,8 +33,9 @@ _DESCR_DTYPES = {
 
 def save_npy(tensor: torch.Tensor, path: PathLike) -> str:
     """Writes ``tensor`` (any shape, device and strides) to ``path`` as a ``.npy`` file NumPy reads, in chunks,
-    atomically (a crash mid-save leaves the old file). bfloat16 is stored as its raw bits (``'<u2'``). Returns the
-    data's content hash (16 hex digits)."""
+    atomically (a crash mid-save leaves the old file; a replaced file keeps its permissions). bfloat16 is stored as
+    its raw bits (``'<u2'``). Returns the data's content hash (16 hex digits). Onto a file that an ``open_npy(path,
+    "r+")`` tensor maps: that tensor is written back in place; anything else is refused (docs/persistence.md)."""
     return torch.ops.speedtorch.save_npy(tensor, os.fspath(path))
 
 

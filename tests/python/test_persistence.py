@@ -152,6 +152,41 @@ def test_open_npy_modes(tmp_path):
         data.open_npy(path, "w")
 
 
+def test_saving_onto_a_file_mapped_read_write_never_orphans_the_mapping(tmp_path):
+    """save_npy onto the file an 'r+' tensor maps used to rename a new file over it: the tensor kept mapping the
+    old, unlinked one and every later write was lost. One rule (csrc/io/mapped_file_guard.h), as
+    PinnedEmbedding.save: saving the mapped data itself writes it back in place; anything else is refused."""
+    path = tmp_path / "m.npy"
+    np.save(path, np.arange(60, dtype=np.float32).reshape(20, 3))
+    shared = data.open_npy(path, "r+")
+    shared[0, 0] = -7.0
+    assert data.save_npy(shared, path) == data.save_npy(shared.clone(), tmp_path / "copy.npy")  # the same hash
+    shared[1, 1] = 42.0  # a write after the save still reaches the file
+    assert np.load(path)[0, 0] == -7.0 and np.load(path)[1, 1] == 42.0
+    for other in (torch.zeros(20, 3), shared[:5], shared.t()):  # other data, a part of the mapping, another layout
+        with pytest.raises(RuntimeError, match="mapped read-write"):
+            data.save_npy(other, path)
+    emb = trained_table(20, 3)
+    with pytest.raises(RuntimeError, match="mapped read-write"):
+        emb.save(str(path))  # a table's save onto that file: the same rule
+    shared[2, 2] = 5.0
+    assert np.load(path)[2, 2] == 5.0 and np.load(path)[1, 1] == 42.0
+    del shared, other
+    data.save_npy(torch.zeros(4), path)  # no mapping left: an ordinary save
+    assert np.load(path).shape == (4,)
+    # A PinnedEmbedding opened 'r+' and saved onto its own files is flushed (as before), and so is its table
+    # saved as a tensor.
+    emb.save(str(tmp_path / "t"))
+    mapped = data.open_embedding(tmp_path / "t", "r+")
+    mapped.scatter_(torch.tensor([3]), torch.full((1, 3), 9.0))
+    mapped.save(str(tmp_path / "t"))
+    data.save_npy(mapped.table(), tmp_path / "t.npy")
+    mapped.scatter_(torch.tensor([4]), torch.full((1, 3), 8.0))
+    mapped.flush()
+    back = speedtorch.PinnedEmbedding.load(str(tmp_path / "t"), True).table()
+    assert torch.equal(back[3], torch.full((3,), 9.0)) and torch.equal(back[4], torch.full((3,), 8.0))
+
+
 # Opening a file while another thread re-saves it smaller: the header used to be read, then the path opened again
 # and mapped; a save renamed in between left a view past the end of the mapping (SIGBUS on reading it). The window
 # is microseconds wide, so this stress test rarely hits it; tensor_over's extent check (test_pinned_host_buffer.cpp)
