@@ -115,10 +115,10 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // A new table read from a save (or from a plain 2-D .npy: rows only) straight into pinned memory. With
   // `verify`, the data must match the content hashes of the meta file.
   static c10::intrusive_ptr<PinnedEmbedding> load(const std::string& path, bool verify);
-  // A table over the files themselves, memory-mapped as numpy's mmap_mode: "r" (read-only; writes raise), "r+"
-  // (changes reach the files: call flush() at checkpoints) or "c" (copy-on-write). Nothing is copied; page-locking
-  // reads each page once (see docs/persistence.md for the limits). Headers are read from the mappings and checked
-  // against the meta.
+  // A table over the files themselves, memory-mapped as numpy's mmap_mode: "r" (read-only: speedtorch's writes
+  // raise, a plain torch write stays in this process's private pages), "r+" (changes reach the files: call flush()
+  // at checkpoints) or "c" (copy-on-write). Nothing is copied; page-locking reads each page once (see
+  // docs/persistence.md for the limits). Headers are read from the mappings and checked against the meta.
   static c10::intrusive_ptr<PinnedEmbedding> open(const std::string& path, const std::string& mode);
   // A zero table (and zeroed optimizer state, each in its own file) over new files at `path`, mapped as open(path,
   // "r+") maps them: numpy's open_memmap(mode="w+"). The files are sized, not written: tmpfs and most file systems

@@ -32,11 +32,12 @@
 namespace speedtorch {
 namespace {
 
-// Every buffer whose memory some writer must not write, by begin: mode 'r' mappings (the CPU faults on a write,
-// and GPUs may only read them), pinned or not, and 'r+' mappings that GPUs were allowed to pin for reads only.
+// Every buffer whose memory some writer must not write, by begin: mode 'r' mappings (speedtorch's operators refuse
+// to write them, and GPUs may only read them), pinned or not, and 'r+' mappings that GPUs were allowed to pin for
+// reads only.
 struct ReadOnlyRange {
   std::uintptr_t end;
-  bool host_writes_fault;  // true: nobody may write (mode 'r'); false: only GPUs may not
+  bool host_writes_refused;  // true: nobody may write (mode 'r'); false: only GPUs may not
 };
 std::mutex read_only_ranges_mutex;
 std::map<std::uintptr_t, ReadOnlyRange>& read_only_ranges() {
@@ -44,10 +45,10 @@ std::map<std::uintptr_t, ReadOnlyRange>& read_only_ranges() {
   return *ranges;
 }
 
-void add_read_only_range(const void* data, std::size_t bytes, bool host_writes_fault) {
+void add_read_only_range(const void* data, std::size_t bytes, bool host_writes_refused) {
   const auto begin = reinterpret_cast<std::uintptr_t>(data);
   std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
-  read_only_ranges()[begin] = ReadOnlyRange{begin + bytes, host_writes_fault};
+  read_only_ranges()[begin] = ReadOnlyRange{begin + bytes, host_writes_refused};
 }
 
 void remove_read_only_range(const void* data) {
@@ -91,15 +92,15 @@ bool is_device_read_only_host_memory(const void* ptr) { return read_only_range_o
 
 bool is_read_only_host_memory(const void* ptr) {
   const std::optional<ReadOnlyRange> range = read_only_range_of(ptr);
-  return range.has_value() && range->host_writes_fault;
+  return range.has_value() && range->host_writes_refused;
 }
 
 void check_host_memory_writable(const at::Tensor& tensor, const char* op, const char* arg) {
   if (!tensor.defined() || !tensor.is_cpu() || tensor.numel() == 0) return;
   TORCH_CHECK(!is_read_only_host_memory(tensor.storage().data()), op, ": ", arg, " is a read-only file mapping "
-              "(speedtorch.data.open_npy / speedtorch.map_npy / PinnedEmbedding.open with mode 'r'): writing it "
-              "would crash the process. Open the file with mode 'r+' (changes reach the file) or 'c' "
-              "(copy-on-write), or load it into memory");
+              "(speedtorch.data.open_npy / speedtorch.map_npy / PinnedEmbedding.open with mode 'r'): a write would "
+              "never reach the file, and GPUs might not see it. Open the file with mode 'r+' (changes reach the "
+              "file) or 'c' (copy-on-write), or load it into memory");
 }
 
 std::vector<FileMappingRange> read_write_mappings_of_file(const std::string& path) {
@@ -179,7 +180,6 @@ PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes, bool pin_now) : size_(byte
 PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping, bool pin_now)
     : mapping_(mapping), path_(path) {
   TORCH_CHECK(mapping != FileMapping::kNone, "speedtorch: a file-backed buffer needs a mapping mode");
-  const bool writable = mapping != FileMapping::kReadOnly;
   // One descriptor, opened once: the caller reads the header from the memory mapped here, never from another open
   // of the path, which a save may have replaced in between.
   const int fd = ::open(path.c_str(), (mapping == FileMapping::kReadWrite ? O_RDWR : O_RDONLY) | O_CLOEXEC);
@@ -194,8 +194,10 @@ PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping,
   size_ = static_cast<std::size_t>(st.st_size);
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   mapped_size_ = (size_ + page - 1) / page * page;
-  void* p = mmap(nullptr, mapped_size_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                 mapping == FileMapping::kCopyOnWrite ? MAP_PRIVATE : MAP_SHARED, fd, 0);
+  // Mode 'r' maps private pages, as torch.load(mmap=True) does: torch has no read-only tensors, and a write into a
+  // PROT_READ mapping is a SIGSEGV that kills the process; here it changes this process's copy of the page only.
+  void* p = mmap(nullptr, mapped_size_, PROT_READ | PROT_WRITE,
+                 mapping == FileMapping::kReadWrite ? MAP_SHARED : MAP_PRIVATE, fd, 0);
   const int err = errno;
   // Linux lets GPUs pin shared file pages for writing only on memory filesystems (others must be able to write
   // pages back at any time): elsewhere an 'r+' mapping is registered read-only from the start.
@@ -204,8 +206,8 @@ PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping,
   ::close(fd);  // the mapping keeps the file
   TORCH_CHECK(p != MAP_FAILED, "speedtorch: could not map ", path, " (mmap: ", std::strerror(err), ")");
   data_ = p;
-  // Known from the start, pinned or not: the operators refuse to write it (the CPU would fault) before they try.
-  if (mapping == FileMapping::kReadOnly) add_read_only_range(data_, mapped_size_, /*host_writes_fault=*/true);
+  // Known from the start, pinned or not: the operators refuse to write it before they try.
+  if (mapping == FileMapping::kReadOnly) add_read_only_range(data_, mapped_size_, /*host_writes_refused=*/true);
   if (mapping == FileMapping::kReadWrite) {
     std::lock_guard<std::mutex> lock(read_write_mappings_mutex);
     read_write_mappings()[reinterpret_cast<std::uintptr_t>(data_)] =
@@ -243,7 +245,9 @@ void PinnedHostBuffer::pin() {
   at::globalContext().lazyInitCUDA();
 #endif
   unsigned flags = cudaHostRegisterMapped | cudaHostRegisterPortable;
-  // A read-only file mapping cannot be pinned for writing: the GPU gets it read-only too.
+  // A read-only file mapping is registered read-only for the GPU too. Its pages are private (MAP_PRIVATE): Linux 6.5
+  // and later copy each one into this process as they pin it long-term (GPU and CPU then share the copy); older
+  // kernels pin the page cache's page, and a CPU write then gets a private copy that GPUs do not see.
   // Shared file pages outside memory filesystems cannot be pinned for writing (the kernel must be able to write
   // them back while pinned): GPUs then read the table, and writes go through the CPU.
   bool read_only = mapping_ == FileMapping::kReadOnly || (mapping_ == FileMapping::kReadWrite && !gpu_writable_file_);
@@ -253,6 +257,12 @@ void PinnedHostBuffer::pin() {
     (void)cudaGetLastError();  // a kernel stricter than its filesystem suggests: fall back to reads only
     read_only = true;
     err = cudaHostRegister(data_, mapped_size_, flags | cudaHostRegisterReadOnly);
+  }
+  if (err != cudaSuccess && mapping_ == FileMapping::kReadOnly) {
+    // Mode 'r' maps private pages: should a driver refuse to pin them read-only, a writable pin serves GPU reads as
+    // well (each page is copied into this process, as for 'c'); GPU writes stay refused by the operators.
+    (void)cudaGetLastError();
+    err = cudaHostRegister(data_, mapped_size_, flags & ~cudaHostRegisterReadOnly);
   }
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
@@ -266,7 +276,7 @@ void PinnedHostBuffer::pin() {
   device_read_only_ = read_only;
   // A mode 'r' mapping is registered from its construction; an 'r+' one becomes read-only for GPUs only here.
   if (read_only && mapping_ != FileMapping::kReadOnly) {
-    add_read_only_range(data_, mapped_size_, /*host_writes_fault=*/false);
+    add_read_only_range(data_, mapped_size_, /*host_writes_refused=*/false);
   }
 #endif
 }

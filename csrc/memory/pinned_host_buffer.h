@@ -23,7 +23,9 @@ namespace speedtorch {
 // How a file-backed buffer maps its file (numpy.load's mmap_mode names in brackets).
 enum class FileMapping {
   kNone,         // anonymous memory, no file
-  kReadOnly,     // ("r") MAP_SHARED, PROT_READ: writing the memory faults; registered read-only with CUDA
+  kReadOnly,     // ("r") MAP_PRIVATE, as torch.load(mmap=True): speedtorch's writing operators refuse it, and a
+                 // plain torch write changes this process's copy of the page only, never the file (it never
+                 // faults); registered read-only with CUDA, so GPU reads may not see such a write
   kReadWrite,    // ("r+") MAP_SHARED: writes reach the file (the kernel writes dirty pages back; flush() forces it).
                  // Linux lets GPUs pin shared file pages for writing only on tmpfs: elsewhere (ext4, xfs, ...)
                  // the pages are registered read-only (is_device_read_only()).

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -91,7 +92,7 @@ class ReadOnlyMappings : public speedtorch::testing::TempDirTest {
 };
 
 // A mode 'r' mapping was registered only when CUDA pinned it, so without a GPU (or with pin=False) the operators
-// could not know that writing it is a SIGSEGV (issue 13).
+// could not know that they must not write it (issue 13).
 TEST_F(ReadOnlyMappings, AreKnownPinnedOrNot) {
   const std::string file = file_of(10000);
   for (const bool pin : {false, true}) {
@@ -106,6 +107,20 @@ TEST_F(ReadOnlyMappings, AreKnownPinnedOrNot) {
       EXPECT_NE(message.find("test_op: table is a read-only file mapping"), std::string::npos) << message;
     }
     EXPECT_FALSE(is_read_only_host_memory(begin));  // the range may be reused by writable memory
+  }
+}
+
+// A plain write into a mode 'r' mapping (torch has no read-only tensors) was a SIGSEGV; the pages are private now,
+// as torch.load(mmap=True) maps them: the write stays in this process, the file never changes (issue 22).
+TEST_F(ReadOnlyMappings, APlainWriteStaysInTheProcess) {
+  const std::string file = file_of(10000);
+  for (const bool pin : {false, true}) {
+    PinnedHostBuffer buffer(file, FileMapping::kReadOnly, pin);
+    std::memset(buffer.data(), 'y', 5000);
+    EXPECT_EQ(static_cast<const char*>(buffer.data())[4999], 'y');
+    std::ifstream in(file, std::ios::binary);
+    const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(content, std::string(10000, 'x')) << "pin " << pin;
   }
 }
 

@@ -187,6 +187,41 @@ def test_saving_onto_a_file_mapped_read_write_never_orphans_the_mapping(tmp_path
     assert torch.equal(back[3], torch.full((3,), 9.0)) and torch.equal(back[4], torch.full((3,), 8.0))
 
 
+# A torch write into a mode 'r' mapping: numpy's mmap_mode='r' raises, torch has no read-only tensors. It was a
+# SIGSEGV; now, as torch.load(mmap=True), the pages are private: the write stays in this process, never in the file.
+_TORCH_WRITES_READ_ONLY_MAPPING = """
+import sys
+import numpy as np
+import torch
+from speedtorch import data
+from speedtorch.nn import HostEmbedding
+
+path, table_path = sys.argv[1], sys.argv[2]
+for pin in (False, True):
+    t = data.open_npy(path, "r", pin=pin)
+    t.mul_(2)
+    assert float(t[1, 0]) == 6.0, float(t[1, 0])  # this process sees its write
+    assert float(np.load(path)[1, 0]) == 3.0  # the file never does
+emb = HostEmbedding.load(table_path, mmap_mode="r", device="cpu")
+emb.weight.uniform_()
+print("no crash")
+"""
+
+
+def test_a_torch_write_into_a_read_only_mapping_never_crashes(tmp_path):
+    path = tmp_path / "r.npy"
+    np.save(path, np.arange(15, dtype=np.float32).reshape(5, 3))
+    trained_table(10, 4).save(str(tmp_path / "t"))
+    table_bytes = (tmp_path / "t.npy").read_bytes()
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "python"), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", _TORCH_WRITES_READ_ONLY_MAPPING, str(path),
+                             str(tmp_path / "t")], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, f"exit status {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert "no crash" in result.stdout
+    assert (tmp_path / "t.npy").read_bytes() == table_bytes
+
+
 # Opening a file while another thread re-saves it smaller: the header used to be read, then the path opened again
 # and mapped; a save renamed in between left a view past the end of the mapping (SIGBUS on reading it). The window
 # is microseconds wide, so this stress test rarely hits it; tensor_over's extent check (test_pinned_host_buffer.cpp)
@@ -440,6 +475,26 @@ def test_open_on_a_gpu_host(tmp_path, folder):
             import shutil
 
             shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.gpu
+def test_a_read_only_mapping_serves_gpu_reads_after_a_torch_write(tmp_path):
+    """Mode 'r' pages are private (MAP_PRIVATE) and registered read-only with CUDA: a plain torch write on the CPU
+    neither crashes nor reaches the file, and GPUs keep reading the table (the written row itself may read as the
+    file's bytes or the written ones: which depends on whether the kernel copied the pages when CUDA pinned them)."""
+    emb = trained_table()
+    emb.save(str(tmp_path / "g"))
+    expected = emb.table().clone()
+    mapped = data.open_embedding(tmp_path / "g", "r")
+    assert mapped.is_pinned()
+    mapped.table()[0].mul_(2.0)
+    ids = torch.arange(emb.num_rows(), device="cuda")
+    rows = mapped.gather(ids).cpu()
+    assert torch.equal(rows[1:], expected[1:])
+    assert torch.equal(rows[0], expected[0]) or torch.equal(rows[0], 2.0 * expected[0])
+    with pytest.raises(RuntimeError, match="read-only"):  # speedtorch's own writes are refused, as before
+        mapped.scatter_(ids[:1], torch.zeros(1, emb.dim(), device="cuda"))
+    assert torch.equal(speedtorch.PinnedEmbedding.load(str(tmp_path / "g"), True).table(), expected)
 
 
 def test_missing_files_name_the_path(tmp_path):
