@@ -135,7 +135,7 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   std::string mapping() const;
 
   // Where torch.jit.save writes this table (a "sidecar", io/embedding_files.h's files) instead of inside the model;
-  // "" (the default) keeps it inline, which tables above SPEEDTORCH_INLINE_MAX_BYTES refuse. A relative path is
+  // "" (the default) keeps it inline (above SPEEDTORCH_INLINE_MAX_BYTES with a warning). A relative path is
   // resolved against $SPEEDTORCH_SIDECAR_DIR if set, else the current directory, when saving and when loading.
   void set_sidecar(const std::string& path);
   std::string sidecar() const;
