@@ -13,6 +13,7 @@
 #include "io/embedding_files.h"
 #include "io/npy_file.h"
 #include "memory/pinned_host_buffer.h"
+#include "optim/optimizer_config.h"
 
 namespace speedtorch::ops {
 namespace {
@@ -48,7 +49,9 @@ at::Tensor map_npy_op(const std::string& path, const std::string& mode, bool pin
 void save_embedding_files_op(const at::Tensor& table, const std::optional<at::Tensor>& state,
                              const std::string& optimizer, const c10::Dict<std::string, double>& options,
                              int64_t step, const std::string& path) {
-  (void)io::save_embedding_files(path, table, state.value_or(at::Tensor()), optimizer, options, step,
+  // Files name the optimizer canonically, whoever saves them (optim/optimizer_config.h).
+  (void)io::save_embedding_files(path, table, state.value_or(at::Tensor()),
+                                 optimizer.empty() ? optimizer : canonical_optimizer_name(optimizer), options, step,
                                  /*state_beside_rows=*/true);
 }
 

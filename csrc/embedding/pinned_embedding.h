@@ -78,8 +78,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // runs). Needs set_optimizer first. sorted_unique: the indices are strictly increasing (torch.unique's output),
   // so the summing pass is skipped; checked, an error before any update when they are not.
   void apply_gradients(const at::Tensor& indices, const at::Tensor& grad, bool sorted_unique = false);
-  // The optimizer's name ("" when none), options, state (num_rows x state width float32; undefined when none), and
-  // the table-wide step count.
+  // The optimizer's name ("" when none; canonical: optim/optimizer_config.h's canonical_optimizer_name), options,
+  // state (num_rows x state width float32; undefined when none), and the table-wide step count.
   std::string optimizer() const;
   c10::Dict<std::string, double> optimizer_options() const;  // a copy
   at::Tensor state() const;

@@ -220,7 +220,7 @@ c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::map_files(const std::string
     io::check_state_header(state_header, meta, paths.state);
     e->state_ = tensor_over(state_buffer, state_header.data_offset, {meta.num_rows, width}, {width, 1}, at::kFloat);
     e->state_buffer_ = std::move(state_buffer);
-    e->optimizer_ = meta.optimizer;
+    e->optimizer_ = canonical_optimizer_name(meta.optimizer);  // files of older saves may name an alias
     e->options_ = meta.options.copy();
     e->step_ = meta.step;
   }

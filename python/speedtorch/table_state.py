@@ -16,6 +16,8 @@ import functools
 
 import torch
 
+from . import PinnedEmbedding
+
 __all__ = ["track_table_state", "table_entries", "table_extra_state", "set_table_extra_state", "load_table_entries"]
 
 FORMAT = "speedtorch.HostEmbedding/1"
@@ -40,6 +42,8 @@ def set_table_extra_state(table, state, owner: str) -> None:
         raise RuntimeError(f"{owner}.load_state_dict: _extra_state is not a speedtorch table's (got "
                            f"{type(state).__name__}); the checkpoint was written by another module")
     optimizer, options = state["optimizer"], {k: float(v) for k, v in state["optimizer_options"].items()}
+    if optimizer:
+        optimizer = PinnedEmbedding.canonical_optimizer_name(optimizer)  # checkpoints of older versions
     if optimizer != table.optimizer():
         raise RuntimeError(f"{owner}.load_state_dict: the checkpoint's optimizer is {optimizer or 'none'!r}, this "
                            f"table's is {table.optimizer() or 'none'!r}; build it with optimizer={optimizer!r}")

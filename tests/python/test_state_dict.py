@@ -15,9 +15,9 @@ from speedtorch.nn import HostEmbedding, track_table_state
 
 
 class Model(torch.nn.Module):
-    def __init__(self, rows=1000, dim=8, placement="host", lr=0.01):
+    def __init__(self, rows=1000, dim=8, placement="host", lr=0.01, optimizer="adam"):
         super().__init__()
-        self.users = HostEmbedding(rows, dim, optimizer="adam", optimizer_options={"lr": lr}, device="cpu",
+        self.users = HostEmbedding(rows, dim, optimizer=optimizer, optimizer_options={"lr": lr}, device="cpu",
                                    placement=placement, hot_fraction=0.05 if placement == "hybrid" else None)
         self.dense = torch.nn.Linear(dim, 1)
 
@@ -72,14 +72,27 @@ def test_strict_loading_reports_missing_and_mismatched_entries():
         sgd.load_state_dict({k[len("users."):]: v for k, v in state.items() if k.startswith("users.")})
 
 
-@pytest.mark.parametrize("source,target", [("host", "gpu"), ("gpu", "hybrid"), ("hybrid", "host")])
-def test_checkpoints_move_between_placements(source, target):
-    model = Model(placement=source)
-    model.train_steps()
-    other = Model(placement=target)
-    other.load_state_dict(_round_trip(model.state_dict()))
-    assert torch.equal(other.users.weight, model.users.weight)
-    assert torch.equal(other.users.table.state(), model.users.table.state())
+# Every optimizer, under the names users write (torch.optim's class names too): a checkpoint names its optimizer
+# canonically whatever the placement, so it loads into any other.
+OPTIMIZERS = ["sgd", "adagrad", "adam", "adamw", "adamax", "rmsprop", "adadelta", "asgd", "rprop", "rowwise_adagrad",
+              "sparse_adam", "SparseAdam", "AdamW"]
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_checkpoints_move_between_placements(optimizer):
+    for source, target in [("host", "gpu"), ("gpu", "hybrid"), ("hybrid", "host"), ("gpu", "host")]:
+        model = Model(placement=source, optimizer=optimizer)
+        model.train_steps()
+        other = Model(placement=target, optimizer=optimizer)
+        other.load_state_dict(_round_trip(model.state_dict()))
+        assert torch.equal(other.users.weight, model.users.weight), (source, target)
+        assert torch.equal(other.users.table.state(), model.users.table.state()), (source, target)
+        assert other.users.table.optimizer() == model.users.table.optimizer(), (source, target)
+        assert other.users.table.step_count() == 3
+    # A checkpoint of an older version, whose gpu placement recorded the name as the user wrote it, loads too.
+    state = Model(placement="gpu", optimizer=optimizer).state_dict()
+    state["users._extra_state"] = dict(state["users._extra_state"], optimizer=optimizer.lower())
+    Model(placement="host", optimizer=optimizer).load_state_dict(state)
 
 
 def test_distributed_checkpoint_in_one_process(tmp_path):
