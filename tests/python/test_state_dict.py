@@ -55,21 +55,51 @@ def test_the_checkpoint_holds_the_table_and_a_fresh_model_gets_it_back():
     assert torch.equal(fresh.users.weight, model.users.weight)
 
 
+def _table_of(users) -> dict:
+    """Everything a load may change: rows, optimizer state, step count and options (copied)."""
+    return {"weight": users.weight.clone(), "state": users.table.state().clone(), "step": users.table.step_count(),
+            "options": users.table.optimizer_options()}
+
+
+def _assert_unchanged(users, before: dict) -> None:
+    after = _table_of(users)
+    assert torch.equal(after["weight"], before["weight"]) and torch.equal(after["state"], before["state"])
+    assert after["step"] == before["step"] and after["options"] == before["options"]
+
+
 def test_strict_loading_reports_missing_and_mismatched_entries():
+    """A refused load changes nothing: not the rows, not the optimizer state, step count or options (the
+    checkpoint's options differ from the target's, so applying them first would wipe the target's state)."""
     model = Model()
+    model.train_steps()
     state = model.state_dict()
+    smaller = Model(rows=999, lr=0.5)
+    smaller.train_steps(2)
+    before = _table_of(smaller.users)
     with pytest.raises(RuntimeError, match=r"size mismatch for users\.weight: the checkpoint holds shape \(1000, 8\)"):
-        Model(rows=999).load_state_dict(state)
+        smaller.load_state_dict(state)
+    _assert_unchanged(smaller.users, before)
     partial = {k: v for k, v in state.items() if k != "users.optimizer_state"}
     with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "users\.optimizer_state"'):
         Model().load_state_dict(partial)
-    other = Model()
-    before = other.users.weight.clone()
+    other = Model(lr=0.5)
+    other.train_steps(2)
+    before = _table_of(other.users)
     other.load_state_dict(partial, strict=False)  # nothing is written unless every entry fits
-    assert torch.equal(other.users.weight, before)
+    _assert_unchanged(other.users, before)
     sgd = HostEmbedding(1000, 8, optimizer="sgd", device="cpu")
     with pytest.raises(RuntimeError, match="the checkpoint's optimizer is 'adam'"):
         sgd.load_state_dict({k[len("users."):]: v for k, v in state.items() if k.startswith("users.")})
+    # The same for a module holding a PinnedEmbedding itself (track_table_state's hooks).
+    source, target = Holder(), Holder(rows=40)
+    source.emb.set_optimizer("adagrad", {"lr": 0.3}, True)
+    source.emb.apply_gradients(torch.tensor([1, 2]), torch.ones(2, 4))
+    target.emb.apply_gradients(torch.tensor([3, 4]), torch.ones(2, 4))
+    table, rows_state = target.emb.table().clone(), target.emb.state().clone()
+    with pytest.raises(RuntimeError, match=r"size mismatch for emb\.weight"):
+        target.load_state_dict(source.state_dict())
+    assert torch.equal(target.emb.table(), table) and torch.equal(target.emb.state(), rows_state)
+    assert target.emb.step_count() == 1 and target.emb.optimizer_options() == {"lr": 0.1}
 
 
 # Every optimizer, under the names users write (torch.optim's class names too): a checkpoint names its optimizer
