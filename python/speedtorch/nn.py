@@ -175,11 +175,11 @@ class HostEmbedding(torch.nn.Module):
 
     def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
         if self.update == "backward":
-            self._apply(unique, grad_rows, sorted_unique=True)
+            self._apply_gradients(unique, grad_rows, sorted_unique=True)
         else:
             self._pending.append((unique, grad_rows))
 
-    def _apply(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
+    def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
         # sorted_unique: `unique` is one forward's torch.unique(sorted=True) output, so the op need not de-duplicate
         # it again (it still checks the claim).
         self.table.apply_gradients(unique, grad_rows, sorted_unique)
@@ -201,7 +201,7 @@ class HostEmbedding(torch.nn.Module):
             unique = torch.cat([u for u, _ in self._pending])
             grad = torch.cat([g for _, g in self._pending])
         self._pending.clear()
-        self._apply(unique, grad, sorted_unique=one_backward)
+        self._apply_gradients(unique, grad, sorted_unique=one_backward)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
         """Drops gradients not yet applied by :meth:`step`."""
