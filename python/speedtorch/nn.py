@@ -50,7 +50,9 @@ class HostEmbedding(torch.nn.Module):
         optimizer: ``"sgd"``, ``"adagrad"``, ``"adam"``, ``"adamw"``, ``"adamax"``, ``"rmsprop"``, ``"adadelta"``,
             ``"asgd"`` or ``"rprop"`` (torch.optim's math, applied lazily to the touched rows), or
             ``"rowwise_adagrad"`` (FBGEMM's row-wise Adagrad: one float of state per row; options ``lr``, ``eps``
-            (1e-8), ``weight_decay``, ``initial_accumulator_value``).
+            (1e-8), ``weight_decay``, ``initial_accumulator_value``), or ``"rowwise_adam"`` (FBGEMM's partial
+            row-wise Adam: Adam's first moment per element, its second one float per row; options ``lr``,
+            ``beta1``, ``beta2``, ``eps``, ``weight_decay``).
         optimizer_options: torch.optim's hyper-parameters by name (``betas`` as ``beta1``/``beta2``; booleans as
             0/1), e.g. ``{"lr": 1e-3, "weight_decay": 0.0}``; ``per_row_step=1`` for per-row bias correction.
         update: ``"step"`` (gradients wait for :meth:`step`) or ``"backward"`` (applied as backward reaches the rows).
