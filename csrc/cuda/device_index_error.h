@@ -14,9 +14,16 @@
 
 namespace speedtorch {
 
+// What a record holds (row kernels leave it at 0: the record is zeroed whenever it is cleared).
+enum DeviceErrorKind : int32_t {
+  kBadRowIndex = 0,     // an index outside [0, num_rows)
+  kNegativeToken = 1,   // speedtorch::ngram_hash: a token id < 0 (value, flat position)
+  kBadBucketSize = 2,   // speedtorch::ngram_hash: a bucket size < 1 (value, column)
+};
+
 struct DeviceIndexError {
-  int32_t flag;  // 0: none; 1: an out-of-range index was seen
-  int32_t reserved;
+  int32_t flag;  // 0: none; 1: a bad input was seen
+  int32_t kind;  // DeviceErrorKind
   int64_t value;
   int64_t position;
   int64_t num_rows;

@@ -25,6 +25,7 @@
 #include "cpu/index_range_check.h"
 #include "cpu/row_copy_cpu.h"
 #include "cpu/table_views.h"
+#include "memory/pinned_host_buffer.h"
 #include "cuda/device_index_error.h"
 #include "cuda/row_kernels.h"
 #include "metrics/transfer_counters.h"
@@ -39,13 +40,7 @@ namespace {
 // Below this many rows, sorting costs more than the translation misses it saves.
 constexpr int64_t kMinSortedRows = 4096;
 
-// The UVA share (the first `count` entries of `dev_idx`) as the kernels take it: sorted by table bucket, with each
-// entry's batch position, when the rows touched span more than the GPU translates quickly; as given otherwise.
-struct UvaShare {
-  at::Tensor sorted;
-  at::Tensor positions;
-  GpuIndices view;
-};
+}  // namespace
 
 UvaShare uva_share(const at::Tensor& dev_idx, int64_t count, const at::Tensor& table, int64_t footprint,
                    const TransferConfig& config, int device, cudaStream_t stream) {
@@ -65,6 +60,8 @@ UvaShare uva_share(const at::Tensor& dev_idx, int64_t count, const at::Tensor& t
   share.view.positions = share.positions.const_data_ptr<int64_t>();
   return share;
 }
+
+namespace {
 
 // What a GPU scatter needs before it writes: one writer per row (the last occurrence) and an abort flag that a
 // bad index sets, so the write is all or nothing.
@@ -147,17 +144,24 @@ struct PinnedTransfer {
 };
 
 // Validates the indices and splits the rows between UVA and staging. Under graph capture every row goes over UVA:
-// the staged path runs on the calling thread (a replay would skip it) and would need the indices on the host.
+// the staged path runs on the calling thread (a replay would skip it) and would need the indices on the host. A
+// pageable table (which no GPU can address) goes all through staging.
 PinnedTransfer plan_pinned_transfer(const at::Tensor& table, const at::Tensor& indices, cudaStream_t stream,
                                     const char* op) {
   PinnedTransfer t;
   t.rows = host_rows(table);
   t.config = transfer_config();
   const int64_t count = indices.numel();
+  const bool pageable = !is_pinned_host_memory(table.storage().data());
+  TORCH_CHECK(!pageable || !stream_is_capturing(stream), op, ": the table is in pageable host memory (not "
+              "page-locked), which only CPU threads can read: that cannot be captured into a CUDA graph. Pin it "
+              "(speedtorch.pinned_empty, PinnedEmbedding, Tensor.pin_memory(), or open its file with pin=True)");
   // CUDA indices come to the host only when the staged path needs them.
   const std::optional<IndexSpan> span = validate_indices(indices, t.rows.num_rows, stream, op);
   t.footprint = touched_bytes(t.rows.num_rows, t.rows.row_stride_bytes, span);
-  if (stream_is_capturing(stream)) {
+  if (pageable) {
+    t.plan.staged_rows = count;
+  } else if (stream_is_capturing(stream)) {
     t.plan.uva_rows = count;
   } else {
     t.plan = plan_transfer(t.config, t.footprint, t.rows.row_bytes, count, at::get_num_threads());

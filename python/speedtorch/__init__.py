@@ -33,6 +33,9 @@ PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
 
 from .jit_save import jit_save  # noqa: E402
 from . import data, nn, optim, placement  # noqa: E402  (.npy files; HostEmbedding; gpu / hybrid placement)
+from . import ngram, quantized  # noqa: E402  (the n-gram hash; serving formats)
+from .ngram import ngram_hash  # noqa: E402
+from .quantized import gather_dequant  # noqa: E402
 from . import compat  # noqa: E402  (SpeedTorch 0.x's API over the ops; docs/migration.md)
 
 __version__ = "0.1.0"
@@ -51,12 +54,16 @@ __all__ = [
     "compat",
     "data",
     "gather",
+    "gather_dequant",
     "jit_save",
+    "ngram",
+    "ngram_hash",
     "nn",
     "optim",
     "library_path",
     "pinned_empty",
     "placement",
+    "quantized",
     "reset_stats",
     "scatter_",
     "set_deferred_index_checks",
