@@ -23,7 +23,7 @@ from .placement import DeviceTable, HybridTable
 from .table_state import copy_table_entries, load_table_entries, set_table_extra_state, table_entries, table_extra_state
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "track_table_state"]
+__all__ = ["HostEmbedding", "NgramHashEmbedding", "track_table_state"]
 
 
 class _HostRows(torch.autograd.Function):
@@ -383,3 +383,7 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
         return max(1, int(torch.unique(torch.as_tensor(hot_rows)).numel()))
     raise ValueError("HostEmbedding: placement='hybrid' needs the cache's size: cache_rows, hot_fraction in (0, 1] or "
                      "hot_rows (ids)")
+
+
+# Built on HostEmbedding, so imported after it (speedtorch/ngram_embedding.py imports this module).
+from .ngram_embedding import NgramHashEmbedding  # noqa: E402
