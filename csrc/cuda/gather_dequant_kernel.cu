@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       for (int r = 0; r < kRows; ++r) {
         if (c >= vectors || !present[r]) continue;
         if (kDequantize) {
-          staged[r * vectors + c] = v[r];
+          if (ok[r]) staged[r * vectors + c] = v[r];
         } else if (c < out_vectors) {
           reinterpret_cast<V*>(out + position[r] * t.dim)[c] = ok[r] ? v[r] : row_access::all_ones<V>();
         }
@@ -133,15 +133,19 @@ void launch_shaped(const QuantizedGpuRows& t, const GpuIndices& indices, c10::BF
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Rows in flight per warp: eight where the staging area allows it (48 KiB of shared memory per block at most).
+// Rows in flight per warp: as many as keep every warp of the grid busy (a decode-size batch is spread over more
+// warps, each with fewer rows to convert one after the other), at most eight, and as the staging area allows
+// (48 KiB of shared memory per block).
 template <typename V, typename Index>
 void launch_for_rows(const QuantizedGpuRows& t, const GpuIndices& indices, c10::BFloat16* out, DeviceIndexError* error,
                      int max_blocks, cudaStream_t stream) {
   const int64_t row_bytes = format_row_bytes(t.format, t.dim);
   const int64_t per_row = t.format == RowFormat::kBFloat16 ? 0 : kWarpsPerBlock * (row_bytes + 16);
-  if (per_row * 8 <= 48 * 1024) return launch_shaped<V, Index, 8>(t, indices, out, error, max_blocks, stream);
-  if (per_row * 4 <= 48 * 1024) return launch_shaped<V, Index, 4>(t, indices, out, error, max_blocks, stream);
-  if (per_row * 2 <= 48 * 1024) return launch_shaped<V, Index, 2>(t, indices, out, error, max_blocks, stream);
+  const int64_t grid_warps = static_cast<int64_t>(std::max(1, max_blocks)) * kWarpsPerBlock;
+  auto fits = [&](int rows) { return per_row * rows <= 48 * 1024 && indices.count >= grid_warps * rows; };
+  if (fits(8)) return launch_shaped<V, Index, 8>(t, indices, out, error, max_blocks, stream);
+  if (fits(4)) return launch_shaped<V, Index, 4>(t, indices, out, error, max_blocks, stream);
+  if (fits(2)) return launch_shaped<V, Index, 2>(t, indices, out, error, max_blocks, stream);
   return launch_shaped<V, Index, 1>(t, indices, out, error, max_blocks, stream);
 }
 

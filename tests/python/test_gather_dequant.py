@@ -172,16 +172,19 @@ def test_gpu_bad_index_deferred_leaves_nan_and_raises_later(deferred_checks):
 
 
 @pytest.mark.gpu
-def test_gpu_capture_and_replay():
+@pytest.mark.parametrize("count", [1024, 6000])
+def test_gpu_capture_and_replay(count, transfer_settings):
+    """A decode-size batch, and one large enough to be sorted by row inside the graph (the table counted as spread)."""
+    transfer_settings(uva_reach_bytes=0)
     table = quantize_rows(trained_table(n=5000, dim=256), "fp8_e4m3_ue8m0")
     expected_all = reference_dequantize(table, "fp8_e4m3_ue8m0", 256)
-    ids = torch.randint(0, 5000, (1024,), device="cuda")
+    ids = torch.randint(0, 5000, (count,), device="cuda")
     gather_dequant(table, ids, "fp8_e4m3_ue8m0", 256)  # warm-up outside the graph
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = gather_dequant(table, ids, "fp8_e4m3_ue8m0", 256)
     for _ in range(3):
-        ids.copy_(torch.randint(0, 5000, (1024,), device="cuda"))
+        ids.copy_(torch.randint(0, 5000, (count,), device="cuda"))
         graph.replay()
         assert torch.equal(out.cpu(), expected_all[ids.cpu()])
 
