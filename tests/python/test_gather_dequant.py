@@ -159,6 +159,10 @@ def test_gpu_routes_equal_the_reference(format, transfer_settings):
         assert torch.equal(gather_dequant(pageable, ids, format, 128, "cuda").cpu(), expected)
     transfer_settings(uva_reach_bytes=0)  # every large batch sorted
     assert torch.equal(gather_dequant(pinned, large.cuda(), format, 128).cpu(), expected_all[large])
+    transfer_settings(uva_fraction=0.5, small_transfer_bytes=0)  # half the rows through CPU threads and staging
+    for index_device in ("cpu", "cuda"):
+        got = gather_dequant(pinned, large.to(index_device), format, 128, "cuda")
+        assert torch.equal(got.cpu(), expected_all[large])
 
 
 @pytest.mark.gpu
