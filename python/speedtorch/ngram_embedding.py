@@ -63,6 +63,11 @@ class _EngramRows(HostEmbedding):
         self.wait_for_updates()  # covers the re-read of rows a prefetch saw before an update (_take_prefetched)
         return super()._rows_for(input)
 
+    def drop_prefetch(self) -> None:
+        """Forgets a prefetch that the next forward will not use (and the updates tracked for it)."""
+        self._prefetched = None
+        self._updated_since_prefetch = []
+
     def _sync_for_host_access(self) -> None:
         if self._update_stream is not None:
             self._update_stream.synchronize()
@@ -134,6 +139,8 @@ class NgramHashEmbedding(torch.nn.Module):
         if prefetched is not None and prefetched[0] is tokens and prefetched[1] is document_starts:
             ids = prefetched[2]  # the very tensor the rows were prefetched for
         else:
+            if prefetched is not None:  # prefetched for other tokens: not used, and no longer worth tracking
+                self.rows.drop_prefetch()
             ids = self.row_ids(tokens, document_starts)
         rows = self.rows(ids)  # (batch, seq, columns, embedding_dim)
         return rows.reshape(ids.shape[0], ids.shape[1], self.output_dim)

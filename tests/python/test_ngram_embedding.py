@@ -109,6 +109,7 @@ def test_prefetch_needs_the_same_tensor():
     module.prefetch(first)
     expected = module.rows.weight[module.hash(first)].reshape(3, 12, -1)
     assert torch.equal(module(first.clone()).detach(), expected)  # another tensor: hashed again, same rows
+    assert module.rows._prefetched is None  # the unused prefetch is dropped, not tracked for ever
 
 
 def test_quantized_copy_serves_the_trained_rows():
