@@ -157,7 +157,7 @@ def section_decode(args) -> dict:
 def train_way(config: EngramConfig, data, device, steps: int, prefetch: bool, autocast: bool) -> dict:
     torch.manual_seed(0)
     model = EngramGPT(config, device)
-    trainer = Trainer(model, prefetch=prefetch, autocast=autocast)
+    trainer = Trainer(model, lr=1e-3 if device.type == "cuda" else 1e-2, prefetch=prefetch, autocast=autocast)
     times, losses = [], []
     for i in range(steps):
         if device.type == "cuda":
