@@ -41,17 +41,23 @@ class NgramHashLookup(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"{self.rows!r}, device={self.device}"
 
-    def forward(self, tokens: torch.Tensor, document_starts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, document_starts: Optional[torch.Tensor] = None,
+                last_only: bool = False) -> torch.Tensor:
+        """``last_only``: the rows of each sequence's last position only, ``(batch, 1, output_dim)``: a decode step,
+        given each sequence's last ``max_order`` tokens (its n-grams need them)."""
         tokens = tokens.to(self.device, non_blocking=True)
         if document_starts is not None:
             document_starts = document_starts.to(self.device, non_blocking=True)
         ids = self.hash(tokens, document_starts)
+        if last_only:
+            ids = ids[:, -1:]
         out = self.rows.gather(ids, self.device)
         return out.reshape(ids.shape[0], ids.shape[1], self.output_dim)
 
-    def graphed(self, batch: int, seq: int, *, document_starts: bool = False) -> "GraphedLookup":
+    def graphed(self, batch: int, seq: int, *, document_starts: bool = False,
+                last_only: bool = False) -> "GraphedLookup":
         """This lookup for ``(batch, seq)`` tokens captured into a CUDA graph (see :class:`GraphedLookup`)."""
-        return GraphedLookup(self, batch, seq, document_starts)
+        return GraphedLookup(self, batch, seq, document_starts, last_only)
 
 
 class GraphedLookup:
@@ -63,7 +69,8 @@ class GraphedLookup:
     call overwrites. Bad inputs (a token < 0, which makes its ids -1) are not raised by the replay: the kernels flag
     them and :func:`speedtorch.check_index_errors` raises them (call it where a sync is acceptable)."""
 
-    def __init__(self, lookup: NgramHashLookup, batch: int, seq: int, document_starts: bool = False):
+    def __init__(self, lookup: NgramHashLookup, batch: int, seq: int, document_starts: bool = False,
+                 last_only: bool = False):
         if lookup.device.type != "cuda":
             raise RuntimeError("GraphedLookup: CUDA graphs need the lookup on a GPU")
         self.lookup = lookup
@@ -73,11 +80,11 @@ class GraphedLookup:
         stream = torch.cuda.Stream(lookup.device)
         stream.wait_stream(torch.cuda.current_stream(lookup.device))
         with torch.cuda.stream(stream), deferred_index_checks():
-            lookup(self.tokens, self.document_starts)  # warm-up: first-use allocations happen outside the graph
+            lookup(self.tokens, self.document_starts, last_only)  # warm-up: first uses allocate outside the graph
         torch.cuda.current_stream(lookup.device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.output = lookup(self.tokens, self.document_starts)
+            self.output = lookup(self.tokens, self.document_starts, last_only)
 
     def __call__(self, tokens: torch.Tensor, document_starts: Optional[torch.Tensor] = None) -> torch.Tensor:
         self.tokens.copy_(tokens, non_blocking=True)

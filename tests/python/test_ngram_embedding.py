@@ -121,6 +121,7 @@ def test_quantized_copy_serves_the_trained_rows():
         ids = module.hash(tokens)
         expected = lookup.rows.dequantize()[ids].reshape(3, 12, -1)
         assert torch.equal(lookup(tokens), expected)
+        assert torch.equal(lookup(tokens, last_only=True), expected[:, -1:])  # a decode step's rows
 
 
 @pytest.mark.gpu
@@ -142,7 +143,9 @@ def test_gpu_graphed_lookup_equals_eager():
     train(module, batches(2))
     lookup = module.quantized("fp8_e4m3_ue8m0", row_alignment=16)
     graphed = lookup.graphed(4, 8)
+    newest = lookup.graphed(4, 3, last_only=True)
     for tokens in batches(3, batch=4, seq=8, seed=5):
         assert torch.equal(graphed(tokens.cuda()).cpu(), lookup(tokens).cpu())
+        assert torch.equal(newest(tokens[:, -3:].cuda()).cpu(), lookup(tokens).cpu()[:, -1:])
     with speedtorch.deferred_index_checks(False):
         speedtorch.check_index_errors()  # nothing flagged
