@@ -86,15 +86,15 @@ tsan: deps
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OMP_NUM_THREADS=1 \
 	  ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -E '$(TSAN_SKIP)'
 
-# libFuzzer targets over the .npy header parser and the loading of saved tables (tests/fuzz/), built with clang
-# and ASan + UBSan. Each runs FUZZ_SECONDS over its checked-in corpus; new inputs go to a scratch folder in the
+# libFuzzer targets over the .npy header parser, the loading of saved tables and the example server's reading of
+# request bodies (tests/fuzz/), built with clang and ASan + UBSan. Each runs FUZZ_SECONDS over its checked-in corpus; new inputs go to a scratch folder in the
 # build, never into the repository. A crash, a sanitizer report or an exception other than c10::Error fails the
 # target, and the input that did it is left as $(FUZZ_BUILD)/crash-<target>-*. (allocator_may_return_null: an
 # allocation too large for the host fails as it does without ASan, with torch's error, not an ASan abort; leak
 # checks are off because torch keeps memory at exit.)
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := npy_header embedding_files
+FUZZ_TARGETS := npy_header embedding_files request_body
 FUZZ_SUMMARY := ^(\#[0-9]+[[:space:]]+(INITED|DONE)|stat::number_of_executed_units|stat::new_units_added)
 fuzz: deps fuzz-deps
 	cmake -S tests/fuzz -B $(FUZZ_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) \

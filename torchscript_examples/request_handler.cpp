@@ -1,9 +1,12 @@
 // JSON request handling for the recommender server (see request_handler.h).
 #include "request_handler.h"
 
+#include "request_json.h"
+
 #include <nlohmann/json.hpp>
 
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <vector>
 
@@ -34,29 +37,33 @@ std::vector<int64_t> ids_field(const json& request, const char* name, int64_t li
   }
   ids.reserve(list.size());
   for (const json& v : list) {
-    if (!v.is_number_integer()) {
-      failure = error(400, std::string("field '") + name + "' must hold integers only, got " + v.dump());
+    std::string message;
+    const auto id = read_id(v, limit, name, failure.status, message);
+    if (!id) {
+      failure = error(failure.status, message);
       return {};
     }
-    const int64_t id = v.get<int64_t>();
-    if (id < 0 || id >= limit) {
-      failure = error(404, std::string("unknown id ") + std::to_string(id) + " in '" + name + "': ids are in [0, " +
-                               std::to_string(limit) + ")");
-      return {};
-    }
-    ids.push_back(id);
+    ids.push_back(*id);
   }
   failure.status = 200;
   return ids;
 }
 
 bool parse(const std::string& body, json& out, Response& failure) {
-  out = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (out.is_discarded() || !out.is_object()) {
-    failure = error(400, "the request body must be a JSON object");
+  std::string message;
+  auto parsed = parse_json_object(body, message);
+  if (!parsed) {
+    failure = error(400, message);
     return false;
   }
+  out = std::move(*parsed);
   return true;
+}
+
+// JSON has no infinity or NaN (nlohmann would write null): an answer holding one is refused, not garbled.
+std::optional<Response> non_finite(const torch::Tensor& answer, const char* what) {
+  if (torch::isfinite(answer).all().item<bool>()) return std::nullopt;
+  return error(500, std::string("the model's ") + what + " hold infinity or NaN, which JSON cannot carry");
 }
 
 torch::Tensor to_tensor(const std::vector<int64_t>& ids) {
@@ -94,6 +101,7 @@ Response RecommenderService::lookup(const std::string& body) const {
   std::shared_lock<TableLock> lock(rows_lock_);  // held until the rows are on the host (ModelRunner)
   const torch::Tensor rows = model_->lookup(to_tensor(ids));
   lock.unlock();
+  if (auto refused = non_finite(rows, "rows")) return *refused;
   return {200, json{{"rows", to_rows(rows)}}.dump()};
 }
 
@@ -102,16 +110,21 @@ Response RecommenderService::top_k(const std::string& body) const {
   Response failure;
   if (!parse(body, request, failure)) return failure;
   if (!request.contains("user") || !request["user"].is_number_integer()) return error(400, "'user' must be an id");
-  if (!request.contains("k") || !request["k"].is_number_integer()) return error(400, "'k' must be an integer");
-  const int64_t user = request["user"].get<int64_t>();
-  const int64_t k = request["k"].get<int64_t>();
-  if (user < 0 || user >= num_users_) {
-    return error(404, "unknown user " + std::to_string(user) + ": ids are in [0, " + std::to_string(num_users_) + ")");
+  const json& k_value = request.contains("k") ? request["k"] : json();
+  // k as an unsigned above INT64_MAX is out of range, not negative.
+  if (!k_value.is_number_integer() || (k_value.is_number_unsigned() && k_value.get<uint64_t>() > 1ull << 62)) {
+    return error(400, "'k' must be an integer in [1, " + std::to_string(max_batch_) + "]");
   }
+  int status = 200;
+  std::string message;
+  const auto user = read_id(request["user"], num_users_, "user", status, message);
+  if (!user) return error(status, message);
+  const int64_t k = k_value.get<int64_t>();
   if (k < 1 || k > max_batch_) return error(400, "'k' must be in [1, " + std::to_string(max_batch_) + "]");
   std::shared_lock<TableLock> lock(rows_lock_);
-  const auto [items, scores] = model_->top_k(user, k);
+  const auto [items, scores] = model_->top_k(*user, k);
   lock.unlock();
+  if (auto refused = non_finite(scores, "scores")) return *refused;
   return {200, json{{"items", std::vector<int64_t>(items.data_ptr<int64_t>(), items.data_ptr<int64_t>() + items.numel())},
                     {"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
                    .dump()};
@@ -129,6 +142,7 @@ Response RecommenderService::score(const std::string& body) const {
   std::shared_lock<TableLock> lock(rows_lock_);
   const torch::Tensor scores = model_->score(to_tensor(users), to_tensor(items));
   lock.unlock();
+  if (auto refused = non_finite(scores, "scores")) return *refused;
   return {200, json{{"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
                    .dump()};
 }
@@ -149,8 +163,10 @@ Response RecommenderService::update(const std::string& body) {
       return error(400, "every row must be a list of " + std::to_string(dim_) + " numbers");
     }
     for (const json& v : row) {
-      if (!v.is_number()) return error(400, "rows must hold numbers only, got " + v.dump());
-      values.push_back(v.get<float>());
+      std::string message;
+      const auto value = read_float(v, message);
+      if (!value) return error(400, message);
+      values.push_back(*value);
     }
   }
   const torch::Tensor rows =

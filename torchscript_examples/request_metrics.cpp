@@ -11,7 +11,16 @@
 namespace speedtorch::serving {
 namespace {
 
-const std::string kOtherEndpoint = "other";
+const std::string kOther = "other";
+
+// The methods HTTP defines (RFC 9110); any other token a client sends is counted as "other", so made-up methods
+// cannot grow the series, and every label value is ASCII.
+const std::string& method_label(const std::string& method) {
+  static const std::vector<std::string> known = {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS",
+                                                 "TRACE", "PATCH"};
+  const auto it = std::find(known.begin(), known.end(), method);
+  return it == known.end() ? kOther : *it;
+}
 
 }  // namespace
 
@@ -28,15 +37,16 @@ RequestMetrics::RequestMetrics(std::vector<std::string> endpoints, std::vector<d
 
 const std::string& RequestMetrics::endpoint_of(const std::string& path) const {
   const auto known = std::find(endpoints_.begin(), endpoints_.end(), path);
-  return known == endpoints_.end() ? kOtherEndpoint : *known;
+  return known == endpoints_.end() ? kOther : *known;
 }
 
 void RequestMetrics::observe(const std::string& method, const std::string& path, int status, double seconds) {
   const std::string& endpoint = endpoint_of(path);
+  const std::string& method_name = method_label(method);
   std::lock_guard<std::mutex> lock(mutex_);
-  ++requests_[{method, endpoint, status}];
+  ++requests_[{method_name, endpoint, status}];
   if (seconds < 0) return;
-  Latency& latency = latency_[{method, endpoint}];
+  Latency& latency = latency_[{method_name, endpoint}];
   if (latency.buckets.empty()) latency.buckets.assign(bounds_.size() + 1, 0);
   // The first bucket whose bound is >= seconds (le: "less than or equal").
   const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), seconds) - bounds_.begin();

@@ -2,8 +2,9 @@
 // the HTTP layer (metrics_endpoint.h), plus the speedtorch library counters (csrc/metrics/transfer_counters.h),
 // all as Prometheus text (prometheus_text.h). Free of the HTTP library so GoogleTest can drive it directly.
 //
-// Endpoints are a fixed list given at construction; a request to any other path is counted as endpoint "other", so
-// a client probing random paths cannot grow the series without bound.
+// Every label value comes from a closed set: endpoints are a fixed list given at construction, methods those HTTP
+// defines; a request to any other path, or with any other method, is counted as "other", so a client probing random
+// paths or methods cannot grow the series without bound (and no client text reaches the output).
 #pragma once
 
 #include <cstdint>

@@ -16,6 +16,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -43,6 +45,21 @@ void respond(httplib::Response& res, const std::function<speedtorch::serving::Re
   res.set_content(out.body, "application/json");
 }
 
+// `text` as a whole decimal integer in [min, max], or a message naming the flag and exit 2 (atoi would take "4x"
+// as 4 and "abc" as 0).
+long long parse_integer(const std::string& flag, const std::string& text, long long min, long long max) {
+  errno = 0;
+  char* end = nullptr;
+  const long long value = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' || errno == ERANGE ||
+      value < min || value > max) {
+    std::fprintf(stderr, "speedtorch_server: %s takes an integer in [%lld, %lld], got '%s'\n", flag.c_str(), min, max,
+                 text.c_str());
+    std::exit(2);
+  }
+  return value;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,23 +75,23 @@ int main(int argc, char** argv) {
   long max_batch = 4096;
   std::string device = "cpu";
   std::string table;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  for (int i = 2; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--host") host = argv[i + 1];
-    else if (flag == "--port") port = std::atoi(argv[i + 1]);
-    else if (flag == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (flag == "--max-batch") max_batch = std::atol(argv[i + 1]);
-    else if (flag == "--device") device = argv[i + 1];
-    else if (flag == "--table") table = argv[i + 1];
-    else {
-      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "speedtorch_server: option %s needs a value\n", flag.c_str());
       return 2;
     }
-  }
-  if (threads < 1 || max_batch < 1) {
-    std::fprintf(stderr, "speedtorch_server: --threads and --max-batch must be >= 1, got %d and %ld\n", threads,
-                 max_batch);
-    return 2;
+    const std::string value = argv[i + 1];
+    if (flag == "--host") host = value;
+    else if (flag == "--port") port = static_cast<int>(parse_integer(flag, value, 0, 65535));
+    else if (flag == "--threads") threads = static_cast<int>(parse_integer(flag, value, 1, 4096));
+    else if (flag == "--max-batch") max_batch = static_cast<long>(parse_integer(flag, value, 1, 1 << 24));
+    else if (flag == "--device") device = value;
+    else if (flag == "--table") table = value;
+    else {
+      std::fprintf(stderr, "speedtorch_server: unknown option %s\n", flag.c_str());
+      return 2;
+    }
   }
   try {
     // A bad device name, model or table throws: reported below, exit 1.
@@ -103,9 +120,11 @@ int main(int argc, char** argv) {
     server.Post("/update", [&](const httplib::Request& req, httplib::Response& res) {
       respond(res, [&] { return service.update(req.body); });
     });
-    if (port == 0) port = server.bind_to_any_port(host);
-    else if (!server.bind_to_port(host, port)) {
-      std::fprintf(stderr, "speedtorch_server: cannot bind %s:%d\n", host.c_str(), port);
+    const int asked_port = port;
+    if (port == 0) port = server.bind_to_any_port(host);  // -1 when it fails
+    else if (!server.bind_to_port(host, port)) port = -1;
+    if (port < 0) {
+      std::fprintf(stderr, "speedtorch_server: cannot listen on %s port %d\n", host.c_str(), asked_port);
       return 1;
     }
     std::atomic<bool> listen_returned{false};
