@@ -10,6 +10,7 @@ number of requests (the same requests for both), checks every answer against the
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import random
 import statistics
@@ -17,8 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -31,10 +30,12 @@ class Server:
     """speedtorch_server as a context manager: started on a free port, stopped (SIGTERM) on exit."""
 
     def __init__(self, binary: str, model: str, threads: int = 8, max_batch: int = 4096, device: str = "cpu",
-                 table: str | None = None):
-        """model: a scripted model (.pt) or an AOTInductor package (.pt2, with its user table's files `table`)."""
+                 table: str | None = None, extra: list[str] | tuple = ()):
+        """model: a scripted model (.pt) or an AOTInductor package (.pt2, with its user table's files `table`);
+        `extra`: more server options."""
         self.cmd = [binary, model, "--port", "0", "--threads", str(threads), "--max-batch", str(max_batch),
-                    "--device", device] + (["--table", table] if table else [])
+                    "--device", device] + (["--table", table] if table else []) + list(extra)
+        self._connections = threading.local()  # one keep-alive connection per client thread
 
     def __enter__(self):
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -55,13 +56,26 @@ class Server:
             self.proc.kill()
 
     def post(self, path: str, payload, raw: bool = False):
+        """POSTs JSON (or `raw` bytes) on this thread's keep-alive connection: (status, decoded JSON answer)."""
         data = payload if raw else json.dumps(payload).encode()
-        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
+        for attempt in range(2):
+            conn = getattr(self._connections, "conn", None)
+            if conn is None:
+                host, port = self.url[len("http://"):].rsplit(":", 1)
+                conn = self._connections.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            try:
+                conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                body = response.read()
+                if response.getheader("Connection", "").lower() == "close":
+                    conn.close()
+                    self._connections.conn = None
+                return response.status, json.loads(body or b"{}")
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                conn.close()  # the server closed an idle kept-alive connection: once more on a new one
+                self._connections.conn = None
+                if attempt == 1:
+                    raise
 
 
 def same_top_k(model, user: int, k: int, body: dict) -> bool:

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -62,7 +64,8 @@ bool parse(const std::string& body, json& out, Response& failure) {
 
 // JSON has no infinity or NaN (nlohmann would write null): an answer holding one is refused, not garbled.
 std::optional<Response> non_finite(const torch::Tensor& answer, const char* what) {
-  if (torch::isfinite(answer).all().item<bool>()) return std::nullopt;
+  const float* p = answer.data_ptr<float>();  // host float, contiguous (ModelRunner)
+  if (std::all_of(p, p + answer.numel(), [](float v) { return std::isfinite(v); })) return std::nullopt;
   return error(500, std::string("the model's ") + what + " hold infinity or NaN, which JSON cannot carry");
 }
 
@@ -92,17 +95,30 @@ RecommenderService::RecommenderService(std::unique_ptr<ModelRunner> model, int64
   dim_ = model_->dim();
 }
 
-Response RecommenderService::lookup(const std::string& body) const {
+bool RecommenderService::read_lookup(const std::string& body, torch::Tensor& ids, Response& failure) const {
   json request;
-  Response failure;
-  if (!parse(body, request, failure)) return failure;
-  const auto ids = ids_field(request, "ids", num_users_, max_batch_, failure);
-  if (failure.status != 200) return failure;
+  if (!parse(body, request, failure)) return false;
+  const auto list = ids_field(request, "ids", num_users_, max_batch_, failure);
+  if (failure.status != 200) return false;
+  ids = to_tensor(list);
+  return true;
+}
+
+torch::Tensor RecommenderService::rows(const torch::Tensor& ids) const {
   std::shared_lock<TableLock> lock(rows_lock_);  // held until the rows are on the host (ModelRunner)
-  const torch::Tensor rows = model_->lookup(to_tensor(ids));
-  lock.unlock();
+  return model_->lookup(ids);
+}
+
+Response RecommenderService::rows_answer(const torch::Tensor& rows) {
   if (auto refused = non_finite(rows, "rows")) return *refused;
   return {200, json{{"rows", to_rows(rows)}}.dump()};
+}
+
+Response RecommenderService::lookup(const std::string& body) const {
+  torch::Tensor ids;
+  Response failure;
+  if (!read_lookup(body, ids, failure)) return failure;
+  return rows_answer(rows(ids));
 }
 
 Response RecommenderService::top_k(const std::string& body) const {
@@ -130,21 +146,51 @@ Response RecommenderService::top_k(const std::string& body) const {
                    .dump()};
 }
 
-Response RecommenderService::score(const std::string& body) const {
+bool RecommenderService::read_score(const std::string& body, torch::Tensor& users, torch::Tensor& items,
+                                    Response& failure) const {
   json request;
-  Response failure;
-  if (!parse(body, request, failure)) return failure;
-  const auto users = ids_field(request, "users", num_users_, max_batch_, failure);
-  if (failure.status != 200) return failure;
-  const auto items = ids_field(request, "items", num_items_, max_batch_, failure);
-  if (failure.status != 200) return failure;
-  if (users.size() != items.size()) return error(400, "'users' and 'items' must have the same length");
+  if (!parse(body, request, failure)) return false;
+  const auto user_list = ids_field(request, "users", num_users_, max_batch_, failure);
+  if (failure.status != 200) return false;
+  const auto item_list = ids_field(request, "items", num_items_, max_batch_, failure);
+  if (failure.status != 200) return false;
+  if (user_list.size() != item_list.size()) {
+    failure = error(400, "'users' and 'items' must have the same length");
+    return false;
+  }
+  users = to_tensor(user_list);
+  items = to_tensor(item_list);
+  return true;
+}
+
+torch::Tensor RecommenderService::scores(const torch::Tensor& users, const torch::Tensor& items) const {
   std::shared_lock<TableLock> lock(rows_lock_);
-  const torch::Tensor scores = model_->score(to_tensor(users), to_tensor(items));
-  lock.unlock();
+  return model_->score(users, items);
+}
+
+Response RecommenderService::scores_answer(const torch::Tensor& scores) {
   if (auto refused = non_finite(scores, "scores")) return *refused;
   return {200, json{{"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
                    .dump()};
+}
+
+Response RecommenderService::score(const std::string& body) const {
+  torch::Tensor users, items;
+  Response failure;
+  if (!read_score(body, users, items, failure)) return failure;
+  return scores_answer(scores(users, items));
+}
+
+bool RecommenderService::check_ids(const std::vector<int64_t>& ids, int64_t limit, const std::string& field,
+                                   Response& failure) {
+  for (const int64_t id : ids) {
+    if (id < 0 || id >= limit) {
+      failure = error(404, "unknown id " + std::to_string(id) + " in '" + field + "': ids are in [0, " +
+                               std::to_string(limit) + ")");
+      return false;
+    }
+  }
+  return true;
 }
 
 Response RecommenderService::update(const std::string& body) {

@@ -28,13 +28,18 @@ class RequestMetrics {
   // before routing it): counted, not timed.
   void observe(const std::string& method, const std::string& path, int status, double seconds);
 
-  // The request families, then every library counter as speedtorch_<name>_total.
+  // One batch of the dynamic batcher (request_batcher.h) for `model` ("lookup" or "score"): its size is the number of
+  // requests merged, `queue_waits` how long each waited in the queue (seconds).
+  void observe_batch(const std::string& model, const std::vector<double>& queue_waits);
+
+  // The request families, the batch families, then every library counter as speedtorch_<name>_total.
   std::string prometheus_text() const;
 
  private:
-  struct Latency {
+  struct Latency {  // a histogram's buckets and sum
     std::vector<uint64_t> buckets;  // per bucket, one above the last bound
     double sum = 0;
+    void add(const std::vector<double>& bounds, double value);
   };
   const std::string& endpoint_of(const std::string& path) const;
 
@@ -43,6 +48,8 @@ class RequestMetrics {
   mutable std::mutex mutex_;  // a request holds it for a few map updates; the work it measures takes far longer
   std::map<std::tuple<std::string, std::string, int>, uint64_t> requests_;  // (method, endpoint, status)
   std::map<std::pair<std::string, std::string>, Latency> latency_;           // (method, endpoint)
+  std::map<std::string, Latency> batch_sizes_;                                // by model
+  std::map<std::string, Latency> queue_waits_;                                // by model
 };
 
 }  // namespace speedtorch::serving
