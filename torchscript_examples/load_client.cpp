@@ -6,7 +6,7 @@
 //
 //   speedtorch_load_client --port P --expected TABLE.f32 --users N --dim D [--host 127.0.0.1] [--clients 64]
 //       [--requests 1000 | --seconds S] [--warmup 20] [--ids 16] [--protocol binary|v2json|json]
-//       [--update-every K] [--hot-ids 64] [--seed 0] [--path /v2/health/ready]
+//       [--update-every K] [--hot-ids 64] [--seed 0] [--path /v2/health/ready] [--keep-alive 1]
 //
 // TABLE.f32: the user table as the server starts with it, N x D float32 (load_test.py writes it). Checks:
 // - a row of an id that nobody updates equals the table's row bit for bit;
@@ -60,6 +60,7 @@ struct Options {
   int hot_ids = 64;
   uint64_t seed = 0;
   std::string path;  // a GET endpoint: measure it instead of lookups
+  bool keep_alive = true;  // false: a new connection per request (Connection: close), for comparison
   std::string expected;
   int64_t users = 0;
   int64_t dim = 0;
@@ -153,10 +154,13 @@ class Connection {
   std::string buffer_;
 };
 
+bool g_keep_alive = true;
+
 std::string http_request(const std::string& method, const std::string& path, const std::string& body,
                          const std::string& extra_headers = "") {
   return method + " " + path + " HTTP/1.1\r\nHost: load\r\nContent-Type: application/json\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\n" + extra_headers + "\r\n" + body;
+         std::to_string(body.size()) + "\r\n" + (g_keep_alive ? "" : "Connection: close\r\n") + extra_headers +
+         "\r\n" + body;
 }
 
 struct Result {
@@ -355,6 +359,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--hot-ids") o.hot_ids = static_cast<int>(number(1, 1 << 30));
     else if (flag == "--seed") o.seed = static_cast<uint64_t>(number(0, 1ll << 62));
     else if (flag == "--path") o.path = v;
+    else if (flag == "--keep-alive") o.keep_alive = number(0, 1) == 1;
     else if (flag == "--expected") o.expected = v;
     else if (flag == "--users") o.users = number(1, 1ll << 40);
     else if (flag == "--dim") o.dim = number(1, 1 << 16);
@@ -373,6 +378,7 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  g_keep_alive = o.keep_alive;
   const float* table = nullptr;
   if (!o.expected.empty()) {
     const int fd = open(o.expected.c_str(), O_RDONLY | O_CLOEXEC);

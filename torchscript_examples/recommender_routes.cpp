@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "inference_protocol.h"
 
@@ -54,6 +55,22 @@ RequestBatcher::Done answer_with(SharedResponder responder,
     responder->respond(format(answer));
   };
 }
+
+// A request announced to the batcher (RequestBatcher::announce) and not yet submitted: withdrawn if it never is.
+class Announced {
+ public:
+  explicit Announced(RequestBatcher& batcher) : batcher_(batcher) { batcher_.announce(); }
+  ~Announced() {
+    if (pending_) batcher_.withdraw();
+  }
+  Announced(const Announced&) = delete;
+  Announced& operator=(const Announced&) = delete;
+  bool take() { return std::exchange(pending_, false); }  // true: the submit carries the announcement
+
+ private:
+  RequestBatcher& batcher_;
+  bool pending_ = true;
+};
 
 // /v2/models/NAME[/versions/1][SUFFIX] -> NAME and SUFFIX ("", "/ready" or "/infer"); nothing for other paths.
 bool split_model_path(const std::string& path, std::string& name, std::string& suffix) {
@@ -148,7 +165,8 @@ void RecommenderRoutes::operator()(HttpRequest&& request, Responder responder) {
     if (!allow("POST")) return;
     const bool lookup = path == "/lookup";
     auto body = std::make_shared<std::string>(std::move(request.body));
-    workers_.run([this, lookup, body, responder = shared()] {
+    auto announced = std::make_shared<Announced>(batcher_);
+    workers_.run([this, lookup, body, announced, responder = shared()] {
       try {
         Response failure;
         torch::Tensor users, items;
@@ -157,11 +175,11 @@ void RecommenderRoutes::operator()(HttpRequest&& request, Responder responder) {
         } else if (lookup) {
           batcher_.lookup(users, answer_with(responder, [](const torch::Tensor& rows) {
                             return http(RecommenderService::rows_answer(rows));
-                          }));
+                          }), announced->take());
         } else {
           batcher_.score(users, items, answer_with(responder, [](const torch::Tensor& scores) {
                            return http(RecommenderService::scores_answer(scores));
-                         }));
+                         }), announced->take());
         }
       } catch (const std::exception& e) {
         std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
@@ -189,7 +207,8 @@ void RecommenderRoutes::operator()(HttpRequest&& request, Responder responder) {
 void RecommenderRoutes::infer(const std::string& model, HttpRequest&& request, Responder responder) {
   auto held = std::make_shared<HttpRequest>(std::move(request));
   auto answer_to = std::make_shared<Responder>(std::move(responder));
-  workers_.run([this, model, held, answer_to] {
+  auto announced = std::make_shared<Announced>(batcher_);
+  workers_.run([this, model, held, answer_to, announced] {
     try {
       const HttpRequest& request = *held;
       if (const std::string* coding = request.header("content-encoding"); coding && *coding != "identity") {
@@ -248,8 +267,8 @@ void RecommenderRoutes::infer(const std::string& model, HttpRequest&& request, R
       auto format = [model, infer, output, shape](const torch::Tensor& answer) {
         return infer_answer(model, *infer, output, shape, answer.data_ptr<float>());
       };
-      if (lookup) batcher_.lookup(ids(*inputs[0]), answer_with(answer_to, format));
-      else batcher_.score(ids(*inputs[0]), ids(*inputs[1]), answer_with(answer_to, format));
+      if (lookup) batcher_.lookup(ids(*inputs[0]), answer_with(answer_to, format), announced->take());
+      else batcher_.score(ids(*inputs[0]), ids(*inputs[1]), answer_with(answer_to, format), announced->take());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
       answer_to->respond(infer_error(500, "internal error (details in the server log)"));

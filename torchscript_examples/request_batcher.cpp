@@ -24,17 +24,31 @@ RequestBatcher::~RequestBatcher() {
   for (std::thread& t : runners_) t.join();
 }
 
-void RequestBatcher::lookup(torch::Tensor ids, Done done) {
-  submit(kLookup, {std::move(ids), torch::Tensor(), std::move(done), Clock::now()});
+void RequestBatcher::announce() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++arriving_;
 }
 
-void RequestBatcher::score(torch::Tensor users, torch::Tensor items, Done done) {
-  submit(kScore, {std::move(users), std::move(items), std::move(done), Clock::now()});
-}
-
-void RequestBatcher::submit(Kind kind, Job job) {
+void RequestBatcher::withdraw() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    --arriving_;
+  }
+  wake_.notify_all();  // a runner waiting for it need not
+}
+
+void RequestBatcher::lookup(torch::Tensor ids, Done done, bool announced) {
+  submit(kLookup, {std::move(ids), torch::Tensor(), std::move(done), Clock::now()}, announced);
+}
+
+void RequestBatcher::score(torch::Tensor users, torch::Tensor items, Done done, bool announced) {
+  submit(kScore, {std::move(users), std::move(items), std::move(done), Clock::now()}, announced);
+}
+
+void RequestBatcher::submit(Kind kind, Job job, bool announced) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (announced) --arriving_;
     queued_ids_[kind] += job.users.numel();
     queues_[kind].push_back(std::move(job));
   }
@@ -52,9 +66,10 @@ void RequestBatcher::run_runner() {
                                                   queues_[kLookup].front().queued <= queues_[kScore].front().queued)
                           ? kLookup
                           : kScore;
-    // More may come until the oldest request's window closes or the batch is full.
+    // More may come until the oldest request's window closes, the batch is full, or none is on its way.
     const Clock::time_point close = queues_[kind].front().queued + options_.window;
-    while (!stopping_ && !queues_[kind].empty() && queued_ids_[kind] < options_.max_ids && Clock::now() < close) {
+    while (!stopping_ && !queues_[kind].empty() && queued_ids_[kind] < options_.max_ids && arriving_ > 0 &&
+           Clock::now() < close) {
       wake_.wait_until(lock, close);
     }
     if (queues_[kind].empty()) continue;  // another runner took them

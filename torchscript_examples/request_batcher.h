@@ -3,6 +3,12 @@
 // one model call; the answer is split back, so each request gets exactly the rows (or scores) of its own ids: a
 // lookup's rows are the table's rows bit for bit, a score is computed per (user, item) pair as alone.
 //
+// The window closes early when no request is on its way: the server announces each batchable request as it
+// arrives (announce()), before reading it on a worker, and a batch waits only while announced requests are still
+// being read. Waiting longer would delay answers without adding to the batch: clients that wait for their answer
+// before sending again (every keep-alive client) send nothing more until the batch is answered. Under load,
+// requests queue while a batch runs, so batches grow by themselves.
+//
 // `runners` threads take batches; each runs its batches on its own CUDA stream when the model is on a GPU (set by
 // `init_thread`, run once in each runner), and a batch waits only for its own stream (the model's answers are on
 // the host when the model call returns: model_runner.h), never for the device.
@@ -47,9 +53,14 @@ class RequestBatcher {
   RequestBatcher(const RequestBatcher&) = delete;
   RequestBatcher& operator=(const RequestBatcher&) = delete;
 
+  // A request for the batcher has arrived and is being read; exactly one lookup() or score() with
+  // `announced` = true, or one withdraw() (it was refused), must follow.
+  void announce();
+  void withdraw();
+
   // ids / users / items: 1-D host int64.
-  void lookup(torch::Tensor ids, Done done);
-  void score(torch::Tensor users, torch::Tensor items, Done done);
+  void lookup(torch::Tensor ids, Done done, bool announced = false);
+  void score(torch::Tensor users, torch::Tensor items, Done done, bool announced = false);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -60,7 +71,7 @@ class RequestBatcher {
     Clock::time_point queued;
   };
 
-  void submit(Kind kind, Job job);
+  void submit(Kind kind, Job job, bool announced);
   void run_runner();
   void run_batch(Kind kind, std::vector<Job>& jobs);
 
@@ -71,6 +82,7 @@ class RequestBatcher {
   std::condition_variable wake_;
   std::deque<Job> queues_[2];
   int64_t queued_ids_[2] = {0, 0};
+  int64_t arriving_ = 0;  // announced, not yet submitted
   bool stopping_ = false;
   std::vector<std::thread> runners_;
 };

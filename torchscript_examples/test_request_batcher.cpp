@@ -44,19 +44,22 @@ TEST(RequestBatcher, MergesConcurrentRequestsAndSplitsTheAnswers) {
       scores_of, options, &metrics);
   constexpr int kRequests = 16;
   std::vector<std::promise<torch::Tensor>> answers(kRequests);
+  for (int r = 0; r < kRequests; ++r) batcher.announce();  // all on their way: the batch waits for them
   for (int r = 0; r < kRequests; ++r) {
     // Request r asks for r + 1 ids: 100 r, 100 r + 1, ...
     batcher.lookup(torch::arange(100 * r, 100 * r + r + 1, torch::kLong),
                    [&answers, r](const torch::Tensor& answer, const std::string& error) {
                      EXPECT_TRUE(error.empty()) << error;
                      answers[r].set_value(answer.clone());
-                   });
+                   },
+                   /*announced=*/true);
   }
   for (int r = 0; r < kRequests; ++r) {
     const torch::Tensor got = answers[r].get_future().get();
     EXPECT_TRUE(torch::equal(got, rows_of(torch::arange(100 * r, 100 * r + r + 1, torch::kLong), {}))) << r;
   }
-  EXPECT_LT(calls.load(), kRequests);  // merged
+  EXPECT_EQ(calls.load(), 1);  // merged into one call
+  EXPECT_EQ(batch_sizes, std::vector<int64_t>{kRequests * (kRequests + 1) / 2});
   const std::string text = metrics.prometheus_text();
   EXPECT_NE(text.find("speedtorch_server_batch_size_count{model=\"lookup\"} " + std::to_string(calls.load())),
             std::string::npos) << text;
@@ -90,6 +93,25 @@ TEST(RequestBatcher, ScoresAndLookupsEachGetTheirOwnAnswers) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
+// A window of 10 s does not hold a request when nothing else is on its way; a withdrawn announcement stops the
+// wait for it.
+TEST(RequestBatcher, TheWindowClosesWhenNoRequestIsOnItsWay) {
+  RequestBatcher::Options options;
+  options.window = std::chrono::seconds(10);
+  RequestBatcher batcher(rows_of, scores_of, options);
+  const auto start = std::chrono::steady_clock::now();
+  std::promise<void> first, second;
+  batcher.lookup(torch::tensor({1}, torch::kLong), [&](const torch::Tensor&, const std::string&) { first.set_value(); });
+  first.get_future().wait();
+  batcher.announce();
+  batcher.announce();
+  batcher.lookup(torch::tensor({2}, torch::kLong), [&](const torch::Tensor&, const std::string&) { second.set_value(); },
+                 /*announced=*/true);
+  batcher.withdraw();  // the other announced request was refused
+  second.get_future().wait();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
 TEST(RequestBatcher, AFailingModelCallFailsItsBatchOnly) {
   RequestBatcher::Options options;
   options.window = std::chrono::microseconds(0);
@@ -114,6 +136,7 @@ TEST(RequestBatcher, TheDestructorAnswersEverythingQueued) {
     RequestBatcher::Options options;
     options.window = std::chrono::seconds(10);  // nothing would run before the destructor without it
     RequestBatcher batcher(rows_of, scores_of, options);
+    batcher.announce();  // one more on its way: the ten wait for it
     for (int i = 0; i < 10; ++i) {
       batcher.lookup(torch::tensor({i}, torch::kLong), [&](const torch::Tensor& a, const std::string&) {
         if (a.defined()) ++answered;
