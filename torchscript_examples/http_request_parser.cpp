@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
 
 namespace speedtorch::serving {
 namespace {
@@ -156,7 +157,7 @@ bool HttpRequestParser::parse_head() {
   request_.target = std::string(target);
   request_.path = request_.target.substr(0, request_.target.find('?'));
 
-  const std::string* content_length = nullptr;
+  std::optional<std::string> content_length;  // a copy: headers may reallocate as more are added
   bool chunked = false;
   while (!rest.empty()) {
     const std::string_view field = next_line();
@@ -181,11 +182,11 @@ bool HttpRequestParser::parse_head() {
     if (name == "content-length") {
       const bool digits = !text.empty() && text.size() <= 18 &&
                           std::all_of(text.begin(), text.end(), is_digit);
-      if (!digits || (content_length != nullptr && *content_length != text)) {
+      if (!digits || (content_length && *content_length != text)) {
         fail(400, "malformed or conflicting Content-Length");
         return false;
       }
-      content_length = &text;
+      content_length = text;
     } else if (name == "transfer-encoding") {
       if (lower(text) != "chunked" || chunked) {
         fail(501, "the only transfer coding served is a single 'chunked'");
@@ -207,13 +208,13 @@ bool HttpRequestParser::parse_head() {
                                        list_has(*request_.header("connection"), "keep-alive"))) {
     request_.keep_alive = false;
   }
-  if (chunked && content_length != nullptr) {
+  if (chunked && content_length) {
     fail(400, "a request cannot have both Content-Length and Transfer-Encoding");
     return false;
   }
   if (chunked) {
     body_mode_ = BodyMode::kChunked;
-  } else if (content_length != nullptr) {
+  } else if (content_length) {
     body_length_ = std::stoull(*content_length);
     if (body_length_ > limits_.max_body_bytes) {
       fail(413, "the body of " + *content_length + " bytes exceeds the limit of " +

@@ -105,6 +105,17 @@ TEST(HttpRequestParser, RefusesWhatItCannotFrameSafely) {
   EXPECT_EQ(refusal("POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\n", limits), 0);  // at the limit: fine
 }
 
+// Found by fuzz_request_body: the parser kept a pointer to the Content-Length header while later headers were
+// added (and the vector reallocated), then read the freed string (ASan: heap-use-after-free).
+TEST(HttpRequestParser, ContentLengthFollowedByManyHeaders) {
+  std::string head = "POST /x HTTP/1.1\r\nContent-Length: 3\r\n";
+  for (int i = 0; i < 20; ++i) head += "X-" + std::to_string(i) + ": " + std::string(40, 'v') + "\r\n";
+  HttpRequestParser p;
+  p.feed(head + "\r\nabcdef");
+  ASSERT_EQ(p.state(), HttpRequestParser::State::kComplete) << p.error_message();
+  EXPECT_EQ(p.request().body, "abc");
+}
+
 TEST(HttpRequestParser, ExpectContinueOnlyWhenABodyIsComing) {
   HttpRequestParser p;
   p.feed("POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n");

@@ -177,6 +177,23 @@ def test_load_test_compares_both_forms(saved, aoti_package):
     assert [line.split()[:2] for line in lines[2:4]] == [["torchscript", "240"], ["aoti", "240"]]
 
 
+def test_load_client_mixes_lookups_and_updates_on_both_forms(saved, aoti_package):
+    # The load test's C++ client as CI runs it (short): keep-alive clients, lookups mixed with /updates, every row
+    # checked bit for bit, updated rows whole and read back by their writer, against both forms.
+    folder, _ = saved
+    package, table = aoti_package
+    out = subprocess.run([sys.executable, str(ROOT / "torchscript_examples" / "load_test.py"), "--server",
+                          binary("speedtorch_server"), "--load-client", binary("speedtorch_load_client"), "--model",
+                          str(folder / "model.pt"), "--package", package, "--table", table, "--clients", "8",
+                          "--requests", "60", "--warmup", "5", "--update-every", "7", "--protocol", "binary",
+                          "--threads", "2"], capture_output=True, text=True, timeout=300)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "0 wrong answers"
+    assert [line.split()[:2] for line in lines[2:4]] == [["torchscript", "480"], ["aoti", "480"]]
+
+
 def test_server_refuses_a_table_the_package_was_not_compiled_for(saved, aoti_package, tmp_path):
     _, model = saved
     package, table = aoti_package
