@@ -1,6 +1,7 @@
 // What GET /metrics serves: per-endpoint request counts (by method and status) and latency histograms, recorded by
-// the HTTP layer (metrics_endpoint.h), plus the speedtorch library counters (csrc/metrics/transfer_counters.h),
-// all as Prometheus text (prometheus_text.h). Free of the HTTP library so GoogleTest can drive it directly.
+// the HTTP layer (http_server.h's observer), batch sizes and queue waits recorded by the batcher (request_batcher.h),
+// plus the speedtorch library counters (csrc/metrics/transfer_counters.h), all as Prometheus text
+// (prometheus_text.h). Free of the HTTP layer so GoogleTest can drive it directly.
 //
 // Every label value comes from a closed set: endpoints are a fixed list given at construction, methods those HTTP
 // defines; a request to any other path, or with any other method, is counted as "other", so a client probing random

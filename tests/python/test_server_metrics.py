@@ -1,4 +1,4 @@
-"""GET /metrics of the C++ example server (torchscript_examples/metrics_endpoint.h): well-formed Prometheus text
+"""GET /metrics of the C++ example server (torchscript_examples/request_metrics.h): well-formed Prometheus text
 with per-endpoint request counts and latency histograms, and the library counters, which match the requests served.
 The server comes from the CMake build, as in test_torchscript_examples.py."""
 
