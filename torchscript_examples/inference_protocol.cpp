@@ -222,9 +222,17 @@ HttpResponse infer_answer(const std::string& model, const InferRequest& request,
     return infer_error(500, "the output holds infinity or NaN, which JSON cannot carry: ask for it in binary "
                             "(parameters.binary_data)");
   }
-  tensor["data"] = std::vector<float>(data, data + count);
-  answer["outputs"] = json::array({std::move(tensor)});
-  return {200, "application/json", {}, answer.dump()};
+  // The data written straight into the text (append_json_floats), the rest by nlohmann: {..., "outputs": [{...,
+  // "data": [...]}]}.
+  std::string text = answer.dump();
+  text.pop_back();
+  text += ",\"outputs\":[";
+  text += tensor.dump();
+  text.pop_back();
+  text += ",\"data\":[";
+  append_json_floats(text, data, count);
+  text += "]}]}";
+  return {200, "application/json", {}, std::move(text)};
 }
 
 }  // namespace speedtorch::serving

@@ -250,7 +250,8 @@ def main() -> int:
     how = (f"C++ load client{' (no keep-alive)' if args.no_keep_alive else ''}, {args.protocol} lookups" + (f", /update every {args.update_every}" if
                                                            args.update_every else "")) if args.load_client else \
         "Python clients, lookup/topk/score"
-    print(f"device {args.device}, {args.clients} keep-alive clients x {amount}, {how}, {args.threads} server "
+    kept = "" if args.load_client and args.no_keep_alive else "keep-alive "
+    print(f"device {args.device}, {args.clients} {kept}clients x {amount}, {how}, {args.threads} server "
           f"threads, load average {load_average()}")
     print(side_by_side(results))
     wrong = sum(len(r["failures"]) for r in results.values())

@@ -73,12 +73,22 @@ torch::Tensor to_tensor(const std::vector<int64_t>& ids) {
   return torch::tensor(ids, torch::TensorOptions().dtype(torch::kLong));
 }
 
-// rows: host float, contiguous (ModelRunner's answers).
-std::vector<std::vector<float>> to_rows(const torch::Tensor& rows) {
-  std::vector<std::vector<float>> out(rows.size(0));
-  const float* p = rows.data_ptr<float>();
-  for (int64_t i = 0; i < rows.size(0); ++i) out[i].assign(p + i * rows.size(1), p + (i + 1) * rows.size(1));
-  return out;
+// {"name":[v, ...]} or, for rows (n, d), {"name":[[...], ...]}: host float, contiguous, finite (ModelRunner's
+// answers, checked by non_finite).
+std::string floats_answer(const char* name, const torch::Tensor& values) {
+  std::string out = std::string("{\"") + name + "\":[";
+  const float* p = values.data_ptr<float>();
+  if (values.dim() == 1) {
+    append_json_floats(out, p, values.numel());
+  } else {
+    const int64_t width = values.size(1);
+    for (int64_t i = 0; i < values.size(0); ++i) {
+      out += i ? ",[" : "[";
+      append_json_floats(out, p + i * width, width);
+      out += ']';
+    }
+  }
+  return out + "]}";
 }
 
 }  // namespace
@@ -111,7 +121,7 @@ torch::Tensor RecommenderService::rows(const torch::Tensor& ids) const {
 
 Response RecommenderService::rows_answer(const torch::Tensor& rows) {
   if (auto refused = non_finite(rows, "rows")) return *refused;
-  return {200, json{{"rows", to_rows(rows)}}.dump()};
+  return {200, floats_answer("rows", rows)};
 }
 
 Response RecommenderService::lookup(const std::string& body) const {
@@ -170,8 +180,7 @@ torch::Tensor RecommenderService::scores(const torch::Tensor& users, const torch
 
 Response RecommenderService::scores_answer(const torch::Tensor& scores) {
   if (auto refused = non_finite(scores, "scores")) return *refused;
-  return {200, json{{"scores", std::vector<float>(scores.data_ptr<float>(), scores.data_ptr<float>() + scores.numel())}}
-                   .dump()};
+  return {200, floats_answer("scores", scores)};
 }
 
 Response RecommenderService::score(const std::string& body) const {

@@ -2,6 +2,7 @@
 #include "request_json.h"
 
 #include <cfloat>
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -77,6 +78,19 @@ std::optional<int64_t> read_id(const nlohmann::json& value, int64_t limit, const
     return std::nullopt;
   }
   return value.get<int64_t>();
+}
+
+void append_json_floats(std::string& out, const float* values, std::size_t n) {
+  char buffer[32];
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i > 0) out += ',';
+    if (values[i] == 0 && std::signbit(values[i])) {
+      out += "-0.0";  // "-0" would be read as the integer 0
+      continue;
+    }
+    const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, static_cast<double>(values[i]));
+    out.append(buffer, end);
+  }
 }
 
 std::optional<float> read_float(const nlohmann::json& value, std::string& error) {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <thread>
@@ -66,6 +67,26 @@ TEST(RequestHandler, LookupMatchesTheTable) {
   const auto rows = json::parse(r.body)["rows"].get<std::vector<std::vector<float>>>();
   ASSERT_EQ(rows.size(), 3u);
   for (int j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(rows[1][j], table[49][j].item<float>());
+}
+
+// Answers write each float as the shortest text of its double value (std::to_chars): read as doubles it is the
+// float32 value exactly, bit for bit, for ordinary, tiny (subnormal), huge and negative-zero values alike.
+TEST(RequestHandler, AnswersReadBackAsTheSameFloats) {
+  torch::jit::Module model = make_model(8, 3, 16);
+  const at::Tensor table = model.attr("users").toCustomClass<PinnedEmbedding>()->table();
+  table[0].copy_(torch::tensor({1e-40f, -1e-45f, 3.4028235e38f, -0.0f, 0.1f, 1.0f / 3, 16777217.0f, -2.5f, 1e-7f,
+                                123456.789f, 7e-39f, 0.3f, -0.7f, 1e10f, 5e-324f, 2.0f}));
+  RecommenderService service(model, 8);
+  const Response r = service.lookup(R"({"ids": [0, 5]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto rows = json::parse(r.body)["rows"].get<std::vector<std::vector<double>>>();
+  for (int64_t i = 0; i < 2; ++i) {
+    const int64_t id = i == 0 ? 0 : 5;
+    for (int64_t j = 0; j < 16; ++j) {
+      const double want = table[id][j].item<float>();
+      EXPECT_EQ(std::memcmp(&rows[i][j], &want, 8), 0) << id << "," << j << ": " << rows[i][j] << " vs " << want;
+    }
+  }
 }
 
 TEST(RequestHandler, TopKAndScoreAgree) {

@@ -55,20 +55,31 @@ def connect(srv) -> socket.socket:
     return socket.create_connection(address(srv), timeout=10)
 
 
+def read_answers(conn: socket.socket, count: int) -> list[tuple[int, dict, bytes]]:
+    """`count` answers (Content-Length framed) from `conn`: status, headers (lower-case names), body."""
+    data, answers = b"", []
+    while len(answers) < count:
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"closed after {data!r}")
+            data += chunk
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(headers.get("content-length", 0))
+        while len(data) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed in a body")
+            data += chunk
+        answers.append((int(lines[0].split()[1]), headers, data[:length]))
+        data = data[length:]
+    return answers
+
+
 def read_answer(conn: socket.socket) -> tuple[int, dict, bytes]:
-    """One answer (Content-Length framed) from `conn`: status, headers (lower-case names), body."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed after {data!r}")
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    while len(body) < int(headers.get("content-length", 0)):
-        body += conn.recv(65536)
-    return int(lines[0].split()[1]), headers, body
+    return read_answers(conn, 1)[0]
 
 
 def health_within(srv, seconds: float) -> bool:
@@ -102,7 +113,7 @@ def test_pipelined_requests_are_answered_in_order(srv):
     with connect(srv) as conn:
         bodies = [json.dumps({"ids": [i]}).encode() for i in range(5)]
         conn.sendall(b"".join(b"POST /lookup HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies))
-        rows = [json.loads(read_answer(conn)[2])["rows"][0] for _ in bodies]
+        rows = [json.loads(body)["rows"][0] for _, _, body in read_answers(conn, len(bodies))]
     model = torch.jit.load(srv.cmd[1])
     assert rows == model.lookup(torch.arange(5)).tolist()
 
