@@ -5,7 +5,7 @@
 # 16 ids in the Open Inference Protocol with binary tensors, an /update every 100 requests, every answer checked)
 # and prints req/s, p50, p99 and wrong answers side by side, with the client's own ceiling against a trivial
 # endpoint first. Target (issue 27): >= 15,000 req/s at p99 <= 10 ms for both forms.
-#   bash bench/serve_gpu.sh            (SECONDS_PER_FORM=15 CLIENTS=64 THREADS=16 SERVER_ARGS="..." to change)
+#   bash bench/serve_gpu.sh            (SECONDS_PER_FORM=10 CLIENTS=64 THREADS=16 SERVER_ARGS="..." to change)
 set -u
 OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
@@ -27,5 +27,5 @@ step load test
 $PY torchscript_examples/load_test.py --server build/torchscript_examples/speedtorch_server \
   --load-client build/torchscript_examples/speedtorch_load_client --model /tmp/serve_model.pt \
   --package /tmp/serve_model_cuda.pt2 --table /tmp/serve_users_aoti.npy --device cuda \
-  --clients ${CLIENTS:-64} --seconds ${SECONDS_PER_FORM:-15} --warmup 50 --update-every 100 --protocol binary \
+  --clients ${CLIENTS:-64} --seconds ${SECONDS_PER_FORM:-10} --warmup 50 --update-every 100 --protocol binary \
   --threads ${THREADS:-16} --ceiling --server-args "${SERVER_ARGS:-}" 2>&1 | grep -v Warn | tee "$OUT/serve_gpu.log"
