@@ -18,6 +18,11 @@ namespace {
 // multiply-adds on a row and its state, reached with a cache miss per row.
 constexpr int64_t kGrainElements = 1 << 16;
 
+// A batch of fewer elements is updated by the calling thread alone (about half a millisecond of Adam): a second
+// thread saves a fraction of that on an idle machine and costs milliseconds on a loaded one (issue 23 item 7: the
+// demo's item table, 3,400 rows x 32, took 2 grains).
+constexpr int64_t kSerialElements = 1 << 17;
+
 // The rows of a batch lie anywhere in a table of many megabytes: each is a cache (and often TLB) miss, and a thread
 // that waits for each row in turn is bound by memory latency, not arithmetic. Asking for the rows a few ahead keeps
 // their misses in flight while the current row is updated.
@@ -82,14 +87,16 @@ void update_rows(const OptimizerRows& t, const OptimizerHyper& h, int64_t global
 void apply_row_optimizer_cpu(const OptimizerRows& table, const OptimizerHyper& hyper, int64_t global_step,
                              const int64_t* rows, const float* grads, int64_t count) {
   const int64_t grain_rows = std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, table.dim));
-  at::parallel_for(0, count, grain_rows, [&](int64_t begin, int64_t end) {
+  auto update = [&](int64_t begin, int64_t end) {
     switch (table.weight_type) {
       case WeightType::kFloat: return update_rows<float>(table, hyper, global_step, rows, grads, begin, end);
       case WeightType::kHalf: return update_rows<c10::Half>(table, hyper, global_step, rows, grads, begin, end);
       case WeightType::kBFloat16:
         return update_rows<c10::BFloat16>(table, hyper, global_step, rows, grads, begin, end);
     }
-  });
+  };
+  if (count * table.dim < kSerialElements) return update(0, count);
+  at::parallel_for(0, count, grain_rows, update);
 }
 
 }  // namespace speedtorch

@@ -159,9 +159,10 @@ class HostEmbedding(torch.nn.Module):
             rows = _HostRows.apply(self._anchor, self, unique, rows)
         if self.mode is None:
             if rows.device.type == "cpu":
-                # The same rows; its backward (index_add_ into the distinct rows) runs 2.3x faster on the CPU than
-                # embedding's, which walks every index with a TensorIterator per row (bench/RESULTS.md, CPU runs).
-                return rows.index_select(0, inverse.reshape(-1)).reshape(*inverse.shape, rows.shape[-1])
+                # The same rows through speedtorch's gather, whose CPU backward sums them into the distinct rows on
+                # the calling thread: embedding's walks every index with a TensorIterator per row, and index_select's
+                # (index_add_) wakes every thread even for a small batch (bench/RESULTS.md, CPU runs).
+                return torch.ops.speedtorch.gather(rows, inverse, None)
             return F.embedding(inverse, rows)
         if offsets is not None:
             offsets = offsets.to(self.device)

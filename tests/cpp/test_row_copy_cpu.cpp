@@ -48,10 +48,11 @@ TEST_P(ScatterThreads, DuplicatesLastOccurrenceWins) {
   at::set_num_threads(GetParam());
   at::Tensor table = at::randn({50, 8});
   at::Tensor expected = table.clone();
-  const auto idx = random_indices(20000, 50, 2);
-  at::Tensor src = at::randn({20000, 8});
+  // 40,000 rows of 32 bytes: over the bytes a batch needs before threads share it.
+  const auto idx = random_indices(40000, 50, 2);
+  at::Tensor src = at::randn({40000, 8});
   for (size_t i = 0; i < idx.size(); ++i) expected[idx[i]].copy_(src[i]);
-  scatter_rows_cpu(rows_of(table), idx.data(), 20000, static_cast<const char*>(src.data_ptr()));
+  scatter_rows_cpu(rows_of(table), idx.data(), 40000, static_cast<const char*>(src.data_ptr()));
   at::set_num_threads(previous);
   EXPECT_TRUE(at::equal(table, expected));
 }

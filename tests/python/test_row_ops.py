@@ -164,6 +164,24 @@ def test_gradcheck_gather():
     assert torch.autograd.gradcheck(lambda t: speedtorch.gather(t, indices), (table,))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("index_dtype", "shape"), [(torch.int64, (4, 7)), (torch.int32, (40_000,))])
+def test_gather_backward_on_cpu_gives_the_bits_of_index_add(threads, index_dtype, shape):
+    """A float32 CPU table's gradient is summed by speedtorch's own CPU kernel (HostEmbedding's CPU forward relies
+    on it): the bits of index_add_ into zeros, also when the batch is large enough for threads to share it."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        table = random_table(300, 16).requires_grad_()
+        indices = torch.randint(0, 290, shape, dtype=index_dtype)  # duplicates, and rows no index names
+        weights = torch.randn(*shape, 16)
+        (speedtorch.gather(table, indices) * weights).sum().backward()
+    finally:
+        torch.set_num_threads(previous)
+    expected = torch.zeros(300, 16).index_add_(0, indices.reshape(-1).long(), weights.reshape(-1, 16))
+    assert torch.equal(table.grad, expected)
+
+
 def test_meta_tensors():
     table = torch.empty(100, 16, device="meta")
     out = torch.ops.speedtorch.gather(table, torch.empty(4, 5, dtype=torch.long, device="meta"))

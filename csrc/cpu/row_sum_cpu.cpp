@@ -1,0 +1,94 @@
+// Rows summed by index on CPU threads (see row_sum_cpu.h).
+#include "cpu/row_sum_cpu.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace speedtorch {
+namespace {
+
+// Floats a thread must have to add before a second one is woken: 1 MiB of gradient rows, about a millisecond of
+// work. A batch below that is summed by the calling thread: waking another costs more, and on a loaded machine far
+// more (a parallel region waits for its slowest thread; bench/RESULTS.md, issue 23 item 7).
+constexpr int64_t kGrainFloats = 1 << 18;
+
+// One slot of the open-addressing table: an index value and the order in which it was first seen.
+struct Entry {
+  int64_t value;  // -1: empty (validated indices are >= 0)
+  int64_t first_seen;
+};
+
+inline uint64_t slot_hash(int64_t value, int shift) {
+  return (static_cast<uint64_t>(value) * 0x9E3779B97F4A7C15ull) >> shift;
+}
+
+// The entry holding `value`, or the empty one where it belongs (linear probing).
+inline Entry& find_entry(std::vector<Entry>& table, int64_t value, int shift) {
+  const uint64_t mask = table.size() - 1;
+  uint64_t h = slot_hash(value, shift);
+  while (table[h].value != value && table[h].value >= 0) h = (h + 1) & mask;
+  return table[h];
+}
+
+void add_rows(const float* __restrict src, float* __restrict out, int64_t dim) {
+  for (int64_t j = 0; j < dim; ++j) out[j] += src[j];
+}
+
+}  // namespace
+
+template <typename Index>
+int64_t distinct_indices_cpu(const Index* indices, int64_t count, int64_t* distinct, int64_t* inverse) {
+  if (count == 0) return 0;
+  // At most half full, so probes stay short.
+  int bits = 4;
+  while ((int64_t{1} << bits) < 2 * count) ++bits;
+  std::vector<Entry> table(size_t{1} << bits, Entry{-1, 0});
+  const int shift = 64 - bits;
+  int64_t n = 0;
+  for (int64_t i = 0; i < count; ++i) {  // inverse[i]: first-seen order for now
+    const int64_t value = static_cast<int64_t>(indices[i]);
+    Entry& e = find_entry(table, value, shift);
+    if (e.value < 0) {
+      e = Entry{value, n};
+      distinct[n++] = value;
+    }
+    inverse[i] = e.first_seen;
+  }
+  std::sort(distinct, distinct + n);
+  std::vector<int64_t> place(static_cast<size_t>(n));  // first-seen order -> place in ascending order
+  for (int64_t r = 0; r < n; ++r) place[find_entry(table, distinct[r], shift).first_seen] = r;
+  for (int64_t i = 0; i < count; ++i) inverse[i] = place[inverse[i]];
+  return n;
+}
+
+template <typename Index>
+void sum_rows_by_index_cpu(const Index* rows, int64_t count, const float* src, int64_t dim, float* out,
+                           int64_t out_rows) {
+  // Each lane owns a range of output rows and scans every position in order, so each row's sum keeps its order
+  // whatever the number of lanes.
+  const int64_t lanes = std::max<int64_t>(
+      1, std::min<int64_t>({at::get_num_threads(), count * dim / kGrainFloats, out_rows}));
+  auto sum_lane = [&](int64_t lane) {
+    const int64_t lo = out_rows * lane / lanes;
+    const int64_t hi = out_rows * (lane + 1) / lanes;
+    std::memset(out + lo * dim, 0, static_cast<size_t>((hi - lo) * dim) * sizeof(float));
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = static_cast<int64_t>(rows[i]);
+      if (r >= lo && r < hi) add_rows(src + i * dim, out + r * dim, dim);
+    }
+  };
+  if (lanes == 1) return sum_lane(0);
+  at::parallel_for(0, lanes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t lane = begin; lane < end; ++lane) sum_lane(lane);
+  });
+}
+
+template int64_t distinct_indices_cpu<int32_t>(const int32_t*, int64_t, int64_t*, int64_t*);
+template int64_t distinct_indices_cpu<int64_t>(const int64_t*, int64_t, int64_t*, int64_t*);
+template void sum_rows_by_index_cpu<int32_t>(const int32_t*, int64_t, const float*, int64_t, float*, int64_t);
+template void sum_rows_by_index_cpu<int64_t>(const int64_t*, int64_t, const float*, int64_t, float*, int64_t);
+
+}  // namespace speedtorch
