@@ -19,6 +19,8 @@
 #include <mutex>
 #include <optional>
 
+#include "core/checked_size.h"
+
 #ifdef SPEEDTORCH_WITH_CUDA
 #include <ATen/Context.h>
 #include <c10/cuda/CUDAException.h>
@@ -253,15 +255,10 @@ PinnedHostBuffer::~PinnedHostBuffer() {
 }
 
 at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype) {
-  std::size_t count = 1;
-  for (const auto s : sizes) {
-    TORCH_CHECK(s >= 0, "speedtorch: negative dimension ", s, " in size ", sizes);
-    TORCH_CHECK(s == 0 || count <= SIZE_MAX / static_cast<std::size_t>(s), "speedtorch: size ", sizes, " overflows");
-    count *= static_cast<std::size_t>(s);
-  }
-  const std::size_t bytes = count * c10::elementSize(dtype);
+  const int64_t bytes =
+      checked_dense_bytes(sizes, static_cast<int64_t>(c10::elementSize(dtype)), "speedtorch.pinned_empty");
   // A zero-size table still gets one page so every table has a valid, pinned base pointer.
-  auto buffer = std::make_shared<PinnedHostBuffer>(bytes == 0 ? 1 : bytes);
+  auto buffer = std::make_shared<PinnedHostBuffer>(bytes == 0 ? 1 : static_cast<std::size_t>(bytes));
   return tensor_over(buffer, 0, sizes, c10::contiguous_strides(sizes), dtype);
 }
 
@@ -269,6 +266,14 @@ at::Tensor tensor_over(const std::shared_ptr<PinnedHostBuffer>& buffer, int64_t 
                        at::IntArrayRef strides, c10::ScalarType dtype) {
   TORCH_CHECK(offset_bytes >= 0 && static_cast<std::size_t>(offset_bytes) <= buffer->size(),
               "speedtorch: view offset ", offset_bytes, " outside a buffer of ", buffer->size(), " bytes");
+  TORCH_CHECK(sizes.size() == strides.size(), "speedtorch: a view of ", sizes.size(), " sizes and ", strides.size(),
+              " strides");
+  // Computed here, checked, before from_blob does it: torch aborts the process on sizes whose bytes overflow.
+  const int64_t extent = checked_view_extent_bytes(sizes, strides, static_cast<int64_t>(c10::elementSize(dtype)),
+                                                   "speedtorch: a view of host memory");
+  TORCH_CHECK(static_cast<std::size_t>(extent) <= buffer->size() - static_cast<std::size_t>(offset_bytes),
+              "speedtorch: a view of ", extent, " bytes from offset ", offset_bytes, " does not fit a buffer of ",
+              buffer->size(), " bytes");
   void* data = static_cast<char*>(buffer->data()) + offset_bytes;
   return at::from_blob(
       data, sizes, strides, [keep = buffer](void*) mutable { keep.reset(); },
