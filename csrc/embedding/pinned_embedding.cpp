@@ -215,7 +215,8 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
     at::Tensor weights = tensor_over(buffer, 0, {n, d}, {record / elem, 1}, table_.scalar_type());
     move_rows(weights);
     buffer->pin();
-    state_ = tensor_over(buffer, weight_bytes, {n, state_floats}, {record / 4, 1}, at::kFloat);
+    // No rows, no records: the (empty) state view starts where the buffer of one byte does.
+    state_ = tensor_over(buffer, n == 0 ? 0 : weight_bytes, {n, state_floats}, {record / 4, 1}, at::kFloat);
     table_ = weights;
     table_buffer_ = std::move(buffer);
     state_buffer_.reset();

@@ -164,10 +164,35 @@ def test_opcheck_scatter(op):
     torch.library.opcheck(getattr(torch.ops.speedtorch, op).default, (table, indices, torch.randn(6, 8)))
 
 
+@pytest.mark.parametrize("sorted_unique", [False, True])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_opcheck_row_optimizer_step(sorted_unique, index_dtype):
+    """Schema, fake / Meta kernel, autograd registration and dispatch, with static and dynamic shapes (the Meta
+    kernel called numel() on symbolic shapes, which fails the dynamic-shape check)."""
+    n, d = 20, 8
+    weights = random_table(n, d)
+    state = torch.zeros(n, speedtorch.PinnedEmbedding.state_width("adam", {}, d))
+    indices = (torch.randperm(n)[:6].sort().values if sorted_unique else torch.randint(0, n, (2, 3))).to(index_dtype)
+    grad = torch.randn(*indices.shape, d)
+    torch.library.opcheck(torch.ops.speedtorch.row_optimizer_step_.default,
+                          (weights, state, indices, grad, "adam", {"lr": 0.01}, 1, sorted_unique))
+
+
 def test_gradcheck_gather():
     table = torch.randn(12, 5, dtype=torch.float64, requires_grad=True)
     indices = torch.tensor([[0, 3, 3], [11, 0, 7]])  # duplicates: their gradients add up
     assert torch.autograd.gradcheck(lambda t: speedtorch.gather(t, indices), (table,))
+
+
+def test_rows_of_zero_width():
+    """gather and its backward on a table of 0 columns (the backward reshaped the gradient with -1: an error)."""
+    table = torch.empty(6, 0, requires_grad=True)
+    indices = torch.tensor([[0, 5], [5, 2]])
+    out = speedtorch.gather(table, indices)
+    assert out.shape == (2, 2, 0)
+    out.sum().backward()
+    assert table.grad.shape == (6, 0)
+    speedtorch.scatter_(table.detach(), indices, torch.empty(2, 2, 0))
 
 
 def test_meta_tensors():
