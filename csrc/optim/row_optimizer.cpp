@@ -7,6 +7,8 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+
 #include "core/checked_size.h"
 #include "cpu/index_range_check.h"
 #include "cpu/row_optimizer_cpu.h"
@@ -31,6 +33,20 @@ WeightType weight_type(c10::ScalarType t) {
 }
 
 }  // namespace
+
+int64_t optimizer_record_stride_bytes(const at::Tensor& weights, const at::Tensor& state) {
+  const int64_t weights_stride = weights.stride(0) * weights.element_size();
+  const int64_t state_stride = state.stride(0) * state.element_size();
+  // Read from the addresses, not the storages: PinnedEmbedding's weights and state are views of one buffer, each
+  // with a storage of its own (tensor_over), so their storage pointers always differ.
+  const auto weights_at = reinterpret_cast<std::uintptr_t>(weights.data_ptr());
+  const auto state_at = reinterpret_cast<std::uintptr_t>(state.data_ptr());
+  const auto weights_bytes = static_cast<std::uintptr_t>(weights.size(1) * weights.element_size());
+  const auto state_bytes = static_cast<std::uintptr_t>(state.size(1) * state.element_size());
+  const bool beside = weights_stride == state_stride && state_at >= weights_at + weights_bytes &&
+                      state_at + state_bytes <= weights_at + static_cast<std::uintptr_t>(weights_stride);
+  return beside ? weights_stride : weights_stride + state_stride;
+}
 
 OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state, char* weights_base,
                              float* state_base) {
@@ -125,7 +141,8 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
     TORCH_CHECK(false, op, ": this speedtorch library was built without CUDA");
 #endif
   }
-  const at::Tensor idx = flat.contiguous();
+  // CPU threads update the rows: indices on a GPU come to the host (CUDA indices with CPU rows and gradients).
+  const at::Tensor idx = flat.to(at::kCPU).contiguous();
   at::Tensor unique;
   at::Tensor summed;
   if (sorted_unique) {

@@ -120,7 +120,8 @@ void scatter_table_rows(const at::Tensor& table, const at::Tensor& indices, cons
                 " but the table is on ", table.device(), "; put them on the same GPU");
   }
   if (table.is_cpu() && src.is_cuda()) check_host_table_reachable(table, src.device(), op);
-  if (table.is_cpu() && (src.is_cuda() || indices.is_cuda())) check_host_table_writable_by_gpu(table, op);
+  // A GPU writes a host table only when src is on one; CUDA indices with CPU rows are a CPU write (row_transfer.h).
+  if (table.is_cpu() && src.is_cuda()) check_host_table_writable_by_gpu(table, op);
   const at::Tensor flat = indices.reshape({-1}).contiguous();
   // A GPU table takes its rows on its own device.
   const at::Tensor rows =

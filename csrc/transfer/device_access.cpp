@@ -50,6 +50,9 @@ void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUD
 
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device) {
   if (indices.device() == device) return indices;
+  // Another GPU's indices: a device-to-device copy, which torch orders after the producing GPU's current stream and
+  // before `device`'s (pin_memory() only takes host tensors).
+  if (!indices.is_cpu()) return indices.to(device);
   const at::Tensor pinned = indices.is_pinned() ? indices : indices.pin_memory();
   return pinned.to(device, /*non_blocking=*/true);
 }

@@ -35,7 +35,8 @@ char* mapped_address(const at::Tensor& host, const char* op, const char* arg);
 // their events during capture is not allowed); ordering replays with host access is the replaying caller's part.
 void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUDAStream& stream);
 
-// Indices on `device`, copied asynchronously (through pinned memory) when they are on the host.
+// Indices on `device`: as they are when already there; copied asynchronously (through pinned memory) from the host;
+// copied from another GPU.
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device);
 
 // Validates indices before anything is launched and returns their span: on the host for CPU indices; for CUDA

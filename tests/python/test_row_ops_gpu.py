@@ -4,6 +4,10 @@ kernels and CPU access."""
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import last_wins_reference, random_table
@@ -224,6 +228,84 @@ def test_mismatched_gpus_for_gpu_table():
     table = random_table(10, 4).cuda(0)
     with pytest.raises(RuntimeError, match="same GPU"):
         speedtorch.gather(table, torch.tensor([1], device="cuda:1"))
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_cuda_indices_on_another_gpu_than_the_rows(fraction, transfer_settings):
+    """Indices on GPU 1, rows on GPU 0, table in pinned host memory: the indices reached pin_memory() ("cannot pin
+    'torch.cuda.LongTensor'"). They are copied between the GPUs now, for gather, scatter_ and the optimizer step."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    force_split(transfer_settings, fraction)
+    table = random_table(300, 16, pinned=True)
+    expected = table.clone()
+    indices = torch.randint(0, 300, (64,))
+    out = speedtorch.gather(table, indices.to("cuda:1"), device="cuda:0")
+    assert out.device == torch.device("cuda", 0)
+    torch.testing.assert_close(out.cpu(), expected[indices], rtol=0, atol=0)
+
+    rows = torch.randperm(300)[:40]
+    src = torch.randn(40, 16)
+    speedtorch.scatter_(table, rows.to("cuda:1"), src.to("cuda:0"))
+    torch.cuda.synchronize(0)
+    expected[rows] = src
+    torch.testing.assert_close(table, expected, rtol=0, atol=0)
+
+    emb = speedtorch.PinnedEmbedding(300, 16, torch.float32)
+    emb.copy_(expected)
+    emb.set_optimizer("sgd", {"lr": 0.5}, True)
+    reference = speedtorch.PinnedEmbedding(300, 16, torch.float32)
+    reference.copy_(expected)
+    reference.set_optimizer("sgd", {"lr": 0.5}, True)
+    grad = torch.randn(64, 16)
+    for sorted_unique, ids in ((False, indices), (True, torch.unique(indices))):
+        g = grad[: ids.numel()]
+        emb.apply_gradients(ids.to("cuda:1"), g.to("cuda:0"), sorted_unique)
+        reference.apply_gradients(ids, g, sorted_unique)  # the CPU route
+    torch.cuda.synchronize(0)
+    torch.testing.assert_close(emb.table(), reference.table(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(emb.gather(indices.to("cuda:1"), torch.device("cuda:0")).cpu(),
+                               reference.table()[indices], rtol=1e-6, atol=1e-6)
+
+
+def test_cpu_rows_with_cuda_indices_write_a_table_gpus_only_read(tmp_path):
+    """A file table opened 'r+' outside tmpfs is registered read-only for GPUs. CPU rows with CUDA indices are
+    written by CPU threads, yet scatter_ refused them as a GPU write (and the optimizer's CPU route handed CUDA
+    indices to a host-only check)."""
+    spare = Path(speedtorch.library_path()).parent / f"speedtorch-test-{os.getpid()}"  # the build folder: on disk
+    try:
+        _write_a_table_gpus_only_read((tmp_path, spare))
+    finally:
+        shutil.rmtree(spare, ignore_errors=True)
+
+
+def _write_a_table_gpus_only_read(folders) -> None:
+    table = random_table(50, 8)
+    ids = torch.tensor([4, 0, 7, 4], device="cuda")
+    for folder in folders:  # the first outside tmpfs
+        folder.mkdir(exist_ok=True)
+        path = folder / "t.npy"
+        speedtorch.data.save_npy(table, path)
+        mapped = speedtorch.data.open_npy(path, "r+")
+        try:
+            speedtorch.scatter_(mapped, ids, torch.zeros(4, 8, device="cuda"))
+        except RuntimeError as error:
+            assert "GPUs may only read" in str(error)
+            break
+    else:
+        pytest.skip("no folder outside tmpfs: GPUs may write every 'r+' mapping here")
+    src = torch.randn(4, 8)
+    speedtorch.scatter_(mapped, ids, src)
+    table[[0, 7, 4]] = src[[1, 2, 3]]  # the last of the repeated id wins
+    torch.testing.assert_close(mapped, table, rtol=0, atol=0)
+    state = torch.zeros(50, speedtorch.PinnedEmbedding.state_width("sgd", {}, 8))
+    grad = torch.randn(4, 8)
+    torch.ops.speedtorch.row_optimizer_step_(mapped, state, ids, grad, "sgd", {"lr": 1.0}, 1)
+    table.index_add_(0, ids.cpu(), -grad)
+    torch.testing.assert_close(mapped, table, rtol=1e-6, atol=1e-6)
+    del mapped
+    reread = speedtorch.data.load_npy(path, pinned=False)
+    torch.testing.assert_close(reread, table, rtol=1e-6, atol=1e-6)  # the writes reached the file
 
 
 def test_opcheck_on_gpu():
