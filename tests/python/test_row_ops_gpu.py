@@ -4,8 +4,10 @@ kernels and CPU access."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -348,20 +350,68 @@ def _keep_stream_busy() -> None:
     torch.cuda._sleep(1_000_000_000)
 
 
+class StreamGate:
+    """Holds the current CUDA stream at the point of construction until open_after() has been called and its delay
+    has passed, with nothing else deciding when: the stream waits (the driver's cuStreamWaitValue32) for a flag in
+    pinned host memory, and a host thread blocked in read() on a timerfd writes the flag when the timer fires. That
+    thread holds no GIL, so the gate opens even while the calling thread is blocked in C++ (as in `del table`,
+    which waits for the GPU)."""
+
+    def __init__(self):
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        cuda = ctypes.CDLL("libcuda.so.1")
+        self._flag = torch.zeros(2, dtype=torch.int32).pin_memory()  # read() writes 8 bytes: the expiration count
+        self._timer = self._libc.timerfd_create(1, 0)  # CLOCK_MONOTONIC
+        assert self._timer >= 0, f"timerfd_create: errno {ctypes.get_errno()}"
+        self._set_timer(60.0)  # a safety net: should the code under test wait for the stream, it still ends
+        self._writer = threading.Thread(target=self._libc.read,
+                                        args=(self._timer, ctypes.c_void_p(self._flag.data_ptr()), ctypes.c_size_t(8)))
+        self._writer.start()
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        # cuStreamWaitValue32_v2(stream, address, value, CU_STREAM_WAIT_VALUE_GEQ): pinned memory allocated by
+        # cudaHostAlloc (Tensor.pin_memory) has the same address on the GPU.
+        result = cuda.cuStreamWaitValue32_v2(stream, ctypes.c_uint64(self._flag.data_ptr()), ctypes.c_uint32(1),
+                                             ctypes.c_uint(0))
+        if result != 0:
+            self.open_after(0.0)
+            pytest.fail(f"cuStreamWaitValue32_v2 failed with CUresult {result}")
+
+    def _set_timer(self, seconds: float) -> None:
+        whole = int(seconds)
+        spec = (ctypes.c_long * 4)(0, 0, whole, int((seconds - whole) * 1e9) or (0 if whole else 1))
+        assert self._libc.timerfd_settime(self._timer, 0, spec, None) == 0, f"errno {ctypes.get_errno()}"
+
+    def open_after(self, seconds: float) -> None:
+        """Re-arms the timer: the gate opens `seconds` from now (a no-op once it is open)."""
+        self._set_timer(seconds)
+
+    def close(self) -> None:
+        self.open_after(0.0)
+        self._writer.join()
+        os.close(self._timer)
+
+
 def test_freeing_a_table_waits_for_its_queued_scatter(transfer_settings):
     """A temporary pinned table dropped right after a scatter_ from the GPU was unmapped under the queued kernel
-    (issue 13): releasing the memory now waits for the kernels still using it."""
+    (issue 13): releasing the memory now waits for the kernels still using it. Decided without timing: the kernel
+    is held behind a gate that opens only after `del` has started (a timer armed just before it, which the waiting
+    `del` does not depend on), so a `del` that returns before the kernel ran is always seen (it was seen only when
+    a sleep outlasted the calls before, which compute-sanitizer's slower launches broke)."""
     force_split(transfer_settings, 1.0)
     table = speedtorch.pinned_empty(2000, 64)
     indices = torch.randint(0, 2000, (1000,))  # CPU indices: validated on the host, so nothing waits for the stream
     src = torch.randn(1000, 64, device="cuda")
     torch.cuda.synchronize()
     stream = torch.cuda.current_stream()
-    _keep_stream_busy()
-    speedtorch.scatter_(table, indices, src)
-    assert not stream.query(), "the scatter kernel should still be queued behind the sleep"
-    del table
-    assert stream.query(), "freeing the table returned before the kernel writing it had finished"
+    gate = StreamGate()
+    try:
+        speedtorch.scatter_(table, indices, src)
+        assert not stream.query(), "the scatter kernel should still be queued behind the gate"
+        gate.open_after(0.2)
+        del table
+        assert stream.query(), "freeing the table returned before the kernel writing it had finished"
+    finally:
+        gate.close()
     torch.cuda.synchronize()  # the context is intact
 
 
