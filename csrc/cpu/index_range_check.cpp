@@ -2,6 +2,8 @@
 #include "cpu/index_range_check.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/stack.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -67,12 +69,25 @@ IndexSpan check_indices_in_range(const Index* indices, int64_t count, int64_t nu
   return scan.span;
 }
 
-IndexSpan check_index_tensor(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
+IndexSpan check_index_tensor(const at::Tensor& host_indices, int64_t num_rows, const char* op, const char* arg) {
   TORCH_CHECK(host_indices.is_cpu(), op, ": internal error: indices must be on the host here, got ",
               host_indices.device());
   const at::Tensor idx = host_indices.contiguous();
   IndexSpan span;
-  with_index_type(idx, [&](const auto* p) { span = check_indices_in_range(p, idx.numel(), num_rows, op, "indices"); });
+  with_index_type(idx, [&](const auto* p) { span = check_indices_in_range(p, idx.numel(), num_rows, op, arg); });
+  return span;
+}
+
+IndexSpan check_index_tensor_on_any_device(const at::Tensor& indices, int64_t num_rows, const char* op,
+                                           const char* arg) {
+  TORCH_CHECK(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt, op, ": ", arg,
+              " must be int64 or int32, got ", indices.scalar_type());
+  if (indices.is_cpu()) return check_index_tensor(indices, num_rows, op, arg);
+  if (indices.numel() == 0) return IndexSpan{};
+  const auto [lo, hi] = at::aminmax(indices);
+  const at::Tensor ends = at::stack({lo.to(at::kLong), hi.to(at::kLong)}).cpu();
+  const IndexSpan span{ends[0].item<int64_t>(), ends[1].item<int64_t>()};
+  if (span.min < 0 || span.max >= num_rows) check_index_tensor(indices.cpu(), num_rows, op, arg);  // throws
   return span;
 }
 

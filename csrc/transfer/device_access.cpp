@@ -3,8 +3,6 @@
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/aminmax.h>
-#include <ATen/ops/stack.h>
 #include <c10/cuda/CUDAException.h>
 
 #include "cuda/device_index_error.h"
@@ -68,11 +66,7 @@ std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num
     return check_index_tensor(indices.contiguous(), num_rows, op);
   }
   if (deferred_index_checks() || capturing) return std::nullopt;
-  const auto [lo, hi] = at::aminmax(indices);
-  const at::Tensor ends = at::stack({lo.to(at::kLong), hi.to(at::kLong)}).cpu();
-  const IndexSpan span{ends[0].item<int64_t>(), ends[1].item<int64_t>()};
-  if (span.min < 0 || span.max >= num_rows) check_index_tensor(indices.cpu().contiguous(), num_rows, op);  // throws
-  return span;
+  return check_index_tensor_on_any_device(indices, num_rows, op);
 }
 
 int64_t touched_bytes(int64_t num_rows, int64_t row_stride_bytes, const std::optional<IndexSpan>& span) {

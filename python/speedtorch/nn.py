@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from . import PinnedEmbedding
+from .ops import check_indices
 from .placement import DeviceTable, HybridTable
 from .table_state import copy_table_entries, load_table_entries, set_table_extra_state, table_entries, table_extra_state
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
@@ -315,13 +316,12 @@ class HostEmbedding(torch.nn.Module):
         if isinstance(table, HybridTable):
             table.set_hot_rows(ids)
             return
-        ids = torch.unique(torch.as_tensor(ids).to(self.device, torch.int64))
+        ids = torch.as_tensor(ids)
+        check_indices(ids, self.num_embeddings, "HostEmbedding.set_hot_rows", "hot row ids")
+        ids = torch.unique(ids.to(self.device, torch.int64))
         if ids.numel() > table.cache_slots():
             raise ValueError(f"HostEmbedding.set_hot_rows: {ids.numel()} rows given, the cache has room for "
                              f"{table.cache_slots()}")
-        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.num_embeddings):
-            raise IndexError(f"HostEmbedding.set_hot_rows: hot row ids must be in [0, {self.num_embeddings}), got "
-                             f"{int(ids[0]) if int(ids[0]) < 0 else int(ids[-1])}")
         table.gather(ids, self.device)
 
     def _hybrid(self, what: str):

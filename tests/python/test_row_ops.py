@@ -195,6 +195,37 @@ def test_rows_of_zero_width():
     speedtorch.scatter_(table.detach(), indices, torch.empty(2, 2, 0))
 
 
+def test_one_index_rule_for_the_operators_and_the_python_layers():
+    """speedtorch.ops.check_indices is the operators' rule (C++), and the Python layers that check ids themselves
+    (the placements' hot rows and splits, the distributed table) call it: the same words, value and position
+    everywhere (they each had their own wording, and set_hot_rows named a position in the sorted distinct ids)."""
+    from speedtorch.nn import HostEmbedding
+    from speedtorch.placement import HybridTable
+
+    ids = torch.tensor([3, 9, 1, 12, 0])
+    rule = r"holds 12 at flat position 3; every index must be in \[0, 10\) for a table of 10 rows"
+    with pytest.raises(IndexError, match="speedtorch.gather: indices " + rule):
+        speedtorch.gather(random_table(10, 4), ids)
+    for index_dtype in INDEX_DTYPES:
+        with pytest.raises(IndexError, match="my_op: ids " + rule):
+            speedtorch.ops.check_indices(ids.to(index_dtype), 10, "my_op", "ids")
+    speedtorch.ops.check_indices(torch.tensor([[0, 9], [4, 4]]), 10)  # in range: nothing
+    speedtorch.ops.check_indices(torch.empty(0, dtype=torch.int64), 0)
+    with pytest.raises(RuntimeError, match="must be int64 or int32"):
+        speedtorch.ops.check_indices(torch.tensor([1.0]), 10)
+
+    host = speedtorch.PinnedEmbedding(10, 4, torch.float32)
+    host.set_optimizer("sgd", {"lr": 0.1}, True)
+    hybrid = HybridTable(host, "cpu", 4)
+    with pytest.raises(IndexError, match="HybridTable: indices " + rule):
+        hybrid.gather(ids)
+    with pytest.raises(IndexError, match="HybridTable.set_hot_rows: hot row ids " + rule):
+        hybrid.set_hot_rows(ids)
+    cached = HostEmbedding(10, 4, device="cpu", placement="hybrid", cache_rows=8)
+    with pytest.raises(IndexError, match="HostEmbedding.set_hot_rows: hot row ids " + rule):
+        cached.set_hot_rows(ids)
+
+
 def test_meta_tensors():
     table = torch.empty(100, 16, device="meta")
     out = torch.ops.speedtorch.gather(table, torch.empty(4, 5, dtype=torch.long, device="meta"))

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .. import PinnedEmbedding
+from ..ops import check_indices
 from .host_shard import open_host_shard
 from .row_sharding import RowLayout, RowSharding
 from .topology import HostTopology
@@ -127,11 +128,7 @@ class ShardedHostTable:
     def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
         ids = indices.reshape(-1).to(torch.int64)
         device = ids.device if device is None else torch.device(device)
-        bad = (ids < 0) | (ids >= self._num_rows)
-        if bool(bad.any()):
-            first = int(bad.nonzero()[0, 0])
-            raise IndexError(f"ShardedHostTable (rank {self.layout.topology.rank}): index {int(ids[first])} at "
-                             f"position {first} is out of range for a table of {self._num_rows} rows")
+        check_indices(ids, self._num_rows, f"ShardedHostTable (rank {self.layout.topology.rank})")
         return self.sharding.gather(ids, device).reshape(*indices.shape, self.dim())
 
     def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor) -> None:
