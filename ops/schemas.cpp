@@ -21,6 +21,9 @@ TORCH_LIBRARY(speedtorch, m) {
   // table-wide step count after this step, used for bias correction unless options["per_row_step"] == 1.
   // sorted_unique=True: the caller's indices are strictly increasing (torch.unique's output), so the summing pass
   // is skipped; checked, and refused with an error before any update when they are not.
+  // The checks gather's kernels and its Meta kernel run on its arguments (they need no data), for gather's Python
+  // fake kernel (python/speedtorch/_fake.py), which must also say where the rows land: one set of checks.
+  m.def("check_gather_arguments(Tensor table, Tensor indices) -> ()");
   m.def("row_optimizer_step_(Tensor(a!) weights, Tensor(b!) state, Tensor indices, Tensor grad, str optimizer, "
         "Dict(str, float) options, int step, bool sorted_unique=False) -> ()");
 }

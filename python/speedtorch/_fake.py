@@ -1,8 +1,10 @@
-"""Fake (meta) kernels for torch.compile / torch.export.
+"""The fake kernel of ``gather`` for torch.compile / torch.export: the one thing the C++ Meta kernels cannot say.
 
-The C++ Meta kernels (ops/register_meta.cpp) give shapes, but a fake tensor also needs its device, and a gather may
-put its rows on another device than its inputs (pinned host table -> GPU). These fake kernels say so; they take
-precedence over the Meta kernels under FakeTensorMode.
+Every operator's checks and output shapes are its C++ Meta kernel's (ops/register_meta.cpp: the checks the CPU and
+CUDA kernels run, sizes read as symbols), and FakeTensorMode uses those as they are, except for gather: its rows may
+land on another device than its inputs (a pinned host table gathered to a GPU), which a meta tensor cannot express.
+So gather has a fake kernel here (it replaces the Meta kernel), which runs the same C++ checks
+(``speedtorch::check_gather_arguments``) and puts the rows on the device asked for.
 """
 
 from __future__ import annotations
@@ -21,25 +23,8 @@ def _register_fake(name):
     return torch.library.register_fake(name, allow_override=True)
 
 
-def _rows_shape(table: torch.Tensor, indices: torch.Tensor) -> list[int]:
-    return [*indices.shape, table.shape[1]]
-
-
 @_register_fake("speedtorch::gather")
 def _gather_fake(table, indices, device=None):
-    torch._check(table.dim() == 2, lambda: f"speedtorch.gather: table must be 2-D, got {table.dim()}-D")
-    torch._check(
-        indices.dtype in (torch.int32, torch.int64),
-        lambda: f"speedtorch.gather: indices must be int64 or int32, got {indices.dtype}",
-    )
+    torch.ops.speedtorch.check_gather_arguments(table, indices)
     out_device = torch.device(device) if device is not None else indices.device
-    return table.new_empty(_rows_shape(table, indices), device=out_device)
-
-
-@_register_fake("speedtorch::scatter_rows_")
-def _scatter_rows_fake(table, indices, src):
-    torch._check(
-        list(src.shape) == _rows_shape(table, indices),
-        lambda: f"speedtorch.scatter_: src must have shape {_rows_shape(table, indices)}, got {list(src.shape)}",
-    )
-    return None
+    return table.new_empty([*indices.shape, table.shape[1]], device=out_device)
