@@ -1,5 +1,5 @@
 // Fused row optimizer kernel: one group of lanes per row reads the row's weights and state (over UVA when they
-// live in pinned host memory), applies the optimizer (optim/row_optimizer_math.h) and writes both back, in one
+// live in pinned host memory), applies the optimizer (core/row_optimizer_math.h) and writes both back, in one
 // pass. The rows come sorted, so warps running together touch nearby host pages.
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/BFloat16.h>

@@ -17,7 +17,7 @@
 #include "optim/optimizer_config.h"
 #include "optim/row_optimizer.h"
 #include "transfer/checked_row_transfer.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {

@@ -13,7 +13,7 @@
 #include "io/embedding_files.h"
 #include "io/npy_file.h"
 #include "optim/optimizer_config.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 
 namespace speedtorch {
 namespace {

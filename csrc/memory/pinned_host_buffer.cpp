@@ -27,7 +27,7 @@
 #include <cuda_runtime_api.h>
 #include <torch/version.h>
 
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #endif
 
 namespace speedtorch {

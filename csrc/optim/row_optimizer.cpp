@@ -14,7 +14,7 @@
 #include "cpu/row_optimizer_cpu.h"
 #include "memory/pinned_host_buffer.h"
 #include "metrics/transfer_counters.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include "optim/row_optimizer_cuda.h"
 #endif

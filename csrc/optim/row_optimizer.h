@@ -11,7 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "cpu/index_range_check.h"
-#include "optim/row_optimizer_math.h"
+#include "core/row_optimizer_math.h"
 
 namespace speedtorch {
 

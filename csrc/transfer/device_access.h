@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "cpu/index_range_check.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {

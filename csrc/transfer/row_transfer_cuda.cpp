@@ -29,7 +29,7 @@
 #include "cuda/row_kernels.h"
 #include "metrics/transfer_counters.h"
 #include "transfer/device_access.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #include "transfer/staging_ring.h"
 #include "transfer/transfer_policy.h"
 
