@@ -25,7 +25,7 @@ from .table_state import (adopt_options, checked_extra_state, copy_table_entries
                           set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "track_table_state"]
+__all__ = ["HostEmbedding", "NgramHashEmbedding", "track_table_state"]
 
 
 class _HostRows(torch.autograd.Function):
@@ -52,7 +52,9 @@ class HostEmbedding(torch.nn.Module):
         optimizer: ``"sgd"``, ``"adagrad"``, ``"adam"``, ``"adamw"``, ``"adamax"``, ``"rmsprop"``, ``"adadelta"``,
             ``"asgd"`` or ``"rprop"`` (torch.optim's math, applied lazily to the touched rows), or
             ``"rowwise_adagrad"`` (FBGEMM's row-wise Adagrad: one float of state per row; options ``lr``, ``eps``
-            (1e-8), ``weight_decay``, ``initial_accumulator_value``).
+            (1e-8), ``weight_decay``, ``initial_accumulator_value``), or ``"rowwise_adam"`` (FBGEMM's partial
+            row-wise Adam: Adam's first moment per element, its second one float per row; options ``lr``,
+            ``beta1``, ``beta2``, ``eps``, ``weight_decay``).
         optimizer_options: torch.optim's hyper-parameters by name (``betas`` as ``beta1``/``beta2``; booleans as
             0/1), e.g. ``{"lr": 1e-3, "weight_decay": 0.0}``; ``per_row_step=1`` for per-row bias correction.
         update: ``"step"`` (gradients wait for :meth:`step`) or ``"backward"`` (applied as backward reaches the rows).
@@ -434,3 +436,7 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
         return max(1, int(torch.unique(torch.as_tensor(hot_rows)).numel()))
     raise ValueError("HostEmbedding: placement='hybrid' needs the cache's size: cache_rows, hot_fraction in (0, 1] or "
                      "hot_rows (ids)")
+
+
+# Built on HostEmbedding, so imported after it (speedtorch/ngram_embedding.py imports this module).
+from .ngram_embedding import NgramHashEmbedding  # noqa: E402
