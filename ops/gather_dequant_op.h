@@ -1,5 +1,5 @@
 // speedtorch::gather_dequant: rows of a bf16, row-wise int8 or block-scaled fp8 table, dequantized to bfloat16
-// inside the gather (layouts in csrc/quant/row_formats.h). One kernel for CPU and CUDA (a pinned host table with
+// inside the gather (layouts in csrc/core/row_formats.h). One kernel for CPU and CUDA (a pinned host table with
 // CUDA indices dispatches to CUDA, with CPU indices and device='cuda' to CPU) and a Meta kernel for shapes.
 #pragma once
 

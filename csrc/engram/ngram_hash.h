@@ -1,6 +1,6 @@
 // speedtorch::ngram_hash on tensors: argument checks with messages a user can act on, then the CPU loop
 // (cpu/ngram_hash_cpu.h) or the CUDA kernel (cuda/ngram_hash_kernel.h). The hash itself is defined in
-// engram/ngram_hash_math.h. `op` names the caller in error messages.
+// core/ngram_hash_math.h. `op` names the caller in error messages.
 #pragma once
 
 #include <ATen/core/Tensor.h>

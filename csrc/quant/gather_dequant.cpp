@@ -10,7 +10,7 @@
 #include "cpu/table_views.h"
 #include "memory/pinned_host_buffer.h"
 #include "transfer/checked_row_transfer.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 
 namespace speedtorch {
 namespace {

@@ -16,7 +16,7 @@ LAYERS = {
     "memory": 1, "metrics": 1,
     "cpu": 2, "cuda": 2,
     "transfer": 3, "io": 3,
-    "optim": 4,
+    "optim": 4, "quant": 4, "engram": 4,
     "cache": 5,
     "embedding": 6, "contiguous": 6,
 }
