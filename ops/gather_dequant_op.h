@@ -18,6 +18,9 @@ at::Tensor gather_dequant(const at::Tensor& table, const at::Tensor& indices, co
 
 at::Tensor gather_dequant_kernel(const at::Tensor& table, const at::Tensor& indices, c10::string_view format,
                                  int64_t dim, std::optional<at::Device> device);
+// The kernel of check_gather_dequant_arguments (CompositeImplicitAutograd: metadata only, for the Python fake).
+void check_gather_dequant_arguments_kernel(const at::Tensor& table, const at::Tensor& indices,
+                                           c10::string_view format, int64_t dim);
 at::Tensor gather_dequant_meta(const at::Tensor& table, const at::Tensor& indices, c10::string_view format,
                                int64_t dim, std::optional<at::Device> device);
 

@@ -34,4 +34,6 @@ TORCH_LIBRARY(speedtorch, m) {
   // Rows of a bf16 / row-wise int8 / block-scaled fp8 table (csrc/core/row_formats.h) dequantized to bfloat16
   // inside the gather: shape indices.shape + (dim,), on `device` if given, else on the indices' device.
   m.def("gather_dequant(Tensor table, Tensor indices, str format, int dim, Device? device=None) -> Tensor");
+  // gather_dequant's argument checks, for its Python fake kernel (as check_gather_arguments for gather).
+  m.def("check_gather_dequant_arguments(Tensor table, Tensor indices, str format, int dim) -> ()");
 }

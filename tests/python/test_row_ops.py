@@ -172,32 +172,6 @@ def test_opcheck_row_optimizer_step(sorted_unique, index_dtype):
                           (weights, state, indices, grad, "adam", {"lr": 0.01}, 1, sorted_unique))
 
 
-@pytest.mark.skipif(torch.__version__ < (2, 6), reason="the Python fake kernels need torch >= 2.6")
-def test_fake_kernels_check_what_the_kernels_check():
-    """Under FakeTensorMode (torch.compile, torch.export) the checks are the C++ Meta kernels' (the Python fakes
-    checked less: a table with strided rows, or src of another dtype, went through), and gather's rows land on
-    the device asked for."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        table, ids = torch.empty(10, 8), torch.tensor([[1, 2], [3, 4]])
-        with pytest.raises(RuntimeError, match="table rows must be contiguous"):
-            torch.ops.speedtorch.gather(torch.empty(10, 16)[:, ::2], ids)
-        with pytest.raises(RuntimeError, match="table must be 2-D"):
-            torch.ops.speedtorch.gather(torch.empty(10), ids)
-        with pytest.raises(RuntimeError, match="indices must be int64 or int32"):
-            torch.ops.speedtorch.gather(table, ids.float())
-        with pytest.raises(RuntimeError, match="src dtype"):
-            torch.ops.speedtorch.scatter_rows_(table, ids, torch.empty(2, 2, 8, dtype=torch.float64))
-        with pytest.raises(RuntimeError, match="table rows overlap"):
-            torch.ops.speedtorch.scatter_rows_(torch.empty(1, 8).expand(10, 8), ids, torch.empty(2, 2, 8))
-        with pytest.raises(RuntimeError, match=r"src must have shape indices.shape \+ \(dim,\)"):
-            torch.ops.speedtorch.scatter_rows_(table, ids, torch.empty(4, 8))
-        out = torch.ops.speedtorch.gather(table, ids, torch.device("meta"))
-        assert out.shape == (2, 2, 8) and out.device.type == "meta" and out.dtype == table.dtype
-        assert torch.ops.speedtorch.gather(table, ids).device.type == "cpu"
-
-
 def test_gradcheck_gather():
     table = torch.randn(12, 5, dtype=torch.float64, requires_grad=True)
     indices = torch.tensor([[0, 3, 3], [11, 0, 7]])  # duplicates: their gradients add up
