@@ -34,6 +34,9 @@ PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
 from .jit_save import jit_save  # noqa: E402
 from . import data, nn, optim, placement  # noqa: E402  (.npy files; HostEmbedding; gpu / hybrid placement)
 from . import compat  # noqa: E402  (SpeedTorch 0.x's API over the ops; docs/migration.md)
+from .sparse_features import SparseFeatures  # noqa: E402
+from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402
+from .train_pipeline import TrainPipeline  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -45,6 +48,7 @@ def build_info() -> str:
 
 __all__ = [
     "ContiguousParams",
+    "HostEmbeddingBagCollection",
     "PinnedEmbedding",
     "build_info",
     "check_index_errors",
@@ -60,6 +64,9 @@ __all__ = [
     "reset_stats",
     "scatter_",
     "set_deferred_index_checks",
+    "SparseFeatures",
+    "TableConfig",
+    "TrainPipeline",
     "deferred_index_checks",
     "set_stats_enabled",
     "set_transfer_config",

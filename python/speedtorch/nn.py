@@ -23,7 +23,7 @@ from .placement import DeviceTable, HybridTable
 from .table_state import copy_table_entries, load_table_entries, set_table_extra_state, table_entries, table_extra_state
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "track_table_state"]
+__all__ = ["HostEmbedding", "HostEmbeddingBagCollection", "TableConfig", "track_table_state"]
 
 
 class _HostRows(torch.autograd.Function):
@@ -151,9 +151,7 @@ class HostEmbedding(torch.nn.Module):
                 per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.mode is None and (offsets is not None or per_sample_weights is not None):
             raise ValueError("HostEmbedding: offsets and per_sample_weights need mode='sum' or 'mean'")
-        unique, inverse, rows = self._rows_for(input)
-        if torch.is_grad_enabled():
-            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        inverse, rows = self.distinct_rows(input)
         if self.mode is None:
             if rows.device.type == "cpu":
                 # The same rows; its backward (index_add_ into the distinct rows) runs 2.3x faster on the CPU than
@@ -165,6 +163,16 @@ class HostEmbedding(torch.nn.Module):
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.to(self.device)
         return F.embedding_bag(inverse, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights)
+
+    def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
+        ones if :meth:`prefetch` was given this very tensor) and where each id's row is (``input == ids[inverse]``).
+        Backward through ``rows`` yields one gradient per distinct row, applied as ``update`` says. forward pools or
+        indexes them; :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
+        unique, inverse, rows = self._rows_for(input)
+        if torch.is_grad_enabled():
+            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        return inverse, rows
 
     def _rows_for(self, input: torch.Tensor):
         if self._prefetched is not None and self._prefetched[0] is input:
@@ -381,3 +389,7 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
         return max(1, int(torch.unique(torch.as_tensor(hot_rows)).numel()))
     raise ValueError("HostEmbedding: placement='hybrid' needs the cache's size: cache_rows, hot_fraction in (0, 1] or "
                      "hot_rows (ids)")
+
+
+# Many tables in one module (embedding_collection.py builds on HostEmbedding, so it comes after it).
+from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402
