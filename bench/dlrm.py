@@ -248,9 +248,9 @@ def section_gpu(args, device) -> dict:
           f"{args.batch:,}, {distinct_rows(batches, rows):,.0f} distinct rows a batch (power law {args.exponent}), "
           f"{args.optimizer}, interaction {args.interaction}, amp={args.amp}", flush=True)
     ways = {}
-    for label, placement, prefetch in (("host RAM, pipelined", "host", True), ("host RAM, not pipelined", "host", False),
-                                       (f"hybrid ({args.hot_fraction:.0%} cached), pipelined", "hybrid", True),
-                                       ("GPU memory (speedtorch placement='gpu'), pipelined", "gpu", True)):
+    for label, placement in (("host RAM, pipelined", "host"), ("host RAM, not pipelined", "host"),
+                             (f"hybrid ({args.hot_fraction:.0%} cached), pipelined", "hybrid"),
+                             ("GPU memory (speedtorch placement='gpu'), pipelined", "gpu")):
         if label.startswith("host RAM, not"):  # the same model as the pipelined host way, without prefetch
             host = ways["host RAM, pipelined"]
             ways[label] = Way(host.model, host.pipeline.optimizers, batches, device, prefetch=False)

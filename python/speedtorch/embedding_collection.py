@@ -191,6 +191,12 @@ class HostEmbeddingBagCollection(torch.nn.Module):
             return None
         plan = self._prefetched[1]
         self._prefetched = None
+        if self.device.type == "cuda":  # made on the stream prefetch() ran on, used on this one from here
+            current = torch.cuda.current_stream(self.device)
+            for lookup in plan:
+                for t in (lookup.ids, lookup.bad, lookup.lengths, lookup.weights, lookup.mean):
+                    if t is not None and t.is_cuda:
+                        t.record_stream(current)
         return plan
 
     def _plan(self, features) -> list["_Lookup"]:

@@ -249,7 +249,10 @@ class HostEmbedding(torch.nn.Module):
         _, unique, inverse, rows, *ready = self._prefetched
         self._prefetched = None
         if ready:
-            torch.cuda.current_stream(self.device).wait_event(ready[0])
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(ready[0])
+            for t in (unique, inverse, rows):  # prefetch() may have been called on another stream than this one
+                t.record_stream(current)
         if self._updated_since_prefetch:
             updated = torch.cat(self._updated_since_prefetch)
             self._updated_since_prefetch = []

@@ -81,7 +81,11 @@ class TrainPipeline:
         self._batches = iter(batches)
         self._exhausted = False
         self._staged: collections.deque = collections.deque()
-        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
+        # Where the gathers of batch t+1 are started: a stream that waits for step t-1's updates and t+1's copy only,
+        # not for forward t, so they run beside batch t's forward and backward.
+        self._gather_gate = torch.cuda.Stream(self.device) if cuda else None
 
     def __iter__(self):
         while True:
@@ -97,11 +101,15 @@ class TrainPipeline:
         if not self._staged:
             raise StopIteration
         batch = self._take()
+        before_forward = None
+        if self._gather_gate is not None:  # everything queued so far: earlier steps' updates, whoever made them
+            before_forward = torch.cuda.Event()
+            before_forward.record(torch.cuda.current_stream(self.device))
         output = self.model(batch)
         loss = output[0] if isinstance(output, (tuple, list)) else output
         # Forward has taken this batch's prefetched rows: each module's prefetch slot is free for the next batch.
         if self.prefetch and self.sparse_inputs is not None and self._staged:
-            self._start_gathers(self._staged[0])
+            self._start_gathers(self._staged[0], before_forward)
         self._stage(2)  # batch t+2's copies run beside this step
         loss.backward()
         if self.step_host_tables:
@@ -146,11 +154,20 @@ class TrainPipeline:
         self._wait(staged)
         return staged.batch
 
-    def _start_gathers(self, staged: "_Staged") -> None:
-        self._wait(staged)  # the side streams start after the current stream: the ids are there by then
+    def _start_gathers(self, staged: "_Staged", before_forward) -> None:
+        """Starts gathering ``staged``'s rows: each host module's prefetch, called on the gate stream, which has waited
+        for what the current stream ran before this step's forward (earlier updates: rows read now must include
+        them; this step's are read again at the next forward) and for the batch's copy, but not for the forward."""
         bound = transfer_config_override(max_sms=self.max_sms) if self.max_sms is not None else \
             contextlib.nullcontext()
-        with bound:
+        gate = contextlib.nullcontext()
+        if self._gather_gate is not None:
+            self._gather_gate.wait_event(before_forward)
+            if staged.ready is not None:
+                self._gather_gate.wait_event(staged.ready)
+            _record_stream(staged.batch, self._gather_gate)
+            gate = torch.cuda.stream(self._gather_gate)
+        with gate, bound:
             for module, features in self.sparse_inputs(staged.batch):
                 module.prefetch(features)
 

@@ -1,13 +1,9 @@
 """speedtorch.TrainPipeline: the same bits as the plain training loop (losses, dense parameters, host tables and
 their optimizer state) for a DLRM over a HostEmbeddingBagCollection (one-hot and multi-hot ids, several groups),
-for a model with a single HostEmbedding, and with DDP around a DistributedHostEmbedding; rows gathered ahead are
-really used; the side stream's transfer bound is passed on."""
+for a model with a single HostEmbedding; rows gathered ahead are really used; the side stream's transfer bound is
+passed on. (DDP and the distributed table: test_train_pipeline_distributed.py.)"""
 
 from __future__ import annotations
-
-import os
-import shutil
-import tempfile
 
 import pytest
 import torch
@@ -209,23 +205,3 @@ def test_the_side_streams_transfer_bound_is_passed_on(monkeypatch):
     for _ in TrainPipeline(model, opt, batches, device="cpu", max_sms=16):
         pass
     assert seen == [{"max_sms": 16}] * 2  # once per batch gathered ahead: the second and the third
-
-
-def test_pipeline_with_ddp_and_the_distributed_table():
-    if torch.__version__ < (2, 5):
-        pytest.skip("speedtorch.distributed needs torch >= 2.5")
-    from test_distributed import launch, succeeded
-
-    shm = tempfile.mkdtemp(prefix="speedtorch-test-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    try:
-        results = succeeded(launch(2, 2, "pipeline", dict(rows=61, dim=6, batch=16, steps=4, shm_dir=shm)))
-        assert os.listdir(shm) == []
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
-    for rank, result in results.items():
-        plain, pipelined = result["plain"], result["pipelined"]
-        assert plain["step"] == pipelined["step"] == 4
-        for key in ("weight", "optimizer_state"):
-            assert torch.equal(plain[key], pipelined[key]), (rank, key)
-        for key in plain["dense"]:
-            assert torch.equal(plain["dense"][key], pipelined["dense"][key]), (rank, key)
