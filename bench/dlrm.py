@@ -3,15 +3,16 @@ table), trained by speedtorch.TrainPipeline, each way timed in alternating round
 
 Sections (``--sections``, comma-separated; the default: ``cpu,loop`` without a GPU, ``loop,gpu`` with one):
 
-- ``cpu``: the DLRM CPU size (``--cap`` rows a table, ``--dim``, the CPU MLPs), speedtorch's tables against
+- ``cpu``: the DLRM CPU size (the Criteo 1TB tables capped at ``--cap`` rows, 1M: 6.9M rows; dim 16 and the MLPs
+  of the DLRM reference's Criteo Kaggle configuration, 512-256-64-16 and 512-256-1), speedtorch's tables against
   ``nn.EmbeddingBag(sparse=True)`` with torch's sparse Adagrad and SparseAdam (same dense part and optimizer), whole
   step and the tables' part alone (lookup, backward, update); speedtorch's row-wise Adagrad beside them.
 - ``loop``: the collection's one lookup and one fused step for 26 tables against a loop over 26 HostEmbeddings.
 - ``gpu``: at a size every way fits (``--cap``, default 5M rows a table: 27.5M rows, 14 GB at dim 128), the tables in
   host RAM (pipelined and not), hybrid (a GPU row cache of ``--hot-fraction`` of the rows, pipelined), all on the GPU
   (speedtorch's placement="gpu", and torch's nn.EmbeddingBag + sparse Adagrad); same model, same batches.
-- ``criteo1tb``: the Criteo 1TB tables capped at 40M rows (163,079,093 rows; 86 GB of host RAM with row-wise
-  Adagrad at dim 128), host RAM, pipelined and not, samples/s, init time, host RSS, and a profile of a few steps
+- ``criteo1tb``: the Criteo 1TB tables capped at 40M rows (MLPerf's: 204,184,588 rows; 108 GB of host RAM with
+  row-wise Adagrad at dim 128), host RAM, pipelined and not, samples/s, init time, host RSS, and a profile of a few steps
   (where the GPU time goes).
 
     python bench/dlrm.py                                 # CPU: sections cpu, loop (about a minute on 2 cores)
@@ -38,12 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
 from speedtorch import HostEmbeddingBagCollection, TableConfig, TrainPipeline  # noqa: E402
 from speedtorch.benchmarking import format_table  # noqa: E402
-from speedtorch.models import DLRM, DLRMTrain, TorchEmbeddingBags, criteo_rows, synthetic_batches  # noqa: E402
+from speedtorch.models import (DLRM, MLPERF_POOLING_FACTORS, DLRMTrain, TorchEmbeddingBags, criteo_rows,  # noqa: E402
+                               synthetic_batches)
 from speedtorch.nn import HostEmbedding  # noqa: E402
 
-# The DLRM MLPs (MLPerf's) and the CPU size's smaller ones.
+# The DLRM MLPs (MLPerf's), and the CPU size's: those of the DLRM reference's Criteo Kaggle run (dim 16).
 FULL_MLPS = dict(bottom=(512, 256, 128), top=(1024, 1024, 512, 256, 1))
-CPU_MLPS = dict(bottom=(128, 64, 32), top=(256, 128, 1))
+CPU_MLPS = dict(bottom=(512, 256, 64, 16), top=(512, 256, 1))
 
 
 def sync(device: torch.device) -> None:
@@ -63,12 +65,15 @@ def tables_of(rows, dim):
 def host_tables(rows, args, device, optimizer, placement="host", lr=None):
     return HostEmbeddingBagCollection(tables_of(rows, args.dim), optimizer=optimizer,
                                       optimizer_options={"lr": lr or args.lr}, device=device, placement=placement,
-                                      hot_fraction=args.hot_fraction, init_std=0.01, seed=0)
+                                      hot_fraction=args.hot_fraction, init_std=0.01, seed=0,
+                                      state_beside_rows=not args.state_apart)
 
 
 def dlrm(embeddings, args, device, mlps):
     torch.manual_seed(0)
-    model = DLRMTrain(DLRM(embeddings, 26, args.dim, interaction=args.interaction, amp=args.amp, **mlps))
+    bottom = (*mlps["bottom"][:-1], args.dim)  # the bottom MLP ends at the tables' dim
+    model = DLRMTrain(DLRM(embeddings, 26, args.dim, bottom=bottom, top=mlps["top"], interaction=args.interaction,
+                           amp=args.amp))
     return model.to(device)
 
 
@@ -113,7 +118,24 @@ def time_ways(ways: dict, steps: int, rounds: int, warmup: int, device) -> dict:
 def distinct_rows(batches, rows) -> float:
     """Distinct rows per batch over all tables (what one gather moves), averaged over the batches."""
     offsets = torch.tensor([0, *itertools.accumulate(rows)][:-1])
-    return statistics.mean(torch.unique(b.sparse + offsets).numel() for b in batches)
+
+    def ids(sparse):
+        if isinstance(sparse, torch.Tensor):
+            return sparse + offsets
+        per_feature = sparse.lengths.view(len(rows), -1).sum(1)
+        return sparse.values + offsets.repeat_interleave(per_feature)
+
+    return statistics.mean(torch.unique(ids(b.sparse)).numel() for b in batches)
+
+
+def make_batches(rows, args, seed, pin_memory=False):
+    return synthetic_batches(rows, args.batch, args.batches, exponent=args.exponent, seed=seed, pin_memory=pin_memory,
+                             pooling_factors=MLPERF_POOLING_FACTORS if args.multi_hot else None)
+
+
+def ids_words(args) -> str:
+    return (f"ids ~ power law {args.exponent}, " +
+            ("multi-hot (MLPerf's pooling factors, 214 a sample)" if args.multi_hot else "one-hot"))
 
 
 # --- sections ---------------------------------------------------------------------------------------------------
@@ -121,15 +143,15 @@ def distinct_rows(batches, rows) -> float:
 def section_cpu(args) -> dict:
     device = torch.device("cpu")
     rows = criteo_rows(args.cap)
-    batches = synthetic_batches(rows, args.batch, args.batches, exponent=args.exponent, seed=1)
+    batches = make_batches(rows, args, seed=1)
     print(f"\n== cpu: DLRM CPU size: 26 tables, {sum(rows):,} rows x {args.dim} ({args.cap:,} a table at most), "
-          f"MLPs {CPU_MLPS['bottom']} / {CPU_MLPS['top']}, batch {args.batch:,}, ids ~ power law "
-          f"{args.exponent}: {distinct_rows(batches, rows):,.0f} distinct rows a batch; "
-          f"{torch.get_num_threads()} threads", flush=True)
+          f"MLPs {CPU_MLPS['bottom']} / {CPU_MLPS['top']}, batch {args.batch:,}, {ids_words(args)}: "
+          f"{distinct_rows(batches, rows):,.0f} distinct rows a batch; {torch.get_num_threads()} threads", flush=True)
     ways, parts = {}, {}
     for opt_name in ("adagrad", "adam"):
         model = dlrm(host_tables(rows, args, device, opt_name), args, device, CPU_MLPS)
-        dense = (torch.optim.Adagrad if opt_name == "adagrad" else torch.optim.Adam)(dense_params(model), lr=args.lr)
+        dense = (torch.optim.Adagrad if opt_name == "adagrad" else torch.optim.Adam)(dense_params(model), lr=args.lr,
+                                                                                     foreach=True)
         label = f"speedtorch tables, {opt_name}"
         ways[label] = Way(model, dense, batches, device)
         parts[label] = _tables_part(model.model.embeddings, None)
@@ -141,17 +163,17 @@ def section_cpu(args) -> dict:
         table_params = list(torch_tables.parameters())
         if opt_name == "adagrad":
             table_opt = torch.optim.Adagrad(table_params, lr=args.lr)
-            dense = torch.optim.Adagrad(dense_params(model), lr=args.lr)
+            dense = torch.optim.Adagrad(dense_params(model), lr=args.lr, foreach=True)
             label = "nn.EmbeddingBag(sparse) + torch Adagrad"
         else:
             table_opt = torch.optim.SparseAdam(table_params, lr=args.lr)
-            dense = torch.optim.Adam(dense_params(model), lr=args.lr)
+            dense = torch.optim.Adam(dense_params(model), lr=args.lr, foreach=True)
             label = "nn.EmbeddingBag(sparse) + SparseAdam"
         ways[label] = Way(model, [table_opt, dense], batches, device)
         parts[label] = _tables_part(torch_tables, table_opt)
     model = dlrm(host_tables(rows, args, device, "rowwise_adagrad"), args, device, CPU_MLPS)
-    ways["speedtorch tables, rowwise_adagrad"] = Way(model, torch.optim.Adagrad(dense_params(model), lr=args.lr),
-                                                     batches, device)
+    ways["speedtorch tables, rowwise_adagrad"] = Way(model, torch.optim.Adagrad(dense_params(model), lr=args.lr,
+                                                                                 foreach=True), batches, device)
     parts["speedtorch tables, rowwise_adagrad"] = _tables_part(model.model.embeddings, None)
     timed = time_ways(ways, args.steps, args.rounds, args.warmup, device)
     part_times = _time_parts(parts, batches, args)
@@ -243,9 +265,9 @@ def section_loop(args, device) -> dict:
 
 def section_gpu(args, device) -> dict:
     rows = criteo_rows(args.cap)
-    batches = synthetic_batches(rows, args.batch, args.batches, exponent=args.exponent, seed=3, pin_memory=True)
+    batches = make_batches(rows, args, seed=3, pin_memory=True)
     print(f"\n== gpu: 26 tables, {sum(rows):,} rows x {args.dim} ({args.cap:,} a table at most), batch "
-          f"{args.batch:,}, {distinct_rows(batches, rows):,.0f} distinct rows a batch (power law {args.exponent}), "
+          f"{args.batch:,}, {distinct_rows(batches, rows):,.0f} distinct rows a batch ({ids_words(args)}), "
           f"{args.optimizer}, interaction {args.interaction}, amp={args.amp}", flush=True)
     ways = {}
     for label, placement in (("host RAM, pipelined", "host"), ("host RAM, not pipelined", "host"),
@@ -284,11 +306,11 @@ def section_gpu(args, device) -> dict:
 
 def section_criteo1tb(args, device) -> dict:
     rows = criteo_rows(40_000_000)
-    batches = synthetic_batches(rows, args.batch, args.batches, exponent=args.exponent, seed=4, pin_memory=True)
+    batches = make_batches(rows, args, seed=4, pin_memory=True)
     raw = sum(rows) * args.dim * 4
     print(f"\n== criteo1tb: 26 tables, {sum(rows):,} rows x {args.dim} float32 ({raw / 1e9:.1f} GB of rows), "
-          f"{args.optimizer}, batch {args.batch:,}, {distinct_rows(batches, rows):,.0f} distinct rows a batch "
-          f"(power law {args.exponent})", flush=True)
+          f"{args.optimizer} (state {'apart' if args.state_apart else 'beside the rows'}), batch {args.batch:,}, "
+          f"{distinct_rows(batches, rows):,.0f} distinct rows a batch ({ids_words(args)})", flush=True)
     rss0 = rss_gb()
     start = time.perf_counter()
     tables = host_tables(rows, args, device, args.optimizer)
@@ -333,17 +355,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", type=lambda s: s.split(","), default=None,
                         help="cpu, loop, gpu, criteo1tb (default: cpu,loop without a GPU, loop,gpu with one)")
-    parser.add_argument("--cap", type=int, default=None, help="rows a table at most (cpu: 200,000; gpu: 5,000,000)")
-    parser.add_argument("--dim", type=int, default=None, help="(cpu: 32; gpu, criteo1tb: 128)")
+    parser.add_argument("--cap", type=int, default=None, help="rows a table at most (cpu: 1M; gpu: 5M)")
+    parser.add_argument("--dim", type=int, default=None, help="(cpu: 16; gpu, criteo1tb: 128)")
     parser.add_argument("--batch", type=int, default=None, help="(cpu: 2,048; gpu, criteo1tb: 65,536)")
     parser.add_argument("--batches", type=int, default=6, help="distinct batches, cycled")
     parser.add_argument("--exponent", type=float, default=1.1, help="power law of the ids (larger: more skewed)")
+    parser.add_argument("--multi-hot", action="store_true",
+                        help="bags of ids as MLPerf's multi-hot Criteo (214 ids a sample; cpu, gpu, criteo1tb)")
     parser.add_argument("--optimizer", default="rowwise_adagrad", help="the tables' optimizer (gpu, criteo1tb)")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--interaction", default="dot", choices=("dot", "dcn"))
     parser.add_argument("--no-amp", dest="amp", action="store_false", help="fp32 MLPs (default: bf16 autocast on GPU)")
     parser.add_argument("--hot-fraction", type=float, default=0.2, help="hybrid: the GPU cache's share of the rows")
     parser.add_argument("--max-sms", type=int, default=None, help="SMs the side stream's gathers may use")
+    parser.add_argument("--state-apart", action="store_true",
+                        help="optimizer state in a table of its own (no re-layout of the rows at setup: one pin)")
     parser.add_argument("--no-torch", action="store_true", help="gpu: leave out torch's nn.EmbeddingBag way")
     parser.add_argument("--loop-cap", type=int, default=None, help="loop: rows a table at most (cpu 100k; gpu 1M)")
     parser.add_argument("--loop-batch", type=int, default=None, help="loop: batch (cpu: 1,024; gpu: 16,384)")
@@ -365,7 +391,7 @@ def main() -> int:
         if name in ("gpu", "criteo1tb") and not has_gpu:
             parser.error(f"section {name} needs a GPU and a CUDA build")
     on_gpu = any(name in ("gpu", "criteo1tb") for name in sections)
-    defaults = {"cap": 5_000_000 if on_gpu else 200_000, "dim": 128 if on_gpu else 32,
+    defaults = {"cap": 5_000_000 if on_gpu else 1_000_000, "dim": 128 if on_gpu else 16,
                 "batch": 65_536 if on_gpu else 2_048, "loop_cap": 1_000_000 if has_gpu else 100_000,
                 "loop_batch": 16_384 if has_gpu else 1_024}
     for name, value in defaults.items():

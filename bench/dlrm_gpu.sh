@@ -5,7 +5,7 @@
 #                                          pipelined vs not on the GPU, placements alike)                    ~1 min
 #   RUN=dlrm      bash bench/dlrm_gpu.sh   report.py dlrm: 26 tables one collection vs 26 HostEmbeddings, and
 #                                          DLRM with tables in host RAM / hybrid / GPU / torch, 5M-row cap    ~4 min
-#   RUN=criteo1tb bash bench/dlrm_gpu.sh   report.py criteo1tb: the 40M-capped Criteo 1TB tables (86 GB of
+#   RUN=criteo1tb bash bench/dlrm_gpu.sh   report.py criteo1tb: the 40M-capped Criteo 1TB tables (108 GB of
 #                                          host RAM), samples/s pipelined and not, init time, profile         ~4 min
 #   RUN=billion   bash bench/dlrm_gpu.sh   report.py billion: 1e9 x 32 bf16 rows, row-wise Adagrad (80 GB),
 #                                          300 steps, host RSS against the raw bytes                           ~4 min

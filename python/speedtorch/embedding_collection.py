@@ -265,8 +265,13 @@ class HostEmbeddingBagCollection(torch.nn.Module):
                 out = F.embedding(inverse.reshape(-1), rows)
             return out.view(inverse.shape[0], inverse.shape[1] * dim)
         num_features, batch = lookup.lengths.shape
-        offsets = torch.cumsum(lookup.lengths.reshape(-1), 0) - lookup.lengths.reshape(-1)
-        pooled = F.embedding_bag(inverse, rows, offsets, mode="sum", per_sample_weights=lookup.weights)
+        lengths = lookup.lengths.reshape(-1)
+        offsets = torch.cumsum(lengths, 0) - lengths
+        weights = lookup.weights
+        if rows.device.type == "cpu" and (weights is None or not weights.requires_grad):
+            pooled = _SumBagsCPU.apply(rows, inverse, offsets, lengths, weights)
+        else:
+            pooled = F.embedding_bag(inverse, rows, offsets, mode="sum", per_sample_weights=weights)
         if lookup.any_mean:
             divisor = torch.where(lookup.mean.unsqueeze(1), lookup.lengths.clamp(min=1),
                                   torch.ones_like(lookup.lengths))
@@ -430,6 +435,27 @@ class HostEmbeddingBagCollection(torch.nn.Module):
             if config.name == name:
                 return t
         raise KeyError(f"HostEmbeddingBagCollection: no table {name!r}; tables: {[c.name for c in self.tables]}")
+
+
+class _SumBagsCPU(torch.autograd.Function):
+    """``embedding_bag(ids, rows, offsets, mode="sum")`` whose backward is an ``index_add_`` of each id's bag gradient:
+    on the CPU about 2x faster than embedding_bag's own backward, which sorts the ids again."""
+
+    @staticmethod
+    def forward(ctx, rows, ids, offsets, lengths, weights):
+        ctx.save_for_backward(ids, lengths, weights)
+        ctx.num_rows = rows.shape[0]
+        return F.embedding_bag(ids, rows, offsets, mode="sum", per_sample_weights=weights)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ids, lengths, weights = ctx.saved_tensors
+        bag_of_id = torch.repeat_interleave(torch.arange(lengths.numel()), lengths, output_size=ids.numel())
+        per_id = grad.index_select(0, bag_of_id)
+        if weights is not None:
+            per_id = per_id * weights.unsqueeze(1).to(per_id.dtype)
+        grad_rows = grad.new_zeros(ctx.num_rows, grad.shape[1]).index_add_(0, ids, per_id)
+        return grad_rows, None, None, None, None
 
 
 @dataclass

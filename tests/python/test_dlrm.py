@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from speedtorch import HostEmbeddingBagCollection, SparseFeatures, TableConfig, TrainPipeline
-from speedtorch.models import (CRITEO_1TB_ROWS, DLRM, DLRMTrain, TorchEmbeddingBags, criteo_rows,
+from speedtorch.models import (CRITEO_1TB_ROWS, DLRM, MLPERF_POOLING_FACTORS, DLRMTrain, TorchEmbeddingBags, criteo_rows,
                                synthetic_batches)
 from speedtorch.models.criteo import power_law_ids
 
@@ -23,9 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_criteo_sizes_capped_at_40m():
     rows = criteo_rows()
-    assert len(rows) == 26 and sum(CRITEO_1TB_ROWS) == 177_944_275
-    assert sum(rows) == 163_079_093 and max(rows) == 40_000_000
+    assert len(rows) == 26 and rows == list(CRITEO_1TB_ROWS)
+    assert sum(rows) == 204_184_588 and max(rows) == 40_000_000
     assert criteo_rows(1000)[:3] == [1000, 1000, 1000] and criteo_rows(1000)[5] == 3
+    assert len(MLPERF_POOLING_FACTORS) == 26 and sum(MLPERF_POOLING_FACTORS) == 214
     with pytest.raises(ValueError, match="cap must be >= 1"):
         criteo_rows(0)
 

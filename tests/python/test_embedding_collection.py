@@ -93,9 +93,15 @@ def test_per_sample_weights_and_empty_bags():
     features = SparseFeatures(("a", "b"), torch.tensor([1, 8, 8, 4]), torch.tensor([0, 3, 1, 0]),
                               torch.tensor([0.5, 2.0, -1.0, 3.0]))
     out = collection(features)
-    a, b = collection.weight("a"), collection.weight("b")
+    a, b = collection.weight("a").clone(), collection.weight("b").clone()
     torch.testing.assert_close(out[0], torch.cat([torch.zeros(4), 3.0 * b[4]]))
     torch.testing.assert_close(out[1], torch.cat([0.5 * a[1] + 2.0 * a[8] - a[8], torch.zeros(4)]))
+    grad = torch.randn(2, 8)
+    out.backward(grad)
+    collection.step()  # SGD, lr 0.5: each row moves by its weighted bags' gradients
+    torch.testing.assert_close(collection.weight("a")[1], a[1] - 0.5 * 0.5 * grad[1, :4])
+    torch.testing.assert_close(collection.weight("a")[8], a[8] - 0.5 * (2.0 - 1.0) * grad[1, :4])
+    torch.testing.assert_close(collection.weight("b")[4], b[4] - 0.5 * 3.0 * grad[0, 4:])
 
 
 def test_adagrad_matches_torch_sparse_adagrad():

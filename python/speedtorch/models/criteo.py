@@ -17,19 +17,22 @@ import torch
 
 from ..sparse_features import SparseFeatures
 
-__all__ = ["CRITEO_1TB_ROWS", "CriteoBatch", "criteo_rows", "synthetic_batches", "DENSE_FEATURES"]
+__all__ = ["CRITEO_1TB_ROWS", "MLPERF_POOLING_FACTORS", "CriteoBatch", "criteo_rows", "synthetic_batches",
+           "DENSE_FEATURES"]
 
-#: Rows of the 26 categorical features' tables in the Criteo 1TB click logs, as TorchRec's and MLPerf's DLRM
-#: examples give them (177,944,275 in all); MLPerf caps each at 40M (``criteo_rows()``).
-CRITEO_1TB_ROWS = (45833188, 36746, 17245, 7413, 20243, 3, 7114, 1441, 62, 29275261, 1572176, 345138, 10, 2209, 11267,
-                   128, 4, 974, 14, 48937457, 11316796, 40094537, 452104, 12606, 104, 35)
+#: Rows of the 26 categorical features' tables of the Criteo 1TB click logs as MLPerf Training's DLRM-DCNv2
+#: reference preprocesses them, each capped at 40M ids: 204,184,588 rows, 104.5 GB (97.4 GiB) at dim 128 float32.
+CRITEO_1TB_ROWS = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938,
+                   155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36)
+#: Ids per sample of each feature in MLPerf's multi-hot Criteo (DLRM-DCNv2): 214 a sample in all.
+MLPERF_POOLING_FACTORS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 DENSE_FEATURES = 13
 _SPREAD = 2654435761  # a prime: ranks * _SPREAD mod n is a bijection of [0, n) for any n below it
 
 
 def criteo_rows(cap: int = 40_000_000) -> list[int]:
-    """The Criteo 1TB table sizes, each capped at ``cap`` rows (40M: MLPerf's, 163,079,093 rows in all, 83.5 GB at
-    dim 128 float32; smaller caps give the scaled-down sizes)."""
+    """The Criteo 1TB table sizes (MLPerf's, :data:`CRITEO_1TB_ROWS`), each capped at ``cap`` rows: 40M gives them
+    as they are; smaller caps give the scaled-down sizes (5M: 29.2M rows; 1M: 7.1M rows)."""
     if cap < 1:
         raise ValueError(f"criteo_rows: cap must be >= 1, got {cap}")
     return [min(n, cap) for n in CRITEO_1TB_ROWS]

@@ -43,13 +43,12 @@ class DotInteraction(nn.Module):
     def __init__(self, num_vectors: int):
         super().__init__()
         rows, cols = torch.tril_indices(num_vectors, num_vectors, offset=-1)
-        self.register_buffer("_rows", rows, persistent=False)
-        self.register_buffer("_cols", cols, persistent=False)
+        self.register_buffer("_lower", rows * num_vectors + cols, persistent=False)  # in the flattened products
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         vectors = torch.cat([dense.unsqueeze(1), sparse], dim=1)  # (batch, 1 + features, dim)
         products = torch.bmm(vectors, vectors.transpose(1, 2))
-        return torch.cat([dense, products[:, self._rows, self._cols]], dim=1)
+        return torch.cat([dense, products.flatten(1).index_select(1, self._lower)], dim=1)
 
 
 class CrossNet(nn.Module):
