@@ -3,21 +3,21 @@ table), trained by speedtorch.TrainPipeline, each way timed in alternating round
 
 Sections (``--sections``, comma-separated; the default: ``cpu,loop`` without a GPU, ``loop,gpu`` with one):
 
-- ``cpu``: the DLRM CPU size (the Criteo 1TB tables capped at ``--cap`` rows, 1M: 6.9M rows; dim 16 and the MLPs
-  of the DLRM reference's Criteo Kaggle configuration, 512-256-64-16 and 512-256-1), speedtorch's tables against
-  ``nn.EmbeddingBag(sparse=True)`` with torch's sparse Adagrad and SparseAdam (same dense part and optimizer), whole
-  step and the tables' part alone (lookup, backward, update); speedtorch's row-wise Adagrad beside them.
+- ``cpu``: the DLRM CPU size: the Criteo 1TB tables capped at ``--cap`` rows (1M: 7.1M rows), dim 16, the MLPs and
+  batch (128) of the DLRM reference's Criteo Kaggle configuration (512-256-64-16, 512-256-1); speedtorch's tables
+  against ``nn.EmbeddingBag(sparse=True)`` with torch's sparse Adagrad and SparseAdam (same dense part and
+  optimizer), the whole step and the tables' part alone (lookup, backward, update); row-wise Adagrad beside them.
 - ``loop``: the collection's one lookup and one fused step for 26 tables against a loop over 26 HostEmbeddings.
-- ``gpu``: at a size every way fits (``--cap``, default 5M rows a table: 27.5M rows, 14 GB at dim 128), the tables in
+- ``gpu``: at a size every way fits (``--cap``, default 5M rows a table: 29.2M rows, 15 GB at dim 128), the tables in
   host RAM (pipelined and not), hybrid (a GPU row cache of ``--hot-fraction`` of the rows, pipelined), all on the GPU
   (speedtorch's placement="gpu", and torch's nn.EmbeddingBag + sparse Adagrad); same model, same batches.
 - ``criteo1tb``: the Criteo 1TB tables capped at 40M rows (MLPerf's: 204,184,588 rows; 108 GB of host RAM with
-  row-wise Adagrad at dim 128), host RAM, pipelined and not, samples/s, init time, host RSS, and a profile of a few steps
-  (where the GPU time goes).
+  row-wise Adagrad at dim 128), host RAM, pipelined and not, samples/s, init time, host RSS, and a profile of a few
+  steps (where the GPU time goes).
 
     python bench/dlrm.py                                 # CPU: sections cpu, loop (about a minute on 2 cores)
     python bench/dlrm.py --sections gpu                  # GPU: the all-on-GPU comparison (~3 min)
-    python bench/dlrm.py --sections criteo1tb            # GPU: the 96 GB configuration (~5 min with its init)
+    python bench/dlrm.py --sections criteo1tb --state-apart   # GPU: the 104 GB configuration (~5 min with its init)
     python bench/dlrm.py --sections gpu --json out.json  # results as JSON too (bench/report.py reads it)
 """
 
@@ -305,7 +305,7 @@ def section_gpu(args, device) -> dict:
 
 
 def section_criteo1tb(args, device) -> dict:
-    rows = criteo_rows(40_000_000)
+    rows = criteo_rows(args.criteo_cap)
     batches = make_batches(rows, args, seed=4, pin_memory=True)
     raw = sum(rows) * args.dim * 4
     print(f"\n== criteo1tb: 26 tables, {sum(rows):,} rows x {args.dim} float32 ({raw / 1e9:.1f} GB of rows), "
@@ -357,7 +357,7 @@ def main() -> int:
                         help="cpu, loop, gpu, criteo1tb (default: cpu,loop without a GPU, loop,gpu with one)")
     parser.add_argument("--cap", type=int, default=None, help="rows a table at most (cpu: 1M; gpu: 5M)")
     parser.add_argument("--dim", type=int, default=None, help="(cpu: 16; gpu, criteo1tb: 128)")
-    parser.add_argument("--batch", type=int, default=None, help="(cpu: 2,048; gpu, criteo1tb: 65,536)")
+    parser.add_argument("--batch", type=int, default=None, help="(cpu: 128, the DLRM reference's; gpu: 65,536)")
     parser.add_argument("--batches", type=int, default=6, help="distinct batches, cycled")
     parser.add_argument("--exponent", type=float, default=1.1, help="power law of the ids (larger: more skewed)")
     parser.add_argument("--multi-hot", action="store_true",
@@ -371,6 +371,8 @@ def main() -> int:
     parser.add_argument("--state-apart", action="store_true",
                         help="optimizer state in a table of its own (no re-layout of the rows at setup: one pin)")
     parser.add_argument("--no-torch", action="store_true", help="gpu: leave out torch's nn.EmbeddingBag way")
+    parser.add_argument("--criteo-cap", type=int, default=40_000_000,
+                        help="criteo1tb: rows a table at most (40M: MLPerf's sizes, 108 GB of host RAM)")
     parser.add_argument("--loop-cap", type=int, default=None, help="loop: rows a table at most (cpu 100k; gpu 1M)")
     parser.add_argument("--loop-batch", type=int, default=None, help="loop: batch (cpu: 1,024; gpu: 16,384)")
     parser.add_argument("--steps", type=int, default=20)
@@ -392,7 +394,7 @@ def main() -> int:
             parser.error(f"section {name} needs a GPU and a CUDA build")
     on_gpu = any(name in ("gpu", "criteo1tb") for name in sections)
     defaults = {"cap": 5_000_000 if on_gpu else 1_000_000, "dim": 128 if on_gpu else 16,
-                "batch": 65_536 if on_gpu else 2_048, "loop_cap": 1_000_000 if has_gpu else 100_000,
+                "batch": 65_536 if on_gpu else 128, "loop_cap": 1_000_000 if has_gpu else 100_000,
                 "loop_batch": 16_384 if has_gpu else 1_024}
     for name, value in defaults.items():
         if getattr(args, name) is None:

@@ -69,7 +69,7 @@ def test_dlrm_learns_on_the_cpu(interaction):
     model = DLRMTrain(DLRM(tables, 26, 8, bottom=(16, 8), top=(16, 1), interaction=interaction, dcn_layers=2,
                            dcn_rank=8))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    losses = [float(out[0]) for out in TrainPipeline(model, opt, batches * 8, device="cpu")]
+    losses = [float(out[0].detach()) for out in TrainPipeline(model, opt, batches * 5, device="cpu")]
     assert sum(losses[-4:]) < 0.9 * sum(losses[:4])
     assert tables.groups[0].table.step_count() == len(losses)
 
