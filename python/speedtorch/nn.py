@@ -151,7 +151,9 @@ class HostEmbedding(torch.nn.Module):
                 per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.mode is None and (offsets is not None or per_sample_weights is not None):
             raise ValueError("HostEmbedding: offsets and per_sample_weights need mode='sum' or 'mean'")
-        inverse, rows = self.distinct_rows(input)
+        unique, inverse, rows = self._rows_for(input)
+        if torch.is_grad_enabled():
+            rows = _HostRows.apply(self._anchor, self, unique, rows)
         if self.mode is None:
             if rows.device.type == "cpu":
                 # The same rows; its backward (index_add_ into the distinct rows) runs 2.3x faster on the CPU than
@@ -163,16 +165,6 @@ class HostEmbedding(torch.nn.Module):
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.to(self.device)
         return F.embedding_bag(inverse, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights)
-
-    def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
-        ones if :meth:`prefetch` was given this very tensor) and where each id's row is (``input == ids[inverse]``).
-        Backward through ``rows`` yields one gradient per distinct row, applied as ``update`` says. forward pools or
-        indexes them; :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
-        unique, inverse, rows = self._rows_for(input)
-        if torch.is_grad_enabled():
-            rows = _HostRows.apply(self._anchor, self, unique, rows)
-        return inverse, rows
 
     def _rows_for(self, input: torch.Tensor):
         if self._prefetched is not None and self._prefetched[0] is input:
@@ -261,6 +253,16 @@ class HostEmbedding(torch.nn.Module):
                 rows = rows.clone()
                 rows[stale] = self.table.gather(unique[stale], self.device)
         return unique, inverse, rows
+
+    def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
+        ones if :meth:`prefetch` was given this very tensor) and where each id's row is (``input == ids[inverse]``).
+        Backward through ``rows`` yields one gradient per distinct row, applied as ``update`` says. forward's part
+        before pooling; :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
+        unique, inverse, rows = self._rows_for(input)
+        if torch.is_grad_enabled():
+            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        return inverse, rows
 
     # --- placement ---------------------------------------------------------------------------------------------
 
