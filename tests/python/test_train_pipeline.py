@@ -18,13 +18,13 @@ ROWS = [40, 7, 300, 25, 3, 90]
 DIM = 8
 
 
-def tiny_dlrm(device, placement="host", dims=None, optimizer="rowwise_adagrad", interaction="dot"):
+def tiny_dlrm(device, placement="host", dims=None, optimizer="rowwise_adagrad", interaction="dot", update="step"):
     dims = dims or [DIM] * len(ROWS)
     tables = [TableConfig(f"t{i}", n, d) for i, (n, d) in enumerate(zip(ROWS, dims))]
     torch.manual_seed(0)
     embeddings = HostEmbeddingBagCollection(tables, optimizer=optimizer, optimizer_options={"lr": 0.05},
                                             device=device, seed=1, init_std=0.1, placement=placement,
-                                            hot_fraction=0.2)
+                                            hot_fraction=0.2, update=update)
     model = DLRMTrain(DLRM(embeddings, len(ROWS), DIM, bottom=(16, DIM), top=(32, 1), interaction=interaction))
     if dims != [DIM] * len(ROWS):  # tables of two widths: the model sees them through a projection to DIM
         model.model.embeddings = _Widen(embeddings, dims)
@@ -106,6 +106,14 @@ def test_pipelined_two_groups_and_dcn_are_bit_identical():
     batches = synthetic_batches(ROWS, 16, 4, exponent=1.2, seed=3)
     run_both(lambda: tiny_dlrm("cpu", dims=[DIM, 4, DIM, 4, DIM, DIM], optimizer="adam", interaction="dcn"), batches,
              "cpu")
+
+
+@pytest.mark.parametrize("placement,update", [("hybrid", "step"), ("host", "backward")])
+def test_pipelined_row_cache_and_updates_in_backward_are_bit_identical(placement, update):
+    """A row cache (here on the CPU) holds rows the refresh must re-read from it; updates applied inside backward
+    change rows after the next batch's gather, as step() does."""
+    batches = synthetic_batches(ROWS, 32, 4, exponent=1.3, seed=8)
+    run_both(lambda: tiny_dlrm("cpu", placement=placement, update=update), batches, "cpu")
 
 
 @pytest.mark.gpu
