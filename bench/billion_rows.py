@@ -92,8 +92,10 @@ def main() -> int:
     table.set_optimizer("rowwise_adagrad", {"lr": 0.05}, not args.state_apart)
     phases["optimizer layout (+ pin)"] = time.perf_counter() - start
     start = time.perf_counter()
-    table.normal_(0.0, 0.01, 0)
-    phases["fill N(0, 0.01)"] = time.perf_counter() - start
+    # uniform_, not normal_: torch's CPU normal_ of a bfloat16 tensor runs ~5x slower (23M values/s a core on the
+    # CPU machine against 113M; bench/RESULTS.md), which would be minutes here.
+    table.uniform_(-0.01, 0.01, 0)
+    phases["fill U(-0.01, 0.01)"] = time.perf_counter() - start
     module = HostEmbedding(args.rows, args.dim, mode="sum", device=device, table=table)
     layout = table.nbytes()
     rss_table = rss_bytes() - rss0
