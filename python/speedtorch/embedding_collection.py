@@ -267,7 +267,7 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         num_features, batch = lookup.lengths.shape
         lengths = lookup.lengths.reshape(-1)
         offsets = torch.cumsum(lengths, 0) - lengths
-        weights = lookup.weights
+        weights = None if lookup.weights is None else lookup.weights.to(rows.dtype)  # embedding_bag wants one dtype
         if rows.device.type == "cpu" and (weights is None or not weights.requires_grad):
             pooled = _SumBagsCPU.apply(rows, inverse, offsets, lengths, weights)
         else:

@@ -87,21 +87,25 @@ def test_forward_and_sgd_step_equal_one_embedding_bag_per_table(device, kind):
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_per_sample_weights_and_empty_bags():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_sample_weights_and_empty_bags(dtype):
     tables = [TableConfig("a", 9, 4), TableConfig("b", 5, 4)]
-    collection = make("cpu", tables)
+    collection = make("cpu", tables, dtype=dtype)
     features = SparseFeatures(("a", "b"), torch.tensor([1, 8, 8, 4]), torch.tensor([0, 3, 1, 0]),
                               torch.tensor([0.5, 2.0, -1.0, 3.0]))
     out = collection(features)
-    a, b = collection.weight("a").clone(), collection.weight("b").clone()
-    torch.testing.assert_close(out[0], torch.cat([torch.zeros(4), 3.0 * b[4]]))
-    torch.testing.assert_close(out[1], torch.cat([0.5 * a[1] + 2.0 * a[8] - a[8], torch.zeros(4)]))
+    assert out.dtype == dtype
+    a, b = collection.weight("a").float().clone(), collection.weight("b").float().clone()
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(out[0].float(), torch.cat([torch.zeros(4), 3.0 * b[4]]), **tol)
+    torch.testing.assert_close(out[1].float(), torch.cat([0.5 * a[1] + 2.0 * a[8] - a[8], torch.zeros(4)]), **tol)
     grad = torch.randn(2, 8)
-    out.backward(grad)
+    out.backward(grad.to(dtype))
     collection.step()  # SGD, lr 0.5: each row moves by its weighted bags' gradients
-    torch.testing.assert_close(collection.weight("a")[1], a[1] - 0.5 * 0.5 * grad[1, :4])
-    torch.testing.assert_close(collection.weight("a")[8], a[8] - 0.5 * (2.0 - 1.0) * grad[1, :4])
-    torch.testing.assert_close(collection.weight("b")[4], b[4] - 0.5 * 3.0 * grad[0, 4:])
+    after = lambda name, row: collection.weight(name)[row].float()  # noqa: E731
+    torch.testing.assert_close(after("a", 1), a[1] - 0.5 * 0.5 * grad[1, :4], **tol)
+    torch.testing.assert_close(after("a", 8), a[8] - 0.5 * (2.0 - 1.0) * grad[1, :4], **tol)
+    torch.testing.assert_close(after("b", 4), b[4] - 0.5 * 3.0 * grad[0, 4:], **tol)
 
 
 def test_adagrad_matches_torch_sparse_adagrad():
