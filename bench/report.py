@@ -64,6 +64,10 @@ def transfer_figures(data: dict) -> list:
                 target = ("0.85 (16 threads), 0.65 (2)" if rows == "spread" else "0.90")
                 out.append(figure("transfer", f"{what}, 131,072 rows x 128 {rows}, {t} threads", r["GB/s"], "GB/s",
                                   "pinned memcpy", r["memcpy GB/s"], r["of memcpy"], target))
+    for r in records:
+        if r["way"].startswith("fused step"):
+            out.append(figure("transfer", f"{r['way']}, 131,072 rows x 128, {r['threads']} threads", r["GB/s"],
+                              "GB/s", "duplex pinned memcpy", r["memcpy GB/s"], r["of memcpy"], ">= 0.95"))
     for r in data.get("results", []):
         if "what" in r:
             out.append(figure("transfer", r["what"], r["value"], "x"))
@@ -140,6 +144,8 @@ def dlrm_figures(data: dict) -> list:
             out.append(figure("criteo1tb", f"DLRM, Criteo 1TB tables (40M cap), {w['way']}", w["samples/s"],
                               "samples/s", "published, 1 A100 + host tables", 768_000, w["samples/s"] / 768_000,
                               ">= 1.0M samples/s"))
+        for kind in c.get("profile", {}).get("by_kind", [])[:4]:
+            out.append(figure("criteo1tb", f"profile, GPU time a step: {kind['kind']}", kind["GPU ms a step"], "ms"))
         out.append(figure("criteo1tb", "init of the tables (map, pin, fill)", c["init_s"], "s"))
         out.append(figure("criteo1tb", "host RSS / the tables' bytes", c["rss_gb"] * 1e9 / c["config"]["host_bytes"],
                           "x"))

@@ -27,10 +27,10 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from . import PinnedEmbedding
 from .nn import HostEmbedding
 from .sparse_features import SparseFeatures
-from .table_state import FORMAT as TABLE_FORMAT
-from .table_state import set_table_extra_state, table_extra_state
+from .table_state import adopt_options, checked_extra_state, entry_shapes, table_extra_state
 
 __all__ = ["TableConfig", "HostEmbeddingBagCollection"]
 
@@ -363,59 +363,60 @@ class HostEmbeddingBagCollection(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
+        # All or nothing, as HostEmbedding's: every group's optimizer and every table's entries are checked before
+        # anything changes; then the checkpoint's optimizer options are adopted (they may re-lay the state out) and
+        # the entries copied in.
         ours = prefix + "embedding_bags."
+        owner = type(self).__name__
         rest = {k: v for k, v in state_dict.items() if not k.startswith(ours)}
         super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         known = {f"{ours}{c.name}.{n}" for c in self.tables
                  for n in ("weight", "optimizer_state", "optimizer_step", "_extra_state")}
         unexpected_keys.extend(k for k in state_dict if k.startswith(ours) and k not in known)
-        # Each group's optimizer configuration first (it may re-lay the state out), then every entry's shape: nothing
-        # is written unless all of them fit.
         extras: dict[int, dict] = {}
+        options: dict[int, Optional[dict]] = {}
         for t, config in enumerate(self.tables):
             key = f"{ours}{config.name}._extra_state"
             if key not in state_dict:
                 missing_keys.append(key)
                 continue
-            extra = state_dict[key]
             g = self._group_of_table[t]
-            if g in extras and extras[g] != extra:
-                error_msgs.append(f"{key}: tables {[c.name for c, _ in self._groups[g].tables]} share one optimizer "
-                                  f"here, but the checkpoint's differ ({extras[g]} and {extra})")
-            extras.setdefault(g, extra)
-        if error_msgs or len(extras) != len(self._groups):
-            return
-        self._sync_for_host_access()
-        for g, extra in extras.items():
-            if not isinstance(extra, dict) or extra.get("format") != TABLE_FORMAT:
-                error_msgs.append(f"{ours}: _extra_state is not a speedtorch table's (got {type(extra).__name__})")
-                return
-            set_table_extra_state(self._groups[g].module.table, extra, type(self).__name__)
+            if g not in extras:
+                extras[g] = state_dict[key]
+                options[g] = checked_extra_state(self._groups[g].module.table, extras[g], owner)  # raises if it must
+            elif state_dict[key] != extras[g]:
+                error_msgs.append(f"{key}: tables {self._group_names(g)} share one optimizer here, but the "
+                                  f"checkpoint's differ ({extras[g]} and {state_dict[key]})")
         found, steps = {}, {}
         for t, config in enumerate(self.tables):
-            for name, target in self._table_entries(t).items():
+            g = self._group_of_table[t]
+            shapes = entry_shapes(self._table_entries(t), self._groups[g].module.table, options.get(g))
+            for name, shape in shapes.items():
                 key = f"{ours}{config.name}.{name}"
                 value = state_dict.get(key)
                 if value is None:
                     missing_keys.append(key)
                 elif not isinstance(value, torch.Tensor):
                     error_msgs.append(f"{key}: expected a tensor, got {type(value).__name__}")
-                elif tuple(value.shape) != tuple(target.shape):
+                elif tuple(value.shape) != tuple(shape):
                     error_msgs.append(f"size mismatch for {key}: the checkpoint holds shape {tuple(value.shape)}, "
-                                      f"this {type(self).__name__} has {tuple(target.shape)}")
+                                      f"this {owner} has {tuple(shape)}")
                 elif name == "optimizer_step":
-                    steps.setdefault(self._group_of_table[t], set()).add(int(value))
+                    steps.setdefault(g, set()).add(int(value))
                 else:
                     found[(t, name)] = value
         for g, values in steps.items():
             if len(values) > 1:
-                error_msgs.append(f"{ours}: tables {[c.name for c, _ in self._groups[g].tables]} share one step "
-                                  f"count here, but the checkpoint's differ ({sorted(values)})")
+                error_msgs.append(f"{ours}: tables {self._group_names(g)} share one step count here, but the "
+                                  f"checkpoint's differ ({sorted(values)})")
         if any(k.startswith(ours) for k in missing_keys) or error_msgs:
-            return
+            return  # nothing is written unless every entry fits
+        self._sync_for_host_access()
+        for g, adopted in options.items():
+            adopt_options(self._groups[g].module.table, adopted)
         with torch.no_grad():
             for t in range(len(self.tables)):
-                targets = self._table_entries(t)
+                targets = self._table_entries(t)  # after the options: the state may have a new layout
                 for name in ("weight", "optimizer_state"):
                     if (t, name) in found and targets[name].data_ptr() != found[(t, name)].data_ptr():
                         targets[name].copy_(found[(t, name)])
@@ -425,6 +426,9 @@ class HostEmbeddingBagCollection(torch.nn.Module):
             group.module.zero_grad()
             group.module._prefetched = None
         self._prefetched = None
+
+    def _group_names(self, g: int) -> list[str]:
+        return [c.name for c, _ in self._groups[g].tables]
 
     def _sync_for_host_access(self) -> None:
         if self.device.type == "cuda":
@@ -505,8 +509,9 @@ def _group_key(config: TableConfig, defaults: dict) -> tuple:
         raise ValueError(f"HostEmbeddingBagCollection: table {config.name!r}: placement must be 'host', 'gpu' or "
                          f"'hybrid', got {placement!r}")
     fraction = pick("hot_fraction") if placement == "hybrid" else None
-    return (config.embedding_dim, str(pick("dtype")).replace("torch.", ""), pick("optimizer").lower(),
-            tuple(sorted(options.items())), placement, fraction)
+    optimizer = PinnedEmbedding.canonical_optimizer_name(pick("optimizer"))  # one group whatever the spelling
+    return (config.embedding_dim, str(pick("dtype")).replace("torch.", ""), optimizer, tuple(sorted(options.items())),
+            placement, fraction)
 
 
 def _check_names(tables: list) -> None:

@@ -1,13 +1,10 @@
 """speedtorch.models: the Criteo table sizes, synthetic power-law batches, DLRM (dot and DCNv2) over speedtorch's
-tables and over torch's, learning on the CPU; docs/dlrm.md's example; the CPU-size benchmark and report in one
-small run."""
+tables and over torch's, learning on the CPU; docs/dlrm.md's example. (bench/dlrm.py and bench/report.py:
+test_bench_report.py.)"""
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -116,17 +113,3 @@ def test_the_docs_example_runs():
     namespace: dict = {"__name__": "docs"}
     exec(compile(block.replace(sizes, "cap, batch, dim = 300, 64, 8"), "docs/dlrm.md", "exec"), namespace)
     assert bool(torch.isfinite(namespace["loss"]))
-
-
-def test_the_cpu_size_benchmark_and_its_report_run(tmp_path):
-    """bench/report.py --sections cpu (bench/dlrm.py's cpu and loop sections) at a tiny size: every way runs, the
-    report holds the ratios."""
-    small = "cpu=--cap 300 --batch 64 --steps 2 --rounds 1 --warmup 1 --loop-cap 300 --loop-batch 32 --threads 1"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "report.py"), "--sections", "cpu", "--out",
-                           str(tmp_path), "--extra", small], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "report.json").read_text())
-    names = [f["figure"] for f in report["sections"][0]["figures"]]
-    assert any("SparseAdam: DLRM step" in n for n in names) and any("one collection" in n for n in names)
-    assert all(f["ratio"] > 0 for f in report["sections"][0]["figures"])
-    assert "| dlrm-cpu |" in (tmp_path / "report.md").read_text()

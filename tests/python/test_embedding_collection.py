@@ -229,17 +229,26 @@ def _save(state):
 
 
 def test_loading_refuses_mismatches_before_writing_anything():
-    trained = make("cpu")
+    trained = make("cpu", optimizer="adam", optimizer_options={"lr": 0.1})
     _train(trained)
     state = trained.state_dict()
-    fresh = make("cpu", [TableConfig("t0", 31, 8), *TABLES[1:]])
+    # Other options (lr 0.2, amsgrad: a wider state) and one table of another size: nothing may change, options
+    # included.
+    fresh = make("cpu", [TableConfig("t0", 31, 8), *TABLES[1:]], optimizer="adam",
+                 optimizer_options={"lr": 0.2, "amsgrad": 1})
     before = fresh.weight("t1").clone()
     with pytest.raises(RuntimeError, match="size mismatch for embedding_bags.t0.weight"):
         fresh.load_state_dict(state)
     assert torch.equal(fresh.weight("t1"), before)
+    assert fresh.groups[0].table.optimizer_options()["lr"] == 0.2
+    # Where everything fits, the checkpoint's options win and its state comes in their layout.
+    other = make("cpu", optimizer="adam", optimizer_options={"lr": 0.2, "amsgrad": 1})
+    other.load_state_dict(state)
+    assert other.groups[0].table.optimizer_options()["lr"] == 0.1
+    assert torch.equal(other.groups[0].table.state(), trained.groups[0].table.state())
     partial = {k: v for k, v in state.items() if not k.startswith("embedding_bags.t2.")}
     with pytest.raises(RuntimeError, match="Missing key.*embedding_bags.t2"):
-        make("cpu").load_state_dict(partial)
+        make("cpu", optimizer="adam", optimizer_options={"lr": 0.1}).load_state_dict(partial)
 
 
 def test_distributed_checkpoint_in_one_process(tmp_path):
