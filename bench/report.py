@@ -141,7 +141,9 @@ def dlrm_figures(data: dict) -> list:
     if "criteo1tb" in data:
         c = data["criteo1tb"]
         for w in c["ways"]:
-            out.append(figure("criteo1tb", f"DLRM, Criteo 1TB tables (40M cap), {w['way']}", w["samples/s"],
+            out.append(figure("criteo1tb", f"DLRM, Criteo 1TB tables ({c['config']['rows']:,} rows x "
+                                           f"{c['config']['dim']}), batch {c['config']['batch']:,}, {w['way']}",
+                              w["samples/s"],
                               "samples/s", "published, 1 A100 + host tables", 768_000, w["samples/s"] / 768_000,
                               ">= 1.0M samples/s"))
         for kind in c.get("profile", {}).get("by_kind", [])[:4]:
