@@ -24,7 +24,7 @@ from .table_state import (adopt_options, checked_extra_state, copy_table_entries
                           set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "HostEmbeddingBagCollection", "TableConfig", "track_table_state"]
+__all__ = ["HostEmbedding", "HostEmbeddingBagCollection", "NgramHashEmbedding", "TableConfig", "track_table_state"]
 
 
 class _HostRows(torch.autograd.Function):
@@ -51,7 +51,9 @@ class HostEmbedding(torch.nn.Module):
         optimizer: ``"sgd"``, ``"adagrad"``, ``"adam"``, ``"adamw"``, ``"adamax"``, ``"rmsprop"``, ``"adadelta"``,
             ``"asgd"`` or ``"rprop"`` (torch.optim's math, applied lazily to the touched rows), or
             ``"rowwise_adagrad"`` (FBGEMM's row-wise Adagrad: one float of state per row; options ``lr``, ``eps``
-            (1e-8), ``weight_decay``, ``initial_accumulator_value``).
+            (1e-8), ``weight_decay``, ``initial_accumulator_value``), or ``"rowwise_adam"`` (FBGEMM's partial
+            row-wise Adam: Adam's first moment per element, its second one float per row; options ``lr``,
+            ``beta1``, ``beta2``, ``eps``, ``weight_decay``).
         optimizer_options: torch.optim's hyper-parameters by name (``betas`` as ``beta1``/``beta2``; booleans as
             0/1), e.g. ``{"lr": 1e-3, "weight_decay": 0.0}``; ``per_row_step=1`` for per-row bias correction.
         update: ``"step"`` (gradients wait for :meth:`step`) or ``"backward"`` (applied as backward reaches the rows).
@@ -176,11 +178,11 @@ class HostEmbedding(torch.nn.Module):
 
     def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
         if self.update == "backward":
-            self._apply(unique, grad_rows, sorted_unique=True)
+            self._apply_gradients(unique, grad_rows, sorted_unique=True)
         else:
             self._pending.append((unique, grad_rows))
 
-    def _apply(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
+    def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
         # sorted_unique: `unique` is one forward's torch.unique(sorted=True) output, so the op need not de-duplicate
         # it again (it still checks the claim).
         self.table.apply_gradients(unique, grad_rows, sorted_unique)
@@ -202,7 +204,7 @@ class HostEmbedding(torch.nn.Module):
             unique = torch.cat([u for u, _ in self._pending])
             grad = torch.cat([g for _, g in self._pending])
         self._pending.clear()
-        self._apply(unique, grad, sorted_unique=one_backward)
+        self._apply_gradients(unique, grad, sorted_unique=one_backward)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
         """Drops gradients not yet applied by :meth:`step`."""
@@ -407,5 +409,6 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
                      "hot_rows (ids)")
 
 
-# Many tables in one module (embedding_collection.py builds on HostEmbedding, so it comes after it).
-from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402
+# Built on HostEmbedding, so imported after it (these modules import this one).
+from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402  (many tables in one module)
+from .ngram_embedding import NgramHashEmbedding  # noqa: E402
