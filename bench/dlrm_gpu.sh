@@ -17,8 +17,9 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 echo "=== build ($(date +%T))"
+# The library alone (the shared build folder's options are left as the other scripts set them).
 cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DPython3_EXECUTABLE="$(command -v $PY)" \
-  -DSPEEDTORCH_BUILD_EXAMPLES=OFF -DCMAKE_PREFIX_PATH="$PWD/build-deps" >"$OUT/build.log" 2>&1 \
+  -DCMAKE_PREFIX_PATH="$PWD/build-deps" >"$OUT/build.log" 2>&1 \
   && timeout ${BUILD_SECONDS:-420} ninja -C build speedtorch_ops >>"$OUT/build.log" 2>&1 \
   || { tail -30 "$OUT/build.log"; exit 1; }
 export SPEEDTORCH_LIBRARY=$PWD/build/libspeedtorch_ops.so
