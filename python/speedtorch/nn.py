@@ -24,7 +24,7 @@ from .table_state import (adopt_options, checked_extra_state, copy_table_entries
                           set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "NgramHashEmbedding", "track_table_state"]
+__all__ = ["HostEmbedding", "HostEmbeddingBagCollection", "NgramHashEmbedding", "TableConfig", "track_table_state"]
 
 
 class _HostRows(torch.autograd.Function):
@@ -244,7 +244,10 @@ class HostEmbedding(torch.nn.Module):
         _, unique, inverse, rows, *ready = self._prefetched
         self._prefetched = None
         if ready:
-            torch.cuda.current_stream(self.device).wait_event(ready[0])
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(ready[0])
+            for t in (unique, inverse, rows):  # prefetch() may have been called on another stream than this one
+                t.record_stream(current)
         if self._updated_since_prefetch:
             updated = torch.cat(self._updated_since_prefetch)
             self._updated_since_prefetch = []
@@ -253,6 +256,16 @@ class HostEmbedding(torch.nn.Module):
                 rows = rows.clone()
                 rows[stale] = self.table.gather(unique[stale], self.device)
         return unique, inverse, rows
+
+    def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
+        ones if :meth:`prefetch` was given this very tensor) and where each id's row is (``input == ids[inverse]``).
+        Backward through ``rows`` yields one gradient per distinct row, applied as ``update`` says. forward's part
+        before pooling; :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
+        unique, inverse, rows = self._rows_for(input)
+        if torch.is_grad_enabled():
+            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        return inverse, rows
 
     # --- placement ---------------------------------------------------------------------------------------------
 
@@ -396,5 +409,6 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
                      "hot_rows (ids)")
 
 
-# Built on HostEmbedding, so imported after it (speedtorch/ngram_embedding.py imports this module).
+# Built on HostEmbedding, so imported after it (these modules import this one).
+from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402  (many tables in one module)
 from .ngram_embedding import NgramHashEmbedding  # noqa: E402

@@ -205,6 +205,50 @@ def scenario_share_rows(rank, cfg):
             not torch.cuda.is_available(), "format": shared.format}
 
 
+def scenario_pipeline(rank, cfg):
+    """scenario_ddp's model trained twice on the same batches, by the plain loop and by speedtorch.TrainPipeline
+    (which prefetches each next batch's rows): both results, which must be the same bits."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from speedtorch import TrainPipeline
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam",
+                                                optimizer_options={"lr": 0.01}, device=DEVICE,
+                                                shm_dir=cfg["shm_dir"], seed=0)
+            self.dense = torch.nn.Linear(cfg["dim"], 1).to(DEVICE)
+
+        def forward(self, batch):
+            ids, weights = batch
+            return (self.dense(self.emb(ids)).squeeze(-1) - weights[:, 0]).pow(2).mean()
+
+    batches = [batch(step, rank, cfg["rows"], cfg["batch"], cfg["dim"]) for step in range(cfg["steps"])]
+    out = {}
+    for way in ("plain", "pipelined"):
+        torch.manual_seed(0)
+        model = Model()
+        model.emb.table.copy_(initial_table(cfg["rows"], cfg["dim"]))
+        ddp = DistributedDataParallel(model, device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        if way == "plain":
+            for b in batches:
+                ddp(tuple(t.to(DEVICE) for t in b)).backward()
+                model.emb.step()
+                opt.step()
+                opt.zero_grad()
+        else:
+            pipeline = TrainPipeline(ddp, opt, batches, device=DEVICE, sparse_inputs=lambda b: [(model.emb, b[0])])
+            assert pipeline.host_modules == [model.emb]
+            steps = sum(1 for _ in pipeline)
+            assert steps == len(batches)
+        out[way] = blocks(model.emb)
+        out[way]["dense"] = {k: v.cpu().clone() for k, v in model.dense.state_dict().items()}
+    return out
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
