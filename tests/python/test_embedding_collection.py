@@ -272,9 +272,15 @@ def test_placements_train_alike_on_a_gpu():
     gen = torch.Generator().manual_seed(5)
     batches = [random_bags(8, gen) for _ in range(4)]
     results = []
+    start = None
     for placement in ("host", "gpu", "hybrid"):
         collection = make("cuda", placement=placement, hot_fraction=0.3, optimizer="rowwise_adagrad",
                           optimizer_options={"lr": 0.1})
+        # The same starting rows for every placement (a seed draws different values on the host and on a GPU).
+        if start is None:
+            start = {name: t.clone() for name, t in collection.state_dict().items()}
+        else:
+            collection.load_state_dict(start)
         for features in batches:
             collection(features).pow(2).sum().backward()
             collection.step()
