@@ -341,8 +341,9 @@ class HostEmbedding(torch.nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """The table (num_embeddings x embedding_dim; shares memory): pinned host memory for ``"host"`` and
-        ``"hybrid"`` (the device-resident rows written back first), device memory for ``"gpu"``. Synchronize before
-        reading it on the host while updates may be running."""
+        ``"hybrid"`` (the device-resident rows written back first; while it is held, the row cache stands aside, so
+        it stays exact: docs/persistence.md), device memory for ``"gpu"``. Synchronize before reading it on the host
+        while updates may be running."""
         return self.table.table()
 
     def save(self, path: str) -> None:
