@@ -127,9 +127,10 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // reads each page once (see docs/persistence.md for the limits).
   static c10::intrusive_ptr<PinnedEmbedding> open(const std::string& path, const std::string& mode);
   // A zero table (and zeroed optimizer state, each in its own file) over new files at `path`, mapped as open(path,
-  // "r+") maps them: numpy's open_memmap(mode="w+"). The files are sized, not written: tmpfs and most file systems
-  // store nothing until rows change. Refuses to replace existing files. Other processes may open() the same files
-  // to share the table (on a memory file system such as /dev/shm, their GPUs may write it too).
+  // "r+") maps them: numpy's open_memmap(mode="w+"). The files get their blocks at once (zeros, not written), so a
+  // file system without room for them is an error here, not a SIGBUS at a later write. Refuses to replace existing
+  // files. Other processes may open() the same files to share the table (on a memory file system such as
+  // /dev/shm, their GPUs may write it too).
   static c10::intrusive_ptr<PinnedEmbedding> create(const std::string& path, int64_t num_rows, int64_t dim,
                                                     c10::ScalarType dtype, const std::string& optimizer,
                                                     const c10::Dict<std::string, double>& options);

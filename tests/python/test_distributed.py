@@ -292,6 +292,16 @@ def test_a_world_size_that_is_no_multiple_of_the_hosts_is_refused(shm_dir):
         assert "world size 3 is not a multiple of the local world size 2" in results[r], results[r]
 
 
+def test_a_shm_dir_too_small_for_the_table_is_an_error_on_every_local_rank(tiny_tmpfs):
+    """Not a SIGBUS of the rank creating the files (a container's /dev/shm is often 64 MB), nor its peers waiting."""
+    cfg = dict(shm_dir=tiny_tmpfs, kwargs=dict(num_embeddings=20_000, embedding_dim=16), timeout=15)
+    results = launch(2, 2, "build", cfg, deadline=120)
+    for r in (0, 1):
+        assert isinstance(results[r], str) and f"could not create the shared table in {tiny_tmpfs}" in results[r] \
+            and "No space left on device" in results[r], results[r]
+    assert os.listdir(tiny_tmpfs) == []  # nothing of the failed setup is left
+
+
 def test_host_shards_hold_a_host_each(shm_dir):
     cfg = dict(shm_dir=shm_dir, kwargs=dict(num_embeddings=ROWS, embedding_dim=DIM))
     results = succeeded(launch(4, 2, "build", cfg))
