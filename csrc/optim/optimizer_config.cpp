@@ -54,6 +54,10 @@ const char* optimizer_name(OptimizerKind kind) {
   return "unknown";
 }
 
+std::string canonical_optimizer_name(const std::string& kind) {
+  return optimizer_name(parse_optimizer(kind, c10::Dict<std::string, double>()).kind);
+}
+
 OptimizerHyper parse_optimizer(const std::string& kind_name, const c10::Dict<std::string, double>& options) {
   std::string name = lower(kind_name);
   const bool sparse_adam = name == "sparse_adam" || name == "sparseadam";

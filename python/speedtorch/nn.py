@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from . import PinnedEmbedding
 from .placement import DeviceTable, HybridTable
-from .table_state import copy_table_entries, load_table_entries, set_table_extra_state, table_entries, table_extra_state
+from .table_state import (adopt_options, checked_extra_state, copy_table_entries, entry_shapes, load_table_entries,
+                          set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
 __all__ = ["HostEmbedding", "track_table_state"]
@@ -316,15 +317,25 @@ class HostEmbedding(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        our_keys = {prefix + name for name in self._table_tensors()}
-        rest = {k: v for k, v in state_dict.items() if k not in our_keys}
+        # All or nothing, as nn.Module's: the extra state (optimizer options) and every entry are checked before
+        # anything changes; the options are adopted only then (they re-lay the optimizer state out).
+        extra = prefix + "_extra_state"
+        targets = self._table_tensors()
+        ours = {prefix + name for name in targets} | {extra}
+        rest = {k: v for k, v in state_dict.items() if k not in ours}
         super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)  # the extra state first: it may re-lay the optimizer state out
-        found = load_table_entries(self._table_tensors(), state_dict, prefix, missing_keys, error_msgs,
-                                   type(self).__name__)
-        if found is None or error_msgs:
+                                      error_msgs)  # strict: reports the extra state missing, as it is from `rest`
+        options = None
+        if extra in state_dict:
+            if extra in missing_keys:
+                missing_keys.remove(extra)
+            options = checked_extra_state(self.table, state_dict[extra], type(self).__name__)
+        found = load_table_entries(entry_shapes(targets, self.table, options), state_dict, prefix, missing_keys,
+                                   error_msgs, type(self).__name__)
+        if found is None or error_msgs or extra in missing_keys:
             return  # nothing is written unless every entry fits
         self._sync_for_host_access()
+        adopt_options(self.table, options)
         self._copy_table_tensors(found)
         self._pending.clear()
         self._prefetched = None
