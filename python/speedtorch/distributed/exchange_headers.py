@@ -36,16 +36,16 @@ HEADER_BYTES = 8 * _FIELDS
 class ExchangeHeaders:
     """This rank's exchanges on the default process group, numbered from 0 (every rank counts the same ones)."""
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, num_rows: int):
-        self.rank, self.world_size, self.device, self.num_rows = rank, world_size, device, num_rows
+    def __init__(self, world_size: int, device: torch.device, num_rows: int):
+        self.world_size, self.device, self.num_rows = world_size, device, num_rows
         self.opened = 0
 
     def open(self, kind: int, send_counts: torch.Tensor, bad_id: Optional[int] = None):
         """Opens exchange number ``opened`` of ``kind``, sending ``send_counts[r]`` rows to rank r (``bad_id``: this
         rank's ids hold that id out of range; it sends nothing, and raises its own error after this returns).
 
-        Returns ``(send_counts, recv_counts, total)`` as lists and the total rows all ranks send; raises on every
-        rank when the ranks are not all at this exchange, and on the other ranks when any flagged a bad id."""
+        Returns the send and receive counts (lists) and how many rows all ranks send in all. Raises on every rank
+        when the ranks are not all at this exchange, and on the other ranks when any flagged a bad id."""
         header = torch.zeros(self.world_size, _FIELDS, dtype=torch.int64, device=self.device)
         header[:, _NUMBER] = self.opened
         header[:, _KIND] = kind
@@ -62,7 +62,7 @@ class ExchangeHeaders:
         flagged = [(r, h[_BAD_ID]) for r, h in enumerate(headers) if h[_HAS_BAD_ID]]
         if flagged and bad_id is None:
             first, value = flagged[0]
-            more = f" (and {len(flagged) - 1} other rank(s) theirs)" if len(flagged) > 1 else ""
+            more = f" ({len(flagged) - 1} more rank(s) hold ids out of range)" if len(flagged) > 1 else ""
             raise IndexError(f"speedtorch.distributed: rank {first}'s ids hold {value}, out of range for a table of "
                              f"{self.num_rows} rows{more}; every rank raises this error in this forward (rank "
                              f"{first}'s own error says where its input holds it)")

@@ -86,7 +86,7 @@ class RowSharding:
         self.comm_device = comm_device  # where collectives take tensors: cpu for Gloo, the GPU for NCCL
         self.reduction = reduction
         self.host_start = layout.host_range(layout.topology.host)[0]
-        self.headers = ExchangeHeaders(layout.topology.rank, layout.topology.world_size, comm_device, layout.num_rows)
+        self.headers = ExchangeHeaders(layout.topology.world_size, comm_device, layout.num_rows)
         # What this rank's collectives cost since construction (bench/distributed.py reads them): bytes sent to
         # other ranks, and host seconds inside collective calls (with NCCL, the waits for split sizes and fences).
         self.bytes_sent = 0
