@@ -24,7 +24,7 @@ from .table_state import (adopt_options, checked_extra_state, copy_table_entries
                           set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "track_table_state"]
+__all__ = ["HostEmbedding", "NgramHashEmbedding", "track_table_state"]
 
 
 class _HostRows(torch.autograd.Function):
@@ -51,7 +51,9 @@ class HostEmbedding(torch.nn.Module):
         optimizer: ``"sgd"``, ``"adagrad"``, ``"adam"``, ``"adamw"``, ``"adamax"``, ``"rmsprop"``, ``"adadelta"``,
             ``"asgd"`` or ``"rprop"`` (torch.optim's math, applied lazily to the touched rows), or
             ``"rowwise_adagrad"`` (FBGEMM's row-wise Adagrad: one float of state per row; options ``lr``, ``eps``
-            (1e-8), ``weight_decay``, ``initial_accumulator_value``).
+            (1e-8), ``weight_decay``, ``initial_accumulator_value``), or ``"rowwise_adam"`` (FBGEMM's partial
+            row-wise Adam: Adam's first moment per element, its second one float per row; options ``lr``,
+            ``beta1``, ``beta2``, ``eps``, ``weight_decay``).
         optimizer_options: torch.optim's hyper-parameters by name (``betas`` as ``beta1``/``beta2``; booleans as
             0/1), e.g. ``{"lr": 1e-3, "weight_decay": 0.0}``; ``per_row_step=1`` for per-row bias correction.
         update: ``"step"`` (gradients wait for :meth:`step`) or ``"backward"`` (applied as backward reaches the rows).
@@ -182,11 +184,11 @@ class HostEmbedding(torch.nn.Module):
 
     def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
         if self.update == "backward":
-            self._apply(unique, grad_rows, sorted_unique=True)
+            self._apply_gradients(unique, grad_rows, sorted_unique=True)
         else:
             self._pending.append((unique, grad_rows))
 
-    def _apply(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
+    def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
         # sorted_unique: `unique` is one forward's torch.unique(sorted=True) output, so the op need not de-duplicate
         # it again (it still checks the claim).
         self.table.apply_gradients(unique, grad_rows, sorted_unique)
@@ -208,7 +210,7 @@ class HostEmbedding(torch.nn.Module):
             unique = torch.cat([u for u, _ in self._pending])
             grad = torch.cat([g for _, g in self._pending])
         self._pending.clear()
-        self._apply(unique, grad, sorted_unique=one_backward)
+        self._apply_gradients(unique, grad, sorted_unique=one_backward)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
         """Drops gradients not yet applied by :meth:`step`."""
@@ -415,3 +417,7 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
         return max(1, int(torch.unique(torch.as_tensor(hot_rows)).numel()))
     raise ValueError("HostEmbedding: placement='hybrid' needs the cache's size: cache_rows, hot_fraction in (0, 1] or "
                      "hot_rows (ids)")
+
+
+# Built on HostEmbedding, so imported after it (speedtorch/ngram_embedding.py imports this module).
+from .ngram_embedding import NgramHashEmbedding  # noqa: E402
