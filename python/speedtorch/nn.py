@@ -174,7 +174,13 @@ class HostEmbedding(torch.nn.Module):
             return self._take_prefetched()
         ids = input.to(self.device, non_blocking=True)
         unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        return unique, inverse, self.table.gather(unique, self.device)
+        try:
+            return unique, inverse, self.table.gather(unique, self.device)
+        except IndexError:  # it names a position among the distinct ids: name the caller's instead
+            named = _out_of_range_in(ids, self.num_embeddings, type(self).__name__)
+            if named is None:
+                raise
+            raise named from None
 
     def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
         if self.update == "backward":
@@ -361,8 +367,9 @@ class HostEmbedding(torch.nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """The table (num_embeddings x embedding_dim; shares memory): pinned host memory for ``"host"`` and
-        ``"hybrid"`` (the device-resident rows written back first), device memory for ``"gpu"``. Synchronize before
-        reading it on the host while updates may be running."""
+        ``"hybrid"`` (the device-resident rows written back first; while it is held, the row cache stands aside, so
+        it stays exact: docs/persistence.md), device memory for ``"gpu"``. Synchronize before reading it on the host
+        while updates may be running."""
         return self.table.table()
 
     def save(self, path: str) -> None:
@@ -389,6 +396,22 @@ class HostEmbedding(torch.nn.Module):
         else:
             table = PinnedEmbedding.load(path, verify)
         return cls(table.num_rows(), table.dim(), table=table, placement=placement, **kwargs)
+
+
+def _out_of_range_in(ids: torch.Tensor, num_rows: int, owner: str) -> Optional[IndexError]:
+    """The error for the first id of ``ids`` (the caller's input) outside ``[0, num_rows)``, named by its place in
+    ``ids``; None when every id is in range (the table's error was about something else)."""
+    flat = ids.reshape(-1)
+    bad = ((flat < 0) | (flat >= num_rows)).nonzero()
+    if bad.numel() == 0:
+        return None
+    position = int(bad[0, 0])
+    where = ""
+    if ids.dim() > 1:
+        index = ", ".join(str(int(i)) for i in torch.unravel_index(torch.tensor(position), tuple(ids.shape)))
+        where = f" (input[{index}])"
+    return IndexError(f"{owner}: the input holds {int(flat[position])} at flat position {position}{where}; every id "
+                      f"must be in [0, {num_rows}) for a table of {num_rows} rows (negative ids are not wrapped)")
 
 
 def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[torch.Tensor],
