@@ -31,11 +31,13 @@ struct IndexSpan {
 };
 
 // Throws c10::IndexError naming `op` and `arg` when an index is out of range; returns the batch's span otherwise.
+// `shape`, when given with more than one dimension, is the indices' shape: the message then also names the element
+// (arg[i, j]) of the caller's tensor.
 template <typename Index>
 IndexSpan check_indices_in_range(const Index* indices, int64_t count, int64_t num_rows, const char* op,
-                                 const char* arg);
+                                 const char* arg, at::IntArrayRef shape = {});
 
-// check_indices_in_range over a host index tensor (int64 or int32), the argument named `arg`.
+// check_indices_in_range over a host index tensor (int64 or int32, any shape), the argument named `arg`.
 IndexSpan check_index_tensor(const at::Tensor& host_indices, int64_t num_rows, const char* op,
                              const char* arg = "indices");
 

@@ -203,6 +203,8 @@ def test_one_index_rule_for_the_operators_and_the_python_layers():
     for index_dtype in INDEX_DTYPES:
         with pytest.raises(IndexError, match="my_op: ids " + rule):
             speedtorch.ops.check_indices(ids.to(index_dtype), 10, "my_op", "ids")
+    with pytest.raises(IndexError, match=r"my_op: ids holds 12 at flat position 3 \(ids\[1, 1\]\); every index"):
+        speedtorch.ops.check_indices(ids[:4].reshape(2, 2), 10, "my_op", "ids")  # the element, for shaped ids
     speedtorch.ops.check_indices(torch.tensor([[0, 9], [4, 4]]), 10)  # in range: nothing
     speedtorch.ops.check_indices(torch.empty(0, dtype=torch.int64), 0)
     with pytest.raises(RuntimeError, match="must be int64 or int32"):

@@ -128,7 +128,11 @@ class ShardedHostTable:
     def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
         ids = indices.reshape(-1).to(torch.int64)
         device = ids.device if device is None else torch.device(device)
-        check_indices(ids, self._num_rows, f"ShardedHostTable (rank {self.layout.topology.rank})")
+        bad = (ids < 0) | (ids >= self._num_rows)
+        if bool(bad.any()):
+            first = int(bad.nonzero()[0, 0])
+            self.sharding.refuse_lookup(int(ids[first]))  # with several hosts, every rank raises with this one
+            check_indices(ids, self._num_rows, f"ShardedHostTable (rank {self.layout.topology.rank})")  # words it
         return self.sharding.gather(ids, device).reshape(*indices.shape, self.dim())
 
     def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor) -> None:
