@@ -67,6 +67,7 @@ int64_t distinct_indices_cpu(const Index* indices, int64_t count, int64_t* disti
 template <typename Index>
 void sum_rows_by_index_cpu(const Index* rows, int64_t count, const float* src, int64_t dim, float* out,
                            int64_t out_rows) {
+  if (dim == 0 || out_rows == 0) return;  // nothing to write (and `out` may be null: no memset of it)
   // Each lane owns a range of output rows and scans every position in order, so each row's sum keeps its order
   // whatever the number of lanes.
   const int64_t lanes = std::max<int64_t>(

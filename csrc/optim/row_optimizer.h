@@ -11,7 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "cpu/index_range_check.h"
-#include "optim/row_optimizer_math.h"
+#include "core/row_optimizer_math.h"
 
 namespace speedtorch {
 
@@ -39,6 +39,11 @@ IndexSpan check_sorted_unique_indices(const at::Tensor& indices, int64_t num_row
 // position order from zero: torch.unique(sorted=True) and index_add_ into zeros, bit for bit, on the calling thread
 // for a small batch (cpu/row_sum_cpu.h). The CPU routes' de-duplication (also the row cache's on the CPU).
 std::pair<at::Tensor, at::Tensor> sum_duplicate_rows_cpu(const at::Tensor& indices, const at::Tensor& grad);
+
+// Bytes from one row's record to the next as a step walks the table (the footprint a batch spans): the weights'
+// row stride when each state row lies beside its weights row (PinnedEmbedding's state_beside_rows layout, one
+// record per row), else the sum of both strides (two tables walked together).
+int64_t optimizer_record_stride_bytes(const at::Tensor& weights, const at::Tensor& state);
 
 // The kernels' view of a table: weights and state tensors, at the addresses the kernel will use.
 OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state, char* weights_base,

@@ -19,12 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from . import PinnedEmbedding
+from .ops import check_indices
 from .placement import DeviceTable, HybridTable
 from .table_state import (adopt_options, checked_extra_state, copy_table_entries, entry_shapes, load_table_entries,
                           set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "NgramHashEmbedding", "track_table_state"]
+__all__ = ["HostEmbedding", "HostEmbeddingBagCollection", "NgramHashEmbedding", "TableConfig", "track_table_state"]
 
 
 class _HostRows(torch.autograd.Function):
@@ -58,6 +59,8 @@ class HostEmbedding(torch.nn.Module):
             0/1), e.g. ``{"lr": 1e-3, "weight_decay": 0.0}``; ``per_row_step=1`` for per-row bias correction.
         update: ``"step"`` (gradients wait for :meth:`step`) or ``"backward"`` (applied as backward reaches the rows).
         device: where forward's output lives (default: the current CUDA device when there is one, else the CPU).
+            ``model.to(...)``, ``.cuda()``, ``.cpu()`` and ``.half()`` / ``.float()`` / ... change the device and
+            dtype forward returns, never the table's memory or dtype (see ``_apply`` below).
         dtype: table dtype (float32, float16, bfloat16); optimizer state is float32.
         state_beside_rows: keep each row's optimizer state next to it in host memory (one page walk per row).
             False keeps it in a table of its own: gathers of many spread rows run up to 1.6x faster; on the
@@ -137,7 +140,10 @@ class HostEmbedding(torch.nn.Module):
             self.table.enable_cache(_cache_size(num_embeddings, cache_rows, hot_rows, hot_fraction), self.device)
             if hot_rows is not None:
                 self.set_hot_rows(hot_rows)
-        # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input.
+        # What forward returns its rows as: the table's dtype until a conversion (model.half(), ...) changes it.
+        self.output_dtype = self.table.table().dtype
+        # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input
+        # (requires_grad_(False) on this module clears it: the table is then frozen).
         self._anchor = torch.zeros(0, requires_grad=True)
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._prefetched = None
@@ -145,8 +151,43 @@ class HostEmbedding(torch.nn.Module):
         self._side_stream = None
 
     def extra_repr(self) -> str:
+        converted = "" if self.output_dtype == self.table.table().dtype else f", output_dtype={self.output_dtype}"
         return (f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode}, optimizer={self.table.optimizer()}, "
-                f"update={self.update}, device={self.device}, placement={self.placement}")
+                f"update={self.update}, device={self.device}, placement={self.placement}{converted}")
+
+    # --- nn.Module's conversions and other methods --------------------------------------------------------------
+    # model.to(...), .cuda(), .cpu(), .float(), .half(), .bfloat16(), .double(), .type() and .to_empty() reach this
+    # module through nn.Module._apply(fn), which converts parameters and buffers with fn. The module has neither: its
+    # rows and optimizer state stay where the placement put them (pinned host RAM; the device of placement="gpu"),
+    # in the dtype chosen at construction, because copying or re-typing a table that may be larger than any GPU is
+    # what it exists to avoid. A conversion changes what forward computes with instead: fn applied to an empty tensor
+    # of forward's device and dtype gives the new ones, forward then returns its rows there (gathered to that device,
+    # then cast), and their gradients come back through the cast to update the table in its own dtype.
+    # model.share_memory() raises unless the rows are already shared between processes (DistributedHostEmbedding):
+    # a process started afterwards would train a copy, and its updates would be lost.
+
+    #: Whether the rows already live in memory that other processes share (DistributedHostEmbedding's /dev/shm).
+    _rows_shared_between_processes = False
+
+    def _apply(self, fn, recurse=True):
+        converted = fn(torch.empty(0, dtype=self.output_dtype, device=self.device))
+        on_host = fn(torch.empty(1))
+        if on_host.device.type == "cpu" and on_host.is_shared() and not self._rows_shared_between_processes:
+            raise RuntimeError(
+                f"{type(self).__name__}: share_memory() cannot share this table: its rows live in this process's "
+                "pinned memory, so a process started afterwards would train a copy and its updates would be lost. "
+                "To train one table from several processes use speedtorch.distributed.DistributedHostEmbedding (one "
+                "copy per host, in /dev/shm)")
+        self.device = converted.device
+        self.output_dtype = converted.dtype
+        return super()._apply(fn, recurse)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "HostEmbedding":
+        """Freezes (``False``) or unfreezes the table: while frozen, forward's rows need no gradient and no update
+        reaches the table. Call it on this module: ``model.requires_grad_()`` walks ``model.parameters()``, and the
+        table is not a parameter (so that DDP and the dense optimizer leave it alone)."""
+        self._anchor.requires_grad_(requires_grad)
+        return super().requires_grad_(requires_grad)
 
     # --- forward / backward -------------------------------------------------------------------------------------
 
@@ -157,6 +198,7 @@ class HostEmbedding(torch.nn.Module):
         unique, inverse, rows = self._rows_for(input)
         if torch.is_grad_enabled():
             rows = _HostRows.apply(self._anchor, self, unique, rows)
+        rows = rows.to(self.output_dtype)  # a no-op unless a conversion (model.half(), ...) chose another dtype
         if self.mode is None:
             if rows.device.type == "cpu":
                 # The same rows through speedtorch's gather, whose CPU backward sums them into the distinct rows on
@@ -175,7 +217,13 @@ class HostEmbedding(torch.nn.Module):
             return self._take_prefetched()
         ids = input.to(self.device, non_blocking=True)
         unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        return unique, inverse, self.table.gather(unique, self.device)
+        try:
+            return unique, inverse, self.table.gather(unique, self.device)
+        except IndexError:  # it names a position among the distinct ids: name the caller's instead
+            named = _out_of_range_in(ids, self.num_embeddings, type(self).__name__)
+            if named is None:
+                raise
+            raise named from None
 
     def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
         if self.update == "backward":
@@ -208,7 +256,8 @@ class HostEmbedding(torch.nn.Module):
         self._apply_gradients(unique, grad, sorted_unique=one_backward)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
-        """Drops gradients not yet applied by :meth:`step`."""
+        """Drops gradients not yet applied by :meth:`step`. ``model.zero_grad()`` on a model holding this module does
+        not call it (nn.Module's walks the parameters): :meth:`step` consumes the gradients it applies."""
         self._pending.clear()
 
     # --- prefetch -------------------------------------------------------------------------------------------------
@@ -245,7 +294,10 @@ class HostEmbedding(torch.nn.Module):
         _, unique, inverse, rows, *ready = self._prefetched
         self._prefetched = None
         if ready:
-            torch.cuda.current_stream(self.device).wait_event(ready[0])
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(ready[0])
+            for t in (unique, inverse, rows):  # prefetch() may have been called on another stream than this one
+                t.record_stream(current)
         if self._updated_since_prefetch:
             updated = torch.cat(self._updated_since_prefetch)
             self._updated_since_prefetch = []
@@ -254,6 +306,16 @@ class HostEmbedding(torch.nn.Module):
                 rows = rows.clone()
                 rows[stale] = self.table.gather(unique[stale], self.device)
         return unique, inverse, rows
+
+    def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
+        ones if :meth:`prefetch` was given this very tensor) and where each id's row is (``input == ids[inverse]``).
+        Backward through ``rows`` yields one gradient per distinct row, applied as ``update`` says. forward's part
+        before pooling; :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
+        unique, inverse, rows = self._rows_for(input)
+        if torch.is_grad_enabled():
+            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        return inverse, rows
 
     # --- placement ---------------------------------------------------------------------------------------------
 
@@ -277,13 +339,12 @@ class HostEmbedding(torch.nn.Module):
         if isinstance(table, HybridTable):
             table.set_hot_rows(ids)
             return
-        ids = torch.unique(torch.as_tensor(ids).to(self.device, torch.int64))
+        ids = torch.as_tensor(ids)
+        check_indices(ids, self.num_embeddings, "HostEmbedding.set_hot_rows", "hot row ids")
+        ids = torch.unique(ids.to(self.device, torch.int64))
         if ids.numel() > table.cache_slots():
             raise ValueError(f"HostEmbedding.set_hot_rows: {ids.numel()} rows given, the cache has room for "
                              f"{table.cache_slots()}")
-        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.num_embeddings):
-            raise IndexError(f"HostEmbedding.set_hot_rows: hot row ids must be in [0, {self.num_embeddings}), got "
-                             f"{int(ids[0]) if int(ids[0]) < 0 else int(ids[-1])}")
         table.gather(ids, self.device)
 
     def _hybrid(self, what: str):
@@ -349,8 +410,9 @@ class HostEmbedding(torch.nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """The table (num_embeddings x embedding_dim; shares memory): pinned host memory for ``"host"`` and
-        ``"hybrid"`` (the device-resident rows written back first), device memory for ``"gpu"``. Synchronize before
-        reading it on the host while updates may be running."""
+        ``"hybrid"`` (the device-resident rows written back first; while it is held, the row cache stands aside, so
+        it stays exact: docs/persistence.md), device memory for ``"gpu"``. Synchronize before reading it on the host
+        while updates may be running."""
         return self.table.table()
 
     def save(self, path: str) -> None:
@@ -379,6 +441,17 @@ class HostEmbedding(torch.nn.Module):
         return cls(table.num_rows(), table.dim(), table=table, placement=placement, **kwargs)
 
 
+def _out_of_range_in(ids: torch.Tensor, num_rows: int, owner: str) -> Optional[IndexError]:
+    """The library's error (speedtorch.ops.check_indices) for the first id of ``ids`` (the caller's input) outside
+    ``[0, num_rows)``, named by its place in ``ids``; None when every id is in range (the table's error was about
+    something else)."""
+    try:
+        check_indices(ids, num_rows, owner, "input")
+    except IndexError as error:
+        return error
+    return None
+
+
 def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[torch.Tensor],
                 hot_fraction: Optional[float]) -> int:
     """How many rows the row cache of placement='hybrid' holds: cache_rows, else a share of the rows, else the
@@ -397,5 +470,6 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
                      "hot_rows (ids)")
 
 
-# Built on HostEmbedding, so imported after it (speedtorch/ngram_embedding.py imports this module).
+# Built on HostEmbedding, so imported after it (these modules import this one).
+from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402  (many tables in one module)
 from .ngram_embedding import NgramHashEmbedding  # noqa: E402
