@@ -7,12 +7,13 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/helped_parallel_for.h"
+
 namespace speedtorch {
 namespace {
 
-// Floats a thread must have to add before a second one is woken: 1 MiB of gradient rows, about a millisecond of
-// work. A batch below that is summed by the calling thread: waking another costs more, and on a loaded machine far
-// more (a parallel region waits for its slowest thread; bench/RESULTS.md, issue 23 item 7).
+// Floats a thread must have to add before a second one is asked to help: 1 MiB of gradient rows, about a
+// millisecond of work. A batch below that is summed by the calling thread: waking another costs more.
 constexpr int64_t kGrainFloats = 1 << 18;
 
 // One slot of the open-addressing table: an index value and the order in which it was first seen.
@@ -82,7 +83,9 @@ void sum_rows_by_index_cpu(const Index* rows, int64_t count, const float* src, i
     }
   };
   if (lanes == 1) return sum_lane(0);
-  at::parallel_for(0, lanes, 1, [&](int64_t begin, int64_t end) {
+  // Helpers, not an OpenMP region, which would wait for a thread the scheduler has not run (milliseconds on a loaded
+  // machine; cpu/helped_parallel_for.h): the calling thread sums the lanes no helper has taken.
+  helped_parallel_for(lanes, 1, [&](int64_t begin, int64_t end) {
     for (int64_t lane = begin; lane < end; ++lane) sum_lane(lane);
   });
 }

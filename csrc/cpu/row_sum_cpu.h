@@ -22,8 +22,8 @@ int64_t distinct_indices_cpu(const Index* indices, int64_t count, int64_t* disti
 
 // out[r] = the sum of src[i] over the positions i with rows[i] == r, in increasing i, starting from 0 (rows named
 // by no position are 0), for r in [0, out_rows); every rows[i] must be in [0, out_rows). Rows of `dim` floats,
-// dense. Threads split the output rows (each scans every position), so each row keeps its order; a thread is woken
-// only for a large share of work.
+// dense. Lanes split the output rows (each scans every position), so each row keeps its order; a second thread
+// is asked to help (cpu/helped_parallel_for.h) only for a large share of work.
 template <typename Index>
 void sum_rows_by_index_cpu(const Index* rows, int64_t count, const float* src, int64_t dim, float* out,
                            int64_t out_rows);

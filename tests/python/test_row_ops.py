@@ -112,6 +112,23 @@ def test_out_of_range_indices_raise(bad, index_dtype):
     assert torch.equal(table, before)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_out_of_range_index_in_a_large_gather_names_the_first(threads):
+    """A CPU gather checks each index as it copies its row, threads sharing the rows: the error still names the
+    first bad position, also when a later one is met first."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        table = random_table(1_000, 32)
+        indices = torch.randint(0, 1_000, (30_000,))  # 3.8 MB of rows: threads share them
+        indices[29_000] = -5
+        indices[12_345] = 1_000
+        with pytest.raises(IndexError, match=r"indices holds 1000 at flat position 12345; every index"):
+            speedtorch.gather(table, indices)
+    finally:
+        torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize(
     ("table", "indices", "message"),
     [
