@@ -129,6 +129,18 @@ def test_out_of_range_index_in_a_large_gather_names_the_first(threads):
         torch.set_num_threads(previous)
 
 
+def test_large_cpu_gather_output():
+    """A gather's output of 32 MiB or more is mapped in huge pages (memory/huge_page_output.h): the same bits as
+    index_select, and an ordinary tensor (resized, written, freed)."""
+    table = random_table(2_000, 128)
+    indices = torch.randint(0, 2_000, (70_000,))  # 34 MiB
+    out = speedtorch.gather(table, indices)
+    assert out.is_contiguous() and out.shape == (70_000, 128)
+    assert torch.equal(out.view(torch.int32), table.index_select(0, indices).view(torch.int32))
+    out.resize_(80_000, 128)[70_000:] = 1.0
+    assert torch.equal(out[:70_000], table[indices]) and bool((out[70_000:] == 1.0).all())
+
+
 @pytest.mark.parametrize(
     ("table", "indices", "message"),
     [
