@@ -141,6 +141,23 @@ def test_large_cpu_gather_output():
     assert torch.equal(out[:70_000], table[indices]) and bool((out[70_000:] == 1.0).all())
 
 
+def test_gather_without_gradient_builds_no_graph():
+    """Where nothing is differentiated (no_grad, inference mode, a table that needs no gradient) gather goes straight
+    to its kernel: no autograd node; with a table that needs one, the node and its gradient are there."""
+    table = random_table(20, 4).requires_grad_()
+    indices = torch.tensor([[3, 3], [19, 0]])
+    with torch.no_grad():
+        out = speedtorch.gather(table, indices)
+    assert out.grad_fn is None and not out.requires_grad and torch.equal(out, table.detach()[indices])
+    with torch.inference_mode():
+        assert speedtorch.gather(table, indices).grad_fn is None
+    assert speedtorch.gather(table.detach(), indices).grad_fn is None
+    out = speedtorch.gather(table, indices)
+    assert out.requires_grad
+    out.sum().backward()
+    assert torch.equal(table.grad, torch.zeros(20, 4).index_add_(0, indices.reshape(-1), torch.ones(4, 4)))
+
+
 @pytest.mark.parametrize(
     ("table", "indices", "message"),
     [
