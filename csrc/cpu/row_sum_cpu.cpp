@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "cpu/helped_parallel_for.h"
 
@@ -16,54 +15,11 @@ namespace {
 // millisecond of work. A batch below that is summed by the calling thread: waking another costs more.
 constexpr int64_t kGrainFloats = 1 << 18;
 
-// One slot of the open-addressing table: an index value and the order in which it was first seen.
-struct Entry {
-  int64_t value;  // -1: empty (validated indices are >= 0)
-  int64_t first_seen;
-};
-
-inline uint64_t slot_hash(int64_t value, int shift) {
-  return (static_cast<uint64_t>(value) * 0x9E3779B97F4A7C15ull) >> shift;
-}
-
-// The entry holding `value`, or the empty one where it belongs (linear probing).
-inline Entry& find_entry(std::vector<Entry>& table, int64_t value, int shift) {
-  const uint64_t mask = table.size() - 1;
-  uint64_t h = slot_hash(value, shift);
-  while (table[h].value != value && table[h].value >= 0) h = (h + 1) & mask;
-  return table[h];
-}
-
 void add_rows(const float* __restrict src, float* __restrict out, int64_t dim) {
   for (int64_t j = 0; j < dim; ++j) out[j] += src[j];
 }
 
 }  // namespace
-
-template <typename Index>
-int64_t distinct_indices_cpu(const Index* indices, int64_t count, int64_t* distinct, int64_t* inverse) {
-  if (count == 0) return 0;
-  // At most half full, so probes stay short.
-  int bits = 4;
-  while ((int64_t{1} << bits) < 2 * count) ++bits;
-  std::vector<Entry> table(size_t{1} << bits, Entry{-1, 0});
-  const int shift = 64 - bits;
-  int64_t n = 0;
-  for (int64_t i = 0; i < count; ++i) {  // inverse[i]: first-seen order for now
-    const int64_t value = static_cast<int64_t>(indices[i]);
-    Entry& e = find_entry(table, value, shift);
-    if (e.value < 0) {
-      e = Entry{value, n};
-      distinct[n++] = value;
-    }
-    inverse[i] = e.first_seen;
-  }
-  std::sort(distinct, distinct + n);
-  std::vector<int64_t> place(static_cast<size_t>(n));  // first-seen order -> place in ascending order
-  for (int64_t r = 0; r < n; ++r) place[find_entry(table, distinct[r], shift).first_seen] = r;
-  for (int64_t i = 0; i < count; ++i) inverse[i] = place[inverse[i]];
-  return n;
-}
 
 template <typename Index>
 void sum_rows_by_index_cpu(const Index* rows, int64_t count, const float* src, int64_t dim, float* out,
@@ -90,8 +46,6 @@ void sum_rows_by_index_cpu(const Index* rows, int64_t count, const float* src, i
   });
 }
 
-template int64_t distinct_indices_cpu<int32_t>(const int32_t*, int64_t, int64_t*, int64_t*);
-template int64_t distinct_indices_cpu<int64_t>(const int64_t*, int64_t, int64_t*, int64_t*);
 template void sum_rows_by_index_cpu<int32_t>(const int32_t*, int64_t, const float*, int64_t, float*, int64_t);
 template void sum_rows_by_index_cpu<int64_t>(const int64_t*, int64_t, const float*, int64_t, float*, int64_t);
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/checked_size.h"
+#include "cpu/distinct_indices_cpu.h"
 #include "cpu/index_range_check.h"
 #include "cpu/row_optimizer_cpu.h"
 #include "cpu/row_sum_cpu.h"

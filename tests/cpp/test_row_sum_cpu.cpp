@@ -1,5 +1,5 @@
-// Tests for csrc/cpu/row_sum_cpu: distinct indices against torch.unique, summed rows against index_add_ into zeros
-// (bit for bit), on one thread and on several.
+// Tests for csrc/cpu/row_sum_cpu: summed rows against index_add_ into zeros (bit for bit), on one thread and on
+// several.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -28,34 +28,6 @@ void with_threads(int threads, Fn&& fn) {
   at::set_num_threads(threads);
   fn();
   at::set_num_threads(previous);
-}
-
-template <typename Index>
-void expect_distinct_like_unique(const std::vector<Index>& idx) {
-  const int64_t count = static_cast<int64_t>(idx.size());
-  std::vector<int64_t> distinct(count, -7);
-  std::vector<int64_t> inverse(count, -7);
-  const int64_t n = distinct_indices_cpu(idx.data(), count, distinct.data(), inverse.data());
-  const at::Tensor t = at::tensor(std::vector<int64_t>(idx.begin(), idx.end()), at::kLong);
-  const auto [unique, expected_inverse, counts] = at::_unique2(t, /*sorted=*/true, /*return_inverse=*/true);
-  ASSERT_EQ(n, unique.numel());
-  EXPECT_TRUE(at::equal(at::tensor(std::vector<int64_t>(distinct.begin(), distinct.begin() + n)), unique));
-  EXPECT_TRUE(at::equal(at::tensor(inverse), expected_inverse));
-}
-
-TEST(RowSumCpu, DistinctIndicesMatchUnique) {
-  expect_distinct_like_unique(random_indices<int64_t>(10000, 700, 1));           // many duplicates
-  expect_distinct_like_unique(random_indices<int32_t>(3000, 1 << 30, 2));        // nearly all distinct
-  expect_distinct_like_unique(std::vector<int64_t>{int64_t{1} << 40, 0, 5, 0});  // wide values
-  expect_distinct_like_unique(std::vector<int32_t>{9, 9, 9});
-  expect_distinct_like_unique(std::vector<int64_t>{3});
-  std::vector<int64_t> sorted(5000);
-  for (int64_t i = 0; i < 5000; ++i) sorted[i] = 3 * i;  // what torch.unique hands over: already ascending
-  expect_distinct_like_unique(sorted);
-}
-
-TEST(RowSumCpu, NoIndicesNoDistinct) {
-  EXPECT_EQ(distinct_indices_cpu(static_cast<const int64_t*>(nullptr), 0, nullptr, nullptr), 0);
 }
 
 class SumThreads : public ::testing::TestWithParam<int> {};
