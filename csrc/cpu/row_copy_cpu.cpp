@@ -43,13 +43,16 @@ inline int64_t grain_rows(int64_t row_bytes) {
 }
 
 // How many threads a copy of `bytes` gets. Below kSerialBytes, only the calling thread: waking another costs more
-// than it saves. Up to kHelpedBytes, helpers that join when they can (cpu/helped_parallel_for.h): at::parallel_for
-// would make the caller wait for a thread the scheduler has not run, milliseconds on a loaded machine (issue 23 item
-// 7: a demo step's 512 KiB gather took 5 ms with 2 threads at a load of 10, 20 us alone). Above it (a staging
-// chunk is 8 MiB), such a wait is small beside the copy, and OpenMP's threads, which spin between regions, serve.
-constexpr int64_t kSerialBytes = 64 << 10;
+// than it saves (on the CPU machine, a VM, an idle one, a sleeping helper asked for starts within 3 us in half the
+// calls, but in a third not within 400 us, queued behind the busy caller: a 256 KiB gather took 26 us with a
+// helper asked for, 9 us alone). Up to kHelpedBytes, helpers that join when they can (cpu/helped_parallel_for.h):
+// at::parallel_for would make the caller wait for a thread the scheduler has not run, milliseconds on a loaded
+// machine (issue 23 item 7: a demo step's 512 KiB gather took 5 ms with 2 threads at a load of 10, 20 us alone).
+// Above it (a staging chunk is 8 MiB), such a wait is small beside the copy, and OpenMP's threads, which spin
+// between regions, serve.
+constexpr int64_t kSerialBytes = 1 << 20;
 constexpr int64_t kHelpedBytes = 4 << 20;
-constexpr int64_t kHelpedGrainBytes = 32 << 10;
+constexpr int64_t kHelpedGrainBytes = 64 << 10;
 
 // fn(begin, end) over [0, count), each item once, on as many threads as `bytes` (the whole call's) call for:
 // `helped_grain` items a chunk for helpers, `parallel_grain` for at::parallel_for.

@@ -87,8 +87,8 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && at::equal(a.contiguous().view(at::kByte), b.contiguous().view(at::kByte));
 }
 
-// Row sizes the copy specialises (64 to 512 bytes) and others, each on the calling thread alone (< 64 KiB) and with
-// helpers (64 KiB to 4 MiB), with 1 and 2 threads.
+// Row sizes the copy specialises (64 to 512 bytes) and others, on the calling thread alone (< 1 MiB) and with
+// helpers (1 to 4 MiB: 8,000 rows of 148 to 512 bytes), with 1 and 2 threads.
 class GatherThreads : public ::testing::TestWithParam<int> {};
 
 TEST_P(GatherThreads, BitsOfIndexSelectCheckedOrNot) {
@@ -98,7 +98,7 @@ TEST_P(GatherThreads, BitsOfIndexSelectCheckedOrNot) {
       // Rows in a wider tensor: the table's stride is not its row size.
       at::Tensor wide = at::randn({3001, dim + 3}).to(dtype);
       at::Tensor table = wide.narrow(1, 1, dim);
-      for (const int64_t count : {3, 100, 5000}) {
+      for (const int64_t count : {3, 100, 8000}) {
         const auto idx = random_indices(count, 3001, static_cast<unsigned>(count + dim));
         const at::Tensor expected = table.index_select(0, at::tensor(idx));
         at::Tensor out = at::full({count, dim}, 7.0, at::TensorOptions().dtype(dtype));
