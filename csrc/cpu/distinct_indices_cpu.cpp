@@ -30,17 +30,35 @@ inline Entry& find_entry(std::vector<Entry>& table, int64_t value, int shift) {
 constexpr uint64_t kBitmapWordsPerId = 2;
 
 // The bitmap's inverse pass: each id's place is the distinct values below its word plus the set bits below it in
-// its word. Compiled twice on x86-64, for CPUs with and without the popcnt instruction (chosen when loaded).
-#if defined(__x86_64__)
-__attribute__((target_clones("popcnt", "default")))
-#endif
-void bitmap_places(const uint64_t* offsets, int64_t count, const uint64_t* bits, const int64_t* rank,
-                   int64_t* inverse) {
+// its word.
+__attribute__((always_inline)) inline void bitmap_places(const uint64_t* offsets, int64_t count, const uint64_t* bits,
+                                                         const int64_t* rank, int64_t* inverse) {
   for (int64_t i = 0; i < count; ++i) {
     const uint64_t o = offsets[i];
     const uint64_t below = bits[o >> 6] & ((uint64_t{1} << (o & 63)) - 1);
     inverse[i] = rank[o >> 6] + __builtin_popcountll(below);
   }
+}
+
+#if defined(__x86_64__)
+// The same with the popcnt instruction, chosen at run time (the library still runs on any x86-64; without it, a call
+// to libgcc a count). Not target_clones: its resolver runs while the library is relocated, before ThreadSanitizer's
+// runtime is ready, and crashed make tsan.
+__attribute__((target("popcnt"))) void bitmap_places_popcnt(const uint64_t* offsets, int64_t count,
+                                                             const uint64_t* bits, const int64_t* rank,
+                                                             int64_t* inverse) {
+  bitmap_places(offsets, count, bits, rank, inverse);
+}
+
+const bool kHasPopcnt = __builtin_cpu_supports("popcnt");
+#endif
+
+void bitmap_places_best(const uint64_t* offsets, int64_t count, const uint64_t* bits, const int64_t* rank,
+                        int64_t* inverse) {
+#if defined(__x86_64__)
+  if (kHasPopcnt) return bitmap_places_popcnt(offsets, count, bits, rank, inverse);
+#endif
+  bitmap_places(offsets, count, bits, rank, inverse);
 }
 
 // Ids within a small span (a table's rows: HostEmbedding's ids): a bit per value of the span, set for each id, then
@@ -65,7 +83,7 @@ int64_t distinct_by_bitmap(const Index* indices, int64_t count, int64_t lo, uint
       distinct[n++] = static_cast<int64_t>(static_cast<uint64_t>(lo) + offset);  // wraps back into int64's range
     }
   }
-  bitmap_places(offsets, count, bits.data(), rank.data(), inverse);
+  bitmap_places_best(offsets, count, bits.data(), rank.data(), inverse);
   return n;
 }
 
