@@ -12,6 +12,7 @@
 #include "io/content_hash.h"
 #include "io/embedding_files.h"
 #include "io/npy_file.h"
+#include "io/write_cancellation.h"
 #include "memory/pinned_host_buffer.h"
 
 namespace speedtorch::ops {
@@ -92,4 +93,7 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
   // Those files into existing tensors (any device), checking the content hashes when verify.
   m.def("load_embedding_files_(Tensor(a!) table, Tensor(b!)? state, str path, bool verify=True) -> ()",
         &load_embedding_files_op);
+  // Stops every file write in progress at its next chunk, committing nothing (io/write_cancellation.h): what a
+  // KeyboardInterrupt during a save calls.
+  m.def("cancel_writes() -> ()", [] { speedtorch::io::cancel_writes_in_progress(); });
 }

@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     float* s1 = s0 + t.dim;
     float* s2 = s1 + t.dim;
     for (int64_t j = pos.lane; j < t.dim; j += lanes) {
-      w[j] = static_cast<T>(update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j));
+      w[j] = rounded_weight<T>(h, update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j),
+                               global_step, row, j);
     }
   }
 }
@@ -112,7 +113,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       float* cs = &c.x;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        wt[e] = static_cast<T>(update_element(h, r, static_cast<float>(wt[e]), gs[e], as + e, bs + e, cs + e));
+        wt[e] = rounded_weight<T>(h, update_element(h, r, static_cast<float>(wt[e]), gs[e], as + e, bs + e, cs + e),
+                                  global_step, row, 4 * v + e);
       }
       WeightVector out;
       memcpy(&out, wt, sizeof(out));

@@ -10,10 +10,20 @@
 // sum over steps of the mean over the row of the squared gradient. Its update needs that mean before any element
 // moves, so the loops call rowwise_adagrad_scale() once per row (with the row's sum of squares) and then
 // update_element() per element.
+//
+// 16-bit tables: an update smaller than half the spacing of float16/bfloat16 values around a weight is lost when the
+// result is rounded to nearest (bfloat16 keeps 8 bits: 1.0 - 1e-4 rounds back to 1.0). With stochastic_rounding
+// the result rounds up or down with the probabilities that make its expected value exact (as FBGEMM's 16-bit
+// tables do): rounded_weight() below, its random bits a hash of (global step, row, element), the same on the CPU
+// and the GPU.
 #pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define SPEEDTORCH_HOST_DEVICE __host__ __device__ __forceinline__
@@ -77,6 +87,8 @@ struct OptimizerHyper {
   float step_size_max = 50.f;
   // Bias correction from each row's own step count instead of the table-wide step.
   bool per_row_step = false;
+  // float16/bfloat16 weights rounded stochastically after each update (rounded_weight()); float32 tables ignore it.
+  bool stochastic_rounding = false;
 };
 
 // State vectors per row for a configuration.
@@ -250,6 +262,51 @@ SPEEDTORCH_HOST_DEVICE float update_element(const OptimizerHyper& h, const RowSt
     }
   }
   return w;
+}
+
+// 32 random bits for element j of `row` at `global_step` (a splitmix64 finaliser over the three): reproducible,
+// independent of thread and block layout, identical on the CPU and the GPU.
+SPEEDTORCH_HOST_DEVICE uint32_t rounding_bits(int64_t global_step, int64_t row, int64_t j) {
+  uint64_t x = static_cast<uint64_t>(global_step) * 0xD1B54A32D192ED03ull +
+               static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(j);
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return static_cast<uint32_t>(x >> 32);
+}
+
+// x rounded to T (c10::Half or c10::BFloat16) up or down in magnitude, the far neighbour with probability
+// (distance to the near one) / (spacing), so that the expected result is x. Non-finite values and values the nearest
+// T represents exactly round to nearest; the largest finite value never rounds up to infinity.
+template <typename T>
+SPEEDTORCH_HOST_DEVICE T round_stochastic(float x, uint32_t random_bits) {
+  const T nearest(x);
+  const float n = static_cast<float>(nearest);
+  if (n == x || !((n - n) == 0.f)) return nearest;  // exact, NaN or infinite
+  // Sign and magnitude: one step of the bit pattern moves the magnitude by one spacing, up (+1) or down (-1).
+  const bool x_beyond = fabsf(x) > fabsf(n);
+  const T other(static_cast<uint16_t>(x_beyond ? nearest.x + 1 : nearest.x - 1), T::from_bits());
+  const float o = static_cast<float>(other);
+  const float low = x_beyond ? fabsf(n) : fabsf(o);
+  const float high = x_beyond ? fabsf(o) : fabsf(n);
+  const float p_high = (fabsf(x) - low) / (high - low);  // 0 when high is infinite
+  const float u = static_cast<float>(random_bits >> 8) * (1.f / 16777216.f);  // uniform in [0, 1), 24 bits
+  const bool take_high = u < p_high;
+  return take_high == x_beyond ? other : nearest;
+}
+
+// The value a kernel stores for an updated weight w of element j of `row`: w itself in a float32 table; in a 16-bit
+// table rounded to nearest, or stochastically (round_stochastic) when the optimizer asks for it.
+template <typename T>
+SPEEDTORCH_HOST_DEVICE T rounded_weight(const OptimizerHyper& h, float w, int64_t global_step, int64_t row,
+                                        int64_t j) {
+  if constexpr (std::is_same_v<T, float>) {
+    return w;
+  } else {
+    return h.stochastic_rounding ? round_stochastic<T>(w, rounding_bits(global_step, row, j)) : static_cast<T>(w);
+  }
 }
 
 }  // namespace speedtorch
