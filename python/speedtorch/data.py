@@ -19,6 +19,7 @@ from typing import Optional, Union
 import torch
 
 from . import PinnedEmbedding
+from ._interrupt import run_interruptible
 
 __all__ = ["save_npy", "load_npy", "load_npy_into_", "npy_info", "open_npy", "load_embedding", "open_embedding",
            "numpy"]
@@ -34,8 +35,8 @@ _DESCR_DTYPES = {
 def save_npy(tensor: torch.Tensor, path: PathLike) -> str:
     """Writes ``tensor`` (any shape, device and strides) to ``path`` as a ``.npy`` file NumPy reads, in chunks,
     atomically (a crash mid-save leaves the old file). bfloat16 is stored as its raw bits (``'<u2'``). Returns the
-    data's content hash (16 hex digits)."""
-    return torch.ops.speedtorch.save_npy(tensor, os.fspath(path))
+    data's content hash (16 hex digits). Ctrl-C stops a long save at its next 64 MiB chunk, leaving the old file."""
+    return run_interruptible(torch.ops.speedtorch.save_npy, tensor, os.fspath(path))
 
 
 def load_npy(path: PathLike, *, pinned: bool = True, dtype: Optional[torch.dtype] = None) -> torch.Tensor:

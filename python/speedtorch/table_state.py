@@ -45,6 +45,11 @@ def set_table_extra_state(table, state, owner: str) -> None:
                            f"table's is {table.optimizer() or 'none'!r}; build it with optimizer={optimizer!r}")
     if options == dict(table.optimizer_options()):
         return
+    state_rows = table.state()
+    if state_rows is not None and hasattr(table, "set_optimizer_options") and \
+            torch.classes.speedtorch.PinnedEmbedding.state_width(optimizer, options, table.dim()) == state_rows.shape[1]:
+        table.set_optimizer_options(options)  # hyper-parameters only (an LR schedule's): the state stays as it is
+        return
     if not hasattr(table, "set_optimizer"):
         raise RuntimeError(f"{owner}.load_state_dict: the checkpoint's optimizer options {options} differ from this "
                            f"table's {dict(table.optimizer_options())}, and a {type(table).__name__} cannot change "

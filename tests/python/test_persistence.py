@@ -458,9 +458,11 @@ def test_a_read_only_mapped_table_serves_in_a_host_embedding(tmp_path):
     np.save(tmp_path / "frozen.npy", np.arange(40, dtype=np.float32).reshape(10, 4))
     module = HostEmbedding.load(tmp_path / "frozen.npy", mmap_mode="r", device="cpu")
     assert torch.equal(module(torch.tensor([2])), torch.arange(8, 12, dtype=torch.float32).reshape(1, 4))
-    module(torch.tensor([2])).sum().backward()
+    assert not module.trains and not module(torch.tensor([2])).requires_grad  # a plain .npy: a frozen table
+    trained = HostEmbedding.load(tmp_path / "frozen.npy", mmap_mode="r", device="cpu", optimizer="adam")
+    trained(torch.tensor([2])).sum().backward()
     with pytest.raises(RuntimeError, match="read-only"):
-        module.step()
+        trained.step()
 
 
 def test_create_makes_zero_files_that_open_shares(tmp_path):
