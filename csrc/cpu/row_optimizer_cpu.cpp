@@ -67,9 +67,15 @@ void update_rows(const OptimizerRows& t, const OptimizerHyper& h, int64_t global
       float* accumulator = header + kRowwiseAccumulatorFloat;
       r.clr = rowwise_adagrad_scale(h, *accumulator, r.first, sum_squares, dim, accumulator);
     }
-    for (int64_t j = 0; j < dim; ++j) {
-      w[j] = rounded_weight<T>(h, update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j),
-                               global_step, row, j);
+    if (!h.stochastic_rounding) {  // two loops, so that the common one stays branch-free (vectorised)
+      for (int64_t j = 0; j < dim; ++j) {
+        w[j] = static_cast<T>(update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j));
+      }
+    } else {
+      for (int64_t j = 0; j < dim; ++j) {
+        w[j] = rounded_weight<T>(h, update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j),
+                                 global_step, row, j);
+      }
     }
   }
 }

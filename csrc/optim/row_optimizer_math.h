@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #if defined(__CUDACC__)
@@ -264,24 +265,49 @@ SPEEDTORCH_HOST_DEVICE float update_element(const OptimizerHyper& h, const RowSt
   return w;
 }
 
-// 32 random bits for element j of `row` at `global_step` (a splitmix64 finaliser over the three): reproducible,
-// independent of thread and block layout, identical on the CPU and the GPU.
+// 32 random bits for element j of `row` at `global_step` (murmur3's finaliser over the three, in 32-bit arithmetic
+// so that CPU loops vectorise it): reproducible, independent of thread and block layout, identical on CPU and GPU.
+SPEEDTORCH_HOST_DEVICE uint32_t mix_bits(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85EBCA6Bu;
+  x ^= x >> 13;
+  x *= 0xC2B2AE35u;
+  x ^= x >> 16;
+  return x;
+}
+
 SPEEDTORCH_HOST_DEVICE uint32_t rounding_bits(int64_t global_step, int64_t row, int64_t j) {
-  uint64_t x = static_cast<uint64_t>(global_step) * 0xD1B54A32D192ED03ull +
-               static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(j);
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return static_cast<uint32_t>(x >> 32);
+  const uint32_t r = mix_bits(static_cast<uint32_t>(row) * 0x9E3779B1u + static_cast<uint32_t>(row >> 32) +
+                              static_cast<uint32_t>(global_step) * 0xC2B2AE3Du);
+  return mix_bits(r ^ (static_cast<uint32_t>(j) * 0x85EBCA77u));
+}
+
+SPEEDTORCH_HOST_DEVICE uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+#endif
+}
+
+SPEEDTORCH_HOST_DEVICE float bits_float(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float x;
+  std::memcpy(&x, &b, sizeof(x));
+  return x;
+#endif
 }
 
 // x rounded to T (c10::Half or c10::BFloat16) up or down in magnitude, the far neighbour with probability
-// (distance to the near one) / (spacing), so that the expected result is x. Non-finite values and values the nearest
-// T represents exactly round to nearest; the largest finite value never rounds up to infinity.
+// (distance to the near one) / (spacing), so that the expected result is x. Non-finite values and values T
+// represents exactly stay as they are; float16's largest value never rounds up to infinity. The general case; the
+// specialisations below take the common ranges with bit arithmetic and the same result.
 template <typename T>
-SPEEDTORCH_HOST_DEVICE T round_stochastic(float x, uint32_t random_bits) {
+SPEEDTORCH_HOST_DEVICE T round_stochastic_general(float x, uint32_t random_bits) {
   const T nearest(x);
   const float n = static_cast<float>(nearest);
   if (n == x || !((n - n) == 0.f)) return nearest;  // exact, NaN or infinite
@@ -295,6 +321,33 @@ SPEEDTORCH_HOST_DEVICE T round_stochastic(float x, uint32_t random_bits) {
   const float u = static_cast<float>(random_bits >> 8) * (1.f / 16777216.f);  // uniform in [0, 1), 24 bits
   const bool take_high = u < p_high;
   return take_high == x_beyond ? other : nearest;
+}
+
+template <typename T>
+SPEEDTORCH_HOST_DEVICE T round_stochastic(float x, uint32_t random_bits) {
+  return round_stochastic_general<T>(x, random_bits);
+}
+
+// bfloat16 keeps float32's top 16 bits: adding 16 random bits below them and truncating rounds the magnitude up
+// with the probability the dropped bits give (NaNs aside, whose payload must not carry into the sign).
+template <>
+SPEEDTORCH_HOST_DEVICE c10::BFloat16 round_stochastic<c10::BFloat16>(float x, uint32_t random_bits) {
+  const uint32_t b = float_bits(x);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return c10::BFloat16(x);
+  return c10::BFloat16(static_cast<uint16_t>((b + (random_bits >> 16)) >> 16), c10::BFloat16::from_bits());
+}
+
+// float16's normal range below its largest value, [2^-14, 65504): it keeps 10 of float32's 23 mantissa bits, so the
+// same addition and truncation of 13 bits gives a float32 value float16 holds exactly. Elsewhere (subnormals,
+// the top of the range, non-finite values) the general case.
+template <>
+SPEEDTORCH_HOST_DEVICE c10::Half round_stochastic<c10::Half>(float x, uint32_t random_bits) {
+  const uint32_t b = float_bits(x);
+  const uint32_t magnitude = b & 0x7FFFFFFFu;
+  if (magnitude >= 0x38800000u && magnitude < 0x477FE000u) {
+    return c10::Half(bits_float((b + (random_bits >> 19)) & ~0x1FFFu));
+  }
+  return round_stochastic_general<c10::Half>(x, random_bits);
 }
 
 // The value a kernel stores for an updated weight w of element j of `row`: w itself in a float32 table; in a 16-bit
