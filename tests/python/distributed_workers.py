@@ -192,7 +192,7 @@ def scenario_build(rank, cfg):
             "block_shares_table": block.data_ptr() in range(m.weight.data_ptr(), m.weight.data_ptr() + m.weight.nbytes)}
 
 
-def scenario_ddp_host_table(rank, cfg):
+def _ddp_host_table(rank, cfg, ignore):
     """A model holding a plain HostEmbedding (one table per process) inside DDP. With ddp_ignore_host_tables the
     table is left alone (no broadcast, no gradient bucket) and the dense part is synchronised; without it, DDP
     broadcasts rank 0's table at construction (a registered CPU parameter) and would refuse a GPU model."""
@@ -214,7 +214,7 @@ def scenario_ddp_host_table(rank, cfg):
 
     model = Model()
     initial = model.emb.weight.clone()
-    if cfg["ignore"]:
+    if ignore:
         ddp_ignore_host_tables(model)
     ddp = DistributedDataParallel(model)
     after_wrap = model.emb.weight.clone()
@@ -229,7 +229,7 @@ def scenario_ddp_host_table(rank, cfg):
             "dense": {k: v.clone() for k, v in model.dense.state_dict().items()}}
 
 
-def scenario_shared_arguments(rank, cfg):
+def _shared_arguments(rank, cfg):
     """DistributedHostEmbedding takes HostEmbedding's arguments (README: "with the same arguments"), and refuses
     those that cannot apply to a shared table with a reason."""
     from speedtorch.distributed import DistributedHostEmbedding
@@ -252,6 +252,15 @@ def scenario_shared_arguments(rank, cfg):
     m.step()
     return {"refused": refused, "padding_row_at_start": padding_row, "out_shape": tuple(out.shape),
             "padding_row": m.weight[3].clone() if rank == 0 else None, "steps": m.table.step_count()}
+
+
+def scenario_standard_flows(rank, cfg):
+    """The standard-flow checks of issue 25 in one launch (each launch costs seconds of process start): DDP around a
+    model holding a HostEmbedding, with and without ddp_ignore_host_tables, and DistributedHostEmbedding's
+    arguments."""
+    return {"ddp_ignored": _ddp_host_table(rank, cfg, ignore=True),
+            "ddp_plain": _ddp_host_table(rank, cfg, ignore=False),
+            "shared_arguments": _shared_arguments(rank, cfg)}
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}

@@ -141,3 +141,14 @@ def test_jit_script_of_a_host_embedding():
         torch.testing.assert_close(other.weight, eager.weight)  # max_norm renormalised the same rows in both
     with pytest.raises(RuntimeError, match="TorchScript cannot hold"):
         torch.jit.script(HostEmbedding(10, 4, device="cpu", placement="gpu"))
+
+
+@pytest.mark.gpu
+def test_compile_fullgraph_of_a_host_table_read_by_the_gpu():
+    model = Recommender(mode="sum")
+    model.users.device = torch.device("cuda")
+    model.head.cuda()
+    ids = torch.tensor([[1, 3, 5], [7, 7, 2]])
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids), model(ids))

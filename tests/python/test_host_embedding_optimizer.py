@@ -70,8 +70,10 @@ def test_the_standard_loop_trains_like_sparse_adam(device, scale):
     standard_loop(b, opt_b, device, scale=scale)
     if device == "cuda":
         torch.cuda.synchronize()
-    torch.testing.assert_close(a.users.weight, b.users.weight.detach().cpu(), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(a.tower.weight, b.tower.weight, rtol=1e-5, atol=1e-6)
+    # float32 rounding: the CUDA kernels (fused, FMA) round differently from torch's
+    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a.users.weight, b.users.weight.detach().cpu(), **tol)
+    torch.testing.assert_close(a.tower.weight, b.tower.weight, **tol)
     assert a.users.table.step_count() == 8
     assert opt_a.param_groups[0]["lr"] == pytest.approx(0.05)  # the schedule reached the table's group
 

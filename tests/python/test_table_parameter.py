@@ -76,3 +76,16 @@ def test_clip_grad_norm_counts_table_rows_and_dense_gradients():
     # nn.Embedding(sparse=True) works with it too.
     ref_emb(torch.tensor([1, 1])).sum().backward()
     assert clip_grad_norm_(ref_emb.parameters(), 1.0).item() == pytest.approx(2.0 * 2.0)
+
+
+@pytest.mark.gpu
+def test_model_cuda_moves_the_dense_part_and_keeps_the_table_in_host_memory():
+    model = Model()
+    table = model.users.weight
+    model.cuda()
+    assert model.tower.weight.is_cuda and model.users.weight is table and not table.is_cuda
+    assert table.is_pinned() == model.users.table.is_pinned()
+    model.users.device = torch.device("cuda")  # where its rows go: the module's own setting
+    model(torch.tensor([1, 2])).sum().backward()
+    assert table.grad.is_cuda  # the pending gradient lives where it was computed
+    model.users.step()
