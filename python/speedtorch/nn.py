@@ -480,12 +480,17 @@ class HostEmbedding(torch.nn.Module):
     def _apply(self, fn, recurse=True):
         # .to(), .cuda(), .half(), .share_memory() ... convert the rest of the module, never the table: it stays in
         # the memory its placement chose (a copy of a 100 GB host table on the GPU is not what a model.cuda() means).
+        # A move to another device moves where forward puts its rows (a probe tensor shows where fn sends tensors).
         param = self._parameters.pop("weight", None)
         try:
-            return super()._apply(fn, recurse)
+            out = super()._apply(fn, recurse)
         finally:
             if param is not None:
                 self._parameters["weight"] = param
+        moved = fn(torch.empty(0, device=self.device)).device
+        if moved != self.device and self.placement == "host" and self._registers_weight():
+            self.device = moved
+        return out
 
     # --- prefetch -------------------------------------------------------------------------------------------------
 
