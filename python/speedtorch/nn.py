@@ -228,13 +228,13 @@ class HostEmbedding(torch.nn.Module):
                 self.table.scatter_(torch.tensor([padding_idx]), torch.zeros(1, embedding_dim, dtype=dtype))
         # Trains when the table has an optimizer and optimizer=None did not freeze it.
         self.trains = optimizer is not None and bool(self.table.optimizer())
+        self._init_runtime_state()  # before the row cache: handing out the table's tensor empties a cache
         if placement == "hybrid" and not isinstance(self.table, HybridTable):
             if isinstance(self.table, DeviceTable):
                 raise ValueError("HostEmbedding: placement='hybrid' needs a speedtorch.PinnedEmbedding table")
             self.table.enable_cache(_cache_size(num_embeddings, cache_rows, hot_rows, hot_fraction), self.device)
             if hot_rows is not None:
                 self.set_hot_rows(hot_rows)
-        self._init_runtime_state()
 
     def _init_runtime_state(self) -> None:
         """The table parameter and what lives only while the module runs (not saved, pickled or copied)."""
