@@ -374,7 +374,8 @@ class HostEmbedding(torch.nn.Module):
 
     def _lookup_traceable(self, input, offsets, per_sample_weights):
         ids = input.to(self.device)
-        rows = torch.ops.speedtorch.gather(self._parameters["weight"], ids, self.device)
+        # Detached: no dense (num_embeddings x dim) gradient, even if something set the parameter's requires_grad.
+        rows = torch.ops.speedtorch.gather(self._parameters["weight"].detach(), ids, self.device)
         if self.mode is None:
             return rows
         flat = rows.reshape(-1, self.embedding_dim)
