@@ -3,7 +3,11 @@ by side in one run, with ratios to the contiguous pinned memcpy bandwidth measur
 
 Workload (bench/BASELINES.md): `--batch` random distinct rows x `--dim` float32 between a `--rows` x `--dim` pinned host
 table and a GPU tensor; rows spread over the whole table ("spread") and within its first `--local-bytes` ("local");
-float16 / bfloat16 views of the same bytes; at each of `--threads` CPU thread counts. SpeedTorch 0.1.6 itself
+float16 / bfloat16 views of the same bytes; at each of `--threads` CPU thread counts. Then the fused optimizer step
+(`--step`, on by default: Adam, row-wise Adagrad and SGD with momentum, the batch's distinct rows, state beside each
+row) against the pinned memcpy of its bytes in both directions at once ("duplex": the step reads and writes every
+row, so that is its bound). `auto` measures its split at its first call of each kind (`speedtorch.transfer_calibrations()`;
+the warm-up calls take it). SpeedTorch 0.1.6 itself
 (its ModelFactory over a pinned CuPy collection of the same size: beforeForwardPass / afterOptimizerStep, see
 bench/seed_speedtorch.py) is timed in turns with speedtorch's default plan on the spread rows, with the ratio
 printed; without CuPy or `make seed-speedtorch` a line says it was skipped. Without a GPU it times the CPU path
@@ -208,9 +212,57 @@ def gpu_benchmark(args) -> list[dict]:
         torch.cuda.synchronize()
     measure_limit()
     del seed
+    if args.step:
+        del emb, table
+        step_benchmark(args, results)
     results.extend({"what": f"speedtorch auto vs {seed_speedtorch.LABEL}, {r['dir']}, {r['threads']} threads "
                             f"(times faster)", "value": r["speedup"]} for r in seed_ratios)
     return results, limits_seen
+
+
+def duplex_seconds(nbytes: int, reps: int) -> tuple[float, float, float]:
+    """Pinned memcpy of `nbytes` host->GPU alone, GPU->host alone, and both at once on two streams."""
+    n = nbytes // 4
+    host_in, host_out = torch.empty(n, pin_memory=True).uniform_(), torch.empty(n, pin_memory=True)
+    dev_in, dev_out = torch.empty(n, device="cuda"), torch.randn(n, device="cuda")
+    down, up = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def both():
+        down.wait_stream(torch.cuda.current_stream())
+        up.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(down):
+            dev_in.copy_(host_in, non_blocking=True)
+        with torch.cuda.stream(up):
+            host_out.copy_(dev_out, non_blocking=True)
+        torch.cuda.current_stream().wait_stream(down)
+        torch.cuda.current_stream().wait_stream(up)
+
+    return (median_seconds(lambda: dev_in.copy_(host_in, non_blocking=True), reps),
+            median_seconds(lambda: host_out.copy_(dev_out, non_blocking=True), reps), median_seconds(both, reps))
+
+
+def step_benchmark(args, results: list[dict]) -> None:
+    """The fused step on the batch's distinct rows of a `--rows` table, as a share of the duplex memcpy time of the
+    bytes it reads and writes (row and state each way), at each thread count."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.unique(torch.randperm(args.rows, generator=gen)[: args.batch]).cuda()
+    grad = torch.randn(ids.numel(), args.dim, device="cuda")
+    for kind, options in (("adam", {"lr": 1e-3}), ("rowwise_adagrad", {"lr": 0.01}),
+                          ("sgd", {"lr": 0.01, "momentum": 0.9})):
+        emb = speedtorch.PinnedEmbedding(args.rows, args.dim)
+        emb.uniform_(-0.1, 0.1, 0)
+        emb.set_optimizer(kind, options, True)
+        record = (args.dim + emb.state().shape[1]) * 4
+        h2d, d2h, both = duplex_seconds(ids.numel() * record, args.reps)
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            seconds = median_seconds(lambda: emb.apply_gradients(ids, grad, True), args.reps)
+            results.append({"threads": threads, "rows": "spread", "dtype": "float32", "way": f"fused step {kind}",
+                            "dir": "both", "ms": seconds * 1e3, "GB/s": gbps(ids.numel() * record * 2, seconds),
+                            "memcpy GB/s": gbps(ids.numel() * record * 2, both), "of memcpy": both / seconds})
+        print(f"fused step {kind}: {record} bytes a row each way; memcpy of them {h2d * 1e3:.2f} ms host->GPU, "
+              f"{d2h * 1e3:.2f} ms GPU->host, {both * 1e3:.2f} ms both at once (duplex)", flush=True)
+        del emb
 
 
 def cpu_benchmark(args) -> list[dict]:
@@ -250,6 +302,8 @@ def main() -> int:
                         help=f"leave out {seed_speedtorch.LABEL} (bench/seed_speedtorch.py)")
     parser.add_argument("--rounds", type=int, default=5,
                         help=f"turns in which speedtorch and {seed_speedtorch.LABEL} are timed")
+    parser.add_argument("--no-step", dest="step", action="store_false",
+                        help="leave out the fused optimizer step (it needs ~16 GB of host RAM for Adam)")
     parser.add_argument("--json", type=Path, help="write all results here")
     args = parser.parse_args()
     if args.threads is None:

@@ -3,9 +3,11 @@
 #include <torch/library.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "memory/pinned_host_buffer.h"
+#include "transfer/split_calibration.h"
 #include "transfer/transfer_policy.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -29,6 +31,35 @@ double get_transfer_option_op(std::string name) {
 }
 
 std::vector<std::string> transfer_option_names_op() { return transfer_option_names(); }
+
+// The measured splits: one line per kind of call ("name=value ..."), and per line the shares tried and their best
+// milliseconds (Python's speedtorch.transfer_calibrations() turns them into dicts).
+std::tuple<std::vector<std::string>, std::vector<double>, std::vector<std::vector<double>>,
+           std::vector<std::vector<double>>>
+transfer_calibrations_op() {
+  std::vector<std::string> keys;
+  std::vector<double> chosen;
+  std::vector<std::vector<double>> shares;
+  std::vector<std::vector<double>> times;
+  for (const SplitCalibration& c : split_calibrations()) {
+    const SplitKey& k = c.key;
+    keys.push_back("device=" + std::to_string(k.device) +
+                   " direction=" + (k.direction == TransferDirection::kGather ? "gather" : "scatter") +
+                   " host_indices=" + std::to_string(k.host_indices ? 1 : 0) +
+                   " footprint_log2=" + std::to_string(k.footprint_log2) + " row_bytes=" + std::to_string(k.row_bytes) +
+                   " rows_log2=" + std::to_string(k.count_log2) + " threads=" + std::to_string(k.threads) +
+                   " uva_blocks_per_sm=" + std::to_string(k.uva_blocks_per_sm) +
+                   " uva_rows_in_flight=" + std::to_string(k.uva_rows_in_flight) +
+                   " max_sms=" + std::to_string(k.max_sms) +
+                   " staging_chunk_bytes=" + std::to_string(k.staging_chunk_bytes));
+    chosen.push_back(c.uva_share);
+    shares.push_back(c.shares);
+    times.push_back(c.milliseconds);
+  }
+  return {keys, chosen, shares, times};
+}
+
+void clear_transfer_calibrations_op() { clear_split_calibrations(); }
 
 void set_deferred_index_checks_op(bool deferred) {
 #ifdef SPEEDTORCH_WITH_CUDA
@@ -71,6 +102,9 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
   m.def("set_transfer_option(str name, float value) -> ()", &speedtorch::ops::set_transfer_option_op);
   m.def("get_transfer_option(str name) -> float", &speedtorch::ops::get_transfer_option_op);
   m.def("transfer_option_names() -> str[]", &speedtorch::ops::transfer_option_names_op);
+  m.def("transfer_calibrations() -> (str[], float[], float[][], float[][])",
+        &speedtorch::ops::transfer_calibrations_op);
+  m.def("clear_transfer_calibrations() -> ()", &speedtorch::ops::clear_transfer_calibrations_op);
   m.def("set_deferred_index_checks(bool deferred) -> ()", &speedtorch::ops::set_deferred_index_checks_op);
   m.def("deferred_index_checks() -> bool", &speedtorch::ops::deferred_index_checks_op);
   m.def("check_index_errors() -> ()", &speedtorch::ops::check_index_errors_op);

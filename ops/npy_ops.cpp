@@ -14,6 +14,7 @@
 #include "io/npy_file.h"
 #include "io/write_cancellation.h"
 #include "memory/pinned_host_buffer.h"
+#include "optim/optimizer_config.h"
 
 namespace speedtorch::ops {
 namespace {
@@ -38,17 +39,20 @@ at::Tensor map_npy_op(const std::string& path, const std::string& mode, bool pin
   else if (mode == "c") mapping = FileMapping::kCopyOnWrite;
   TORCH_CHECK(mapping != FileMapping::kNone, "speedtorch.map_npy: mode must be 'r', 'r+' or 'c' (numpy.load's "
               "mmap_mode), got '", mode, "'");
-  const io::NpyHeader h = io::read_npy_header(path);
+  auto buffer = std::make_shared<PinnedHostBuffer>(path, mapping, pin);
+  // The header of what was mapped, not of an earlier read of the path (a save may have replaced it in between).
+  const io::NpyHeader h = io::mapped_npy_header(buffer->data(), buffer->size(), path);
   TORCH_CHECK(h.data_bytes() > 0, "speedtorch.map_npy: ", path, " holds no data (shape ",
               c10::IntArrayRef(h.shape), "); load it instead");
-  auto buffer = std::make_shared<PinnedHostBuffer>(path, mapping, pin);
   return tensor_over(buffer, h.data_offset, h.shape, c10::contiguous_strides(h.shape), h.dtype);
 }
 
 void save_embedding_files_op(const at::Tensor& table, const std::optional<at::Tensor>& state,
                              const std::string& optimizer, const c10::Dict<std::string, double>& options,
                              int64_t step, const std::string& path) {
-  (void)io::save_embedding_files(path, table, state.value_or(at::Tensor()), optimizer, options, step,
+  // Files name the optimizer canonically, whoever saves them (optim/optimizer_config.h).
+  (void)io::save_embedding_files(path, table, state.value_or(at::Tensor()),
+                                 optimizer.empty() ? optimizer : canonical_optimizer_name(optimizer), options, step,
                                  /*state_beside_rows=*/true);
 }
 

@@ -9,6 +9,7 @@
 
 #include "embedding/embedding_pickle.h"
 #include "embedding/pinned_embedding.h"
+#include "optim/optimizer_config.h"
 
 TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
   using speedtorch::PinnedEmbedding;
@@ -49,6 +50,9 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
       .def("set_step_count", &PinnedEmbedding::set_step_count, "", {torch::arg("step")})
       .def_static("state_width", &PinnedEmbedding::state_width,
                   "Floats of optimizer state per row for an optimizer, its options and a row width")
+      .def_static("canonical_optimizer_name", &speedtorch::canonical_optimizer_name,
+                  "The one name an optimizer is known by (\"Adam\", \"sparse_adam\" -> \"adam\"), as optimizer() "
+                  "reports it")
       .def("save", &PinnedEmbedding::save,
            "Saves rows, optimizer state and configuration to path (+ .state.npy, .meta.json), atomically",
            {torch::arg("path")})

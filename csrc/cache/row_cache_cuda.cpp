@@ -130,8 +130,8 @@ void step_cached_rows_gpu(const at::Tensor& slot_rows, const at::Tensor& slot_st
   metrics::add_optimizer_rows(metrics::OptimizerRoute::kUva, on_host);
   if (on_host == 0) {
     launch_row_optimizer(in_slots, hyper, global_step, slot_of.const_data_ptr<int64_t>(),
-                         grads.const_data_ptr<float>(), rows.numel(), full_grid(device), config.optimizer_vec4,
-                         stream.stream());
+                         grads.const_data_ptr<float>(), rows.numel(), device_table_launch(device, config),
+                         config.optimizer_vec4, device_index_error_record(device), stream.stream());
     return;
   }
   // Sets that overflowed in this call: those rows are updated where they are, on the host, over UVA.
@@ -140,15 +140,15 @@ void step_cached_rows_gpu(const at::Tensor& slot_rows, const at::Tensor& slot_st
   const at::Tensor cached_slots = slot_of.index_select(0, cached).contiguous();
   const at::Tensor cached_grads = grads.index_select(0, cached).contiguous();
   launch_row_optimizer(in_slots, hyper, global_step, cached_slots.const_data_ptr<int64_t>(),
-                       cached_grads.const_data_ptr<float>(), cached_slots.numel(), full_grid(device),
-                       config.optimizer_vec4, stream.stream());
+                       cached_grads.const_data_ptr<float>(), cached_slots.numel(), device_table_launch(device, config),
+                       config.optimizer_vec4, device_index_error_record(device), stream.stream());
   const at::Tensor host_rows = rows.index_select(0, uncached).contiguous();
   const at::Tensor host_grads = grads.index_select(0, uncached).contiguous();
   const OptimizerRows on_host_rows = optimizer_rows(table, state, mapped_address(table, op, "table"),
                                                     reinterpret_cast<float*>(mapped_address(state, op, "state")));
   launch_row_optimizer(on_host_rows, hyper, global_step, host_rows.const_data_ptr<int64_t>(),
-                       host_grads.const_data_ptr<float>(), host_rows.numel(), uva_max_blocks(device, config),
-                       config.optimizer_vec4, stream.stream());
+                       host_grads.const_data_ptr<float>(), host_rows.numel(), uva_launch(device, config),
+                       config.optimizer_vec4, device_index_error_record(device), stream.stream());
   note_host_writes(table, state, stream);
 }
 
@@ -174,7 +174,7 @@ std::array<int64_t, 2> take_lookup_counts_gpu(const std::optional<c10::Stream>& 
   if (capture != cudaStreamCaptureStatusNone) return {0, 0};  // nothing may wait there now: counted at a later read
   // On the stream of the cache's last call: the copy waits for its kernels, and the zeroing comes before any later
   // call's (a call on another stream first waits for this one, enter_stream).
-  const c10::cuda::CUDAStreamGuard on_last(c10::cuda::CUDAStream(*last_stream));
+  const c10::cuda::CUDAStreamGuard on_last{c10::cuda::CUDAStream(*last_stream)};
   const at::Tensor held = lookups.to(at::kCPU);
   lookups.zero_();
   return {held[0].item<int64_t>(), held[1].item<int64_t>()};

@@ -1,8 +1,8 @@
 // Orders the UVA share of a transfer by table row, so that warps running together touch nearby host pages.
 //
 // Over a table larger than the GPU translates quickly, random rows cost a page-table walk each; sorted, the warps
-// in flight share translations and the UVA rate roughly doubles (bench/RESULTS.md). Only the order of ~2 MiB
-// buckets of the table matters, so the radix sort skips the low bits: two or three passes instead of eight.
+// in flight share translations and the UVA rate roughly doubles (bench/RESULTS.md). The radix sort skips the bits
+// below a bucket of the table (TransferConfig::uva_sort_bucket_bytes): fewer passes.
 #include <c10/cuda/CUDAException.h>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -11,8 +11,6 @@
 
 namespace speedtorch {
 namespace {
-
-constexpr int64_t kBucketBytes = int64_t{2} << 20;
 
 int bit_length(uint64_t v) {
   int bits = 0;
@@ -39,10 +37,11 @@ size_t sort_temp_bytes(int64_t count, int begin_bit, int end_bit) {
 
 }  // namespace
 
-LocalitySortPlan plan_locality_sort(const GpuIndices& indices, int64_t num_rows, int64_t row_stride_bytes) {
+LocalitySortPlan plan_locality_sort(const GpuIndices& indices, int64_t num_rows, int64_t row_stride_bytes,
+                                    int64_t bucket_bytes) {
   LocalitySortPlan plan;
   plan.end_bit = bit_length(static_cast<uint64_t>(num_rows > 1 ? num_rows - 1 : 1));
-  const int64_t rows_per_bucket = row_stride_bytes > 0 ? kBucketBytes / row_stride_bytes : 1;
+  const int64_t rows_per_bucket = row_stride_bytes > 0 ? bucket_bytes / row_stride_bytes : 1;
   plan.begin_bit = rows_per_bucket > 1 ? bit_length(static_cast<uint64_t>(rows_per_bucket)) - 1 : 0;
   if (plan.begin_bit >= plan.end_bit) plan.begin_bit = 0;
   plan.temp_bytes = indices.is_int64 ? sort_temp_bytes<int64_t>(indices.count, plan.begin_bit, plan.end_bit)

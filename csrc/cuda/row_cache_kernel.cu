@@ -6,6 +6,7 @@
 
 #include "cuda/launch_shape.h"
 #include "cuda/row_cache_kernel.h"
+#include "cuda/row_vector_access.cuh"
 
 namespace speedtorch {
 namespace {
@@ -15,19 +16,25 @@ constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int64_t kNoCandidate = INT64_MAX;
 
-// Copies `bytes` from src to dst with the 32 lanes of a warp.
+// Copies `bytes` from src to dst with the 32 lanes of a warp. Rows read or written once, one side of them host
+// memory over PCIe: streaming loads and stores (row_vector_access.cuh).
+template <typename V>
+__device__ void warp_copy_as(char* dst, const char* src, int64_t bytes, int lane) {
+  auto* d = reinterpret_cast<V*>(dst);
+  const auto* s = reinterpret_cast<const V*>(src);
+  for (int64_t i = lane; i < bytes / static_cast<int64_t>(sizeof(V)); i += kWarp) {
+    row_access::store_streaming(d + i, row_access::load_streaming(s + i));
+  }
+}
+
 __device__ void warp_copy(char* dst, const char* src, int64_t bytes, int lane) {
   const auto bits = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | static_cast<uintptr_t>(bytes);
   if (bits % 16 == 0) {
-    auto* d = reinterpret_cast<uint4*>(dst);
-    const auto* s = reinterpret_cast<const uint4*>(src);
-    for (int64_t i = lane; i < bytes / 16; i += kWarp) d[i] = s[i];
+    warp_copy_as<uint4>(dst, src, bytes, lane);
   } else if (bits % 4 == 0) {
-    auto* d = reinterpret_cast<uint32_t*>(dst);
-    const auto* s = reinterpret_cast<const uint32_t*>(src);
-    for (int64_t i = lane; i < bytes / 4; i += kWarp) d[i] = s[i];
+    warp_copy_as<unsigned int>(dst, src, bytes, lane);
   } else {
-    for (int64_t i = lane; i < bytes; i += kWarp) dst[i] = src[i];
+    warp_copy_as<unsigned char>(dst, src, bytes, lane);
   }
 }
 

@@ -85,10 +85,14 @@ PickledEmbedding pickle_embedding(const c10::intrusive_ptr<PinnedEmbedding>& e) 
     text.insert("state_hash", meta.state_hash);
     options = meta.options.copy();
   } else {
-    TORCH_CHECK(e->nbytes() <= inline_max_bytes(), "PinnedEmbedding: this table and its optimizer state take ",
-                e->nbytes(), " bytes, more than the ", inline_max_bytes(), " kept inside a saved model "
-                "(SPEEDTORCH_INLINE_MAX_BYTES). Call set_sidecar(\"users.npy\") on it before torch.jit.save so "
-                "the table goes to that file, or raise SPEEDTORCH_INLINE_MAX_BYTES");
+    // A warning, not a refusal: torch.jit.save has already truncated the target file when this runs, so refusing
+    // here would destroy the model saved there before (issue 22). The table is kept inline, whatever its size.
+    if (e->nbytes() > inline_max_bytes()) {
+      TORCH_WARN("PinnedEmbedding: this table and its optimizer state take ", e->nbytes(), " bytes, more than the ",
+                 inline_max_bytes(), " that SPEEDTORCH_INLINE_MAX_BYTES keeps inside a saved model; they are pickled "
+                 "inline all the same, with a copy of them in host memory meanwhile. Call "
+                 "set_sidecar(\"users.npy\") on the table before torch.jit.save to keep it in files of its own");
+    }
     PinnedEmbedding::Snapshot snap = e->snapshot();
     text.insert("dtype", io::dtype_name(snap.table.scalar_type()));
     text.insert("optimizer", snap.optimizer);

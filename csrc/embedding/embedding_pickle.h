@@ -16,7 +16,9 @@
 // changed table writes them. At load, a relative path is resolved against $SPEEDTORCH_SIDECAR_DIR
 // if set, else the process's current directory; a missing, truncated or different sidecar (hash mismatch) is an
 // error naming the file. Tables above SPEEDTORCH_INLINE_MAX_BYTES (default 64 MiB, weights + state) without a
-// sidecar refuse to be saved, rather than doubling the host memory of a huge table inside the archive.
+// sidecar are saved inline with a warning (a copy of them is held in host memory while the model is written): a
+// refusal would come too late, as torch.jit.save truncates the target file before it pickles anything, and would
+// destroy the model saved there before.
 #pragma once
 
 #include <ATen/core/Dict.h>

@@ -86,8 +86,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   void set_optimizer_options(const c10::Dict<std::string, double>& options);
   // Every option the optimizer `kind` accepts with its default value (optim/optimizer_config.h).
   static c10::Dict<std::string, double> optimizer_defaults(const std::string& kind);
-  // The optimizer's name ("" when none), options, state (num_rows x state width float32; undefined when none), and
-  // the table-wide step count.
+  // The optimizer's name ("" when none; canonical: optim/optimizer_config.h's canonical_optimizer_name), options,
+  // state (num_rows x state width float32; undefined when none), and the table-wide step count.
   std::string optimizer() const;
   c10::Dict<std::string, double> optimizer_options() const;  // a copy
   at::Tensor state() const;
@@ -115,7 +115,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
 
   // --- files (pinned_embedding_io.cpp; formats in io/embedding_files.h) ---
   // Saves the rows, the optimizer's name, options, state and step count to `path` (+ .state.npy, .meta.json),
-  // streamed in chunks, atomically.
+  // streamed in chunks, atomically. Onto the files of an "r+" table (its own: flush(); another's: refused), as
+  // io/mapped_file_guard.h says.
   void save(const std::string& path) const;
   // save(path) unless the files at `path` already hold exactly this table: whole files whose meta records the
   // table's shape, dtype, optimizer, options and step count, and content hashes equal to those of the rows and state
@@ -125,14 +126,16 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // A new table read from a save (or from a plain 2-D .npy: rows only) straight into pinned memory. With
   // `verify`, the data must match the content hashes of the meta file.
   static c10::intrusive_ptr<PinnedEmbedding> load(const std::string& path, bool verify);
-  // A table over the files themselves, memory-mapped as numpy's mmap_mode: "r" (read-only; writes raise), "r+"
-  // (changes reach the files: call flush() at checkpoints) or "c" (copy-on-write). Nothing is copied; page-locking
-  // reads each page once (see docs/persistence.md for the limits).
+  // A table over the files themselves, memory-mapped as numpy's mmap_mode: "r" (read-only: speedtorch's writes
+  // raise, a plain torch write stays in this process's private pages), "r+" (changes reach the files: call flush()
+  // at checkpoints) or "c" (copy-on-write). Nothing is copied; page-locking reads each page once (see
+  // docs/persistence.md for the limits). Headers are read from the mappings and checked against the meta.
   static c10::intrusive_ptr<PinnedEmbedding> open(const std::string& path, const std::string& mode);
   // A zero table (and zeroed optimizer state, each in its own file) over new files at `path`, mapped as open(path,
   // "r+") maps them: numpy's open_memmap(mode="w+"). The files are sized, not written: tmpfs and most file systems
-  // store nothing until rows change. Refuses to replace existing files. Other processes may open() the same files
-  // to share the table (on a memory file system such as /dev/shm, their GPUs may write it too).
+  // store nothing until rows change. Refuses, before touching anything, when any of the three files exists; on
+  // failure removes only the files it made. Other processes may open() the same files to share the table (on a
+  // memory file system such as /dev/shm, their GPUs may write it too).
   static c10::intrusive_ptr<PinnedEmbedding> create(const std::string& path, int64_t num_rows, int64_t dim,
                                                     c10::ScalarType dtype, const std::string& optimizer,
                                                     const c10::Dict<std::string, double>& options);
@@ -143,7 +146,7 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   std::string mapping() const;
 
   // Where torch.jit.save writes this table (a "sidecar", io/embedding_files.h's files) instead of inside the model;
-  // "" (the default) keeps it inline, which tables above SPEEDTORCH_INLINE_MAX_BYTES refuse. A relative path is
+  // "" (the default) keeps it inline (above SPEEDTORCH_INLINE_MAX_BYTES with a warning). A relative path is
   // resolved against $SPEEDTORCH_SIDECAR_DIR if set, else the current directory, when saving and when loading.
   void set_sidecar(const std::string& path);
   std::string sidecar() const;

@@ -5,12 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <climits>
-#include <cstdlib>
+#include <cerrno>
+#include <cstring>
 #include <shared_mutex>
+#include <vector>
 
 #include "embedding/pinned_embedding.h"
 #include "io/embedding_files.h"
+#include "io/file_mode.h"
+#include "io/mapped_file_guard.h"
 #include "io/npy_file.h"
 #include "optim/optimizer_config.h"
 #include "transfer/host_access_tracker.h"
@@ -24,13 +27,6 @@ FileMapping mapping_of_mode(const std::string& mode) {
   if (mode == "c") return FileMapping::kCopyOnWrite;
   TORCH_CHECK(false, "PinnedEmbedding.open: mode must be 'r' (read-only), 'r+' (changes reach the file) or 'c' "
               "(copy-on-write), as numpy.load's mmap_mode; got '", mode, "'");
-}
-
-// Whether two paths name the same existing file.
-bool same_file(const std::string& a, const std::string& b) {
-  char ra[PATH_MAX];
-  char rb[PATH_MAX];
-  return realpath(a.c_str(), ra) != nullptr && realpath(b.c_str(), rb) != nullptr && std::string(ra) == rb;
 }
 
 int64_t file_size(const std::string& path) {
@@ -118,9 +114,11 @@ bool PinnedEmbedding::files_hold_table_locked(const std::string& path) const {
 }
 
 void PinnedEmbedding::save_locked(const std::string& path) const {
-  // Saving an 'r+' table onto its own files would rename new files over the mapped ones: flush them instead.
-  if (table_buffer_->mapping() == FileMapping::kReadWrite &&
-      same_file(io::embedding_paths(path).table, io::embedding_paths(files_path_).table)) {
+  // Saving an 'r+' table onto its own files would rename new files over the mapped ones: flush them instead
+  // (io/mapped_file_guard.h: the rule save_npy follows too; other data onto a mapped file is refused).
+  if (io::saves_mapped_data_itself(io::embedding_paths(path).table, table_, "PinnedEmbedding.save")) {
+    TORCH_CHECK(table_buffer_->mapping() == FileMapping::kReadWrite, "PinnedEmbedding.save: internal error: a "
+                "table matching an 'r+' mapping of ", path, " is not mapped itself");
     flush_locked();
     return;
   }
@@ -147,13 +145,8 @@ c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::load(const std::string& pat
 }
 
 c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::open(const std::string& path, const std::string& mode) {
-  const io::EmbeddingMeta meta = io::read_embedding_meta(path);
-  const io::NpyHeader header = io::read_npy_header(io::embedding_paths(path).table);
-  TORCH_CHECK(header.dtype == meta.dtype || (header.dtype == at::kUInt16 && meta.dtype == at::kBFloat16),
-              "PinnedEmbedding.open: ", io::embedding_paths(path).table, " holds ", header.descr, " data; a mapped "
-              "table is used as the file stores it, and tables are float32, float16 or bfloat16. load() converts "
-              "it, or save the array as float32");
-  return map_files(path, meta, mapping_of_mode(mode));
+  const FileMapping mapping = mapping_of_mode(mode);
+  return map_files(path, io::read_embedding_meta(path), mapping);
 }
 
 c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::create(const std::string& path, int64_t num_rows, int64_t dim,
@@ -170,15 +163,34 @@ c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::create(const std::string& p
   meta.state_width = optimizer.empty() ? 0 : state_width(optimizer, options, dim);  // validates name and options
   meta.state_beside_rows = false;  // each in a file of its own, as open() maps them
   const io::EmbeddingPaths paths = io::embedding_paths(path);
-  io::create_zero_npy(paths.table, dtype, {num_rows, dim});
+  // Refused before anything is touched when any of the three files is there (a table someone else uses, or a
+  // state or meta file that would end up beside rows it does not describe).
+  for (const std::string* file : {&paths.table, &paths.state, &paths.meta}) {
+    const int err = ::access(file->c_str(), F_OK) == 0 ? EEXIST : errno;
+    TORCH_CHECK(err == ENOENT, "PinnedEmbedding.create: cannot create ", *file, ": ", std::strerror(err),
+                " (create() makes new files only: remove the table's files first, or open it with "
+                "PinnedEmbedding.open)");
+  }
+  // Each file is created exclusively (O_EXCL), so one made by someone else in the meantime is never taken over;
+  // on failure only the files made here are removed.
+  std::vector<std::string> made;
   try {
-    if (meta.state_width > 0) io::create_zero_npy(paths.state, at::kFloat, {num_rows, meta.state_width});
+    io::create_zero_npy(paths.table, dtype, {num_rows, dim});
+    made.push_back(paths.table);
+    if (meta.state_width > 0) {
+      io::create_zero_npy(paths.state, at::kFloat, {num_rows, meta.state_width});
+      made.push_back(paths.state);
+    }
+    // The meta's name is claimed the same way; write_embedding_meta then replaces that empty file atomically.
+    const int fd = io::open_new_file(paths.meta);
+    TORCH_CHECK(fd >= 0, "PinnedEmbedding.create: cannot create ", paths.meta, ": ", std::strerror(errno));
+    ::close(fd);
+    made.push_back(paths.meta);
     auto e = map_files(path, meta, FileMapping::kReadWrite);
     io::write_embedding_meta(path, meta, e->table_, e->state_);
     return e;
   } catch (...) {  // half-made files would only be in the way of the next try
-    ::unlink(paths.table.c_str());
-    ::unlink(paths.state.c_str());
+    for (const std::string& file : made) ::unlink(file.c_str());
     throw;
   }
 }
@@ -186,20 +198,29 @@ c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::create(const std::string& p
 c10::intrusive_ptr<PinnedEmbedding> PinnedEmbedding::map_files(const std::string& path, const io::EmbeddingMeta& meta,
                                                                FileMapping mapping) {
   const io::EmbeddingPaths paths = io::embedding_paths(path);
-  const io::NpyHeader header = io::read_npy_header(paths.table);
   auto e = c10::make_intrusive<PinnedEmbedding>(int64_t{0}, meta.dim, meta.dtype);
+  // Each file's header is read from its mapping, and checked against the meta read before: a save that replaced
+  // the files in between is an error, never a view past the end of a smaller file.
   auto table_buffer = std::make_shared<PinnedHostBuffer>(paths.table, mapping, /*pin=*/true);
+  const io::NpyHeader header = io::mapped_npy_header(table_buffer->data(), table_buffer->size(), paths.table);
+  TORCH_CHECK(header.dtype == meta.dtype || (header.dtype == at::kUInt16 && meta.dtype == at::kBFloat16),
+              "PinnedEmbedding.open: ", paths.table, " holds ", header.descr, " data; a mapped table is used as the "
+              "file stores it, and tables are float32, float16 or bfloat16. load() converts it, or save the array "
+              "as float32");
+  io::check_table_header(header, meta, paths.table, paths.meta);
   e->table_ = tensor_over(table_buffer, header.data_offset, {meta.num_rows, meta.dim}, {meta.dim, 1}, meta.dtype);
   e->table_buffer_ = std::move(table_buffer);
   if (!meta.optimizer.empty()) {
     const int64_t width = state_width(meta.optimizer, meta.options, meta.dim);  // validates name and options
     TORCH_CHECK(width == meta.state_width, "PinnedEmbedding.open: ", paths.state, " holds ", meta.state_width,
                 " floats of state per row; ", meta.optimizer, " with these options keeps ", width);
-    const io::NpyHeader state_header = io::read_npy_header(paths.state);
     auto state_buffer = std::make_shared<PinnedHostBuffer>(paths.state, mapping, /*pin=*/true);
+    const io::NpyHeader state_header =
+        io::mapped_npy_header(state_buffer->data(), state_buffer->size(), paths.state);
+    io::check_state_header(state_header, meta, paths.state);
     e->state_ = tensor_over(state_buffer, state_header.data_offset, {meta.num_rows, width}, {width, 1}, at::kFloat);
     e->state_buffer_ = std::move(state_buffer);
-    e->optimizer_ = meta.optimizer;
+    e->optimizer_ = canonical_optimizer_name(meta.optimizer);  // files of older saves may name an alias
     e->options_ = meta.options.copy();
     e->step_ = meta.step;
   }

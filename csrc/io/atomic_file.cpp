@@ -11,6 +11,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "io/file_mode.h"
+#include "io/mapped_file_guard.h"
+
 namespace speedtorch::io {
 namespace {
 
@@ -20,16 +23,34 @@ std::string directory_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// A new, empty temporary beside `path` (so the rename stays within one file system, and so is atomic), unique to
+// this call: the process id and a process-wide counter name it, O_EXCL makes sure. Returns its descriptor.
+int create_temporary(const std::string& path, const std::string& what, std::string& temp_path) {
+  TORCH_CHECK(!path.empty(), what, ": the path is empty");
+  static std::atomic<uint64_t> counter{0};
+  temp_path = path + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter.fetch_add(1));
+  const int fd = open_new_file(temp_path);
+  TORCH_CHECK(fd >= 0, what, ": cannot create ", temp_path, " (beside ", path, "): ", std::strerror(errno),
+              "; the directory must exist and be writable");
+  return fd;
+}
+
+void fsync_or_throw(int fd, const std::string& file, const std::string& what) {
+  TORCH_CHECK(::fsync(fd) == 0, what, ": flushing ", file, " to disk failed: ", std::strerror(errno));
+}
+
+void rename_over(const std::string& temp_path, const std::string& path, const std::string& what) {
+  check_not_mapped_read_write(path, what);  // a mapping may have appeared while the temporary was written
+  TORCH_CHECK(::rename(temp_path.c_str(), path.c_str()) == 0, what, ": renaming ", temp_path, " to ", path,
+              " failed: ", std::strerror(errno));
+}
+
 }  // namespace
 
 AtomicFile::AtomicFile(std::string path, std::string what) : path_(std::move(path)), what_(std::move(what)) {
   TORCH_CHECK(!path_.empty(), what_, ": the path is empty");
-  static std::atomic<uint64_t> counter{0};
-  // Beside the target, so the rename stays within one file system (and so is atomic).
-  temp_path_ = path_ + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter.fetch_add(1));
-  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  TORCH_CHECK(fd_ >= 0, what_, ": cannot create ", temp_path_, " (beside ", path_, "): ", std::strerror(errno),
-              "; the directory must exist and be writable");
+  check_not_mapped_read_write(path_, what_);  // refused before anything is written
+  fd_ = create_temporary(path_, what_, temp_path_);
 }
 
 AtomicFile::~AtomicFile() {
@@ -52,7 +73,8 @@ void AtomicFile::write(const void* data, std::size_t size) {
 
 void AtomicFile::finish() {
   TORCH_CHECK(!finished_, what_, ": finish() called twice");
-  TORCH_CHECK(::fsync(fd_) == 0, what_, ": flushing ", temp_path_, " to disk failed: ", std::strerror(errno));
+  keep_mode_of(path_, fd_, what_);
+  fsync_or_throw(fd_, temp_path_, what_);
   const int rc = ::close(fd_);
   fd_ = -1;
   TORCH_CHECK(rc == 0, what_, ": closing ", temp_path_, " failed: ", std::strerror(errno));
@@ -62,8 +84,7 @@ void AtomicFile::finish() {
 void AtomicFile::commit(bool sync_directory) {
   TORCH_CHECK(finished_, what_, ": commit() before finish()");
   TORCH_CHECK(!committed_, what_, ": commit() called twice");
-  TORCH_CHECK(::rename(temp_path_.c_str(), path_.c_str()) == 0, what_, ": renaming ", temp_path_, " to ", path_,
-              " failed: ", std::strerror(errno));
+  rename_over(temp_path_, path_, what_);
   committed_ = true;
   if (sync_directory) sync_directory_of(path_);
 }
@@ -83,6 +104,28 @@ void sync_directory_of(const std::string& path) {
   const int err = errno;
   ::close(dir);
   check_directory_sync(directory, rc, err);
+}
+
+std::string create_temporary_beside(const std::string& path, const std::string& what) {
+  check_not_mapped_read_write(path, what);
+  std::string temp_path;
+  ::close(create_temporary(path, what, temp_path));
+  return temp_path;
+}
+
+void replace_file(const std::string& temporary, const std::string& path, const std::string& what) {
+  const int fd = ::open(temporary.c_str(), O_RDONLY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, what, ": cannot open ", temporary, ": ", std::strerror(errno));
+  try {
+    keep_mode_of(path, fd, what);
+    fsync_or_throw(fd, temporary, what);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  rename_over(temporary, path, what);
+  sync_directory_of(path);
 }
 
 void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what) {

@@ -85,6 +85,8 @@ std::string hash_member(const MetaJson& meta, const std::string& key, const std:
   return h;
 }
 
+}  // namespace
+
 // The descr a table of `dtype` is stored with must be the file's (bfloat16 travels as raw uint16 bits).
 void check_table_header(const NpyHeader& h, const EmbeddingMeta& meta, const std::string& file,
                         const std::string& meta_file) {
@@ -102,6 +104,8 @@ void check_state_header(const NpyHeader& h, const EmbeddingMeta& meta, const std
               c10::IntArrayRef(h.shape), "; the optimizer state of this table is float32 of shape (", meta.num_rows,
               ", ", meta.state_width, ") (files from different saves?)");
 }
+
+namespace {
 
 // The content of a JSON value as bytes that do not depend on how to_meta_json lays it out (indentation, number
 // notation, which may change between versions): kinds, exact number bits (every number as the double it reads as,

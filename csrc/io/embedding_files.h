@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <string>
 
+#include "io/npy_file.h"
+
 namespace speedtorch::io {
 
 struct EmbeddingPaths {
@@ -55,6 +57,12 @@ EmbeddingMeta save_embedding_files(const std::string& path, const at::Tensor& ta
 
 // Reads the meta file (or, without one, describes the plain .npy table) and checks the .npy headers against it.
 EmbeddingMeta read_embedding_meta(const std::string& path);
+
+// Check a .npy header (`file`'s) against what the meta says the table's rows file / optimizer state file hold:
+// shape and stored type; an error names both files ("files from different saves?").
+void check_table_header(const NpyHeader& h, const EmbeddingMeta& meta, const std::string& file,
+                        const std::string& meta_file);
+void check_state_header(const NpyHeader& h, const EmbeddingMeta& meta, const std::string& file);
 
 // Streams the files into `table` and `state` (shapes as the meta; `state` undefined when there is no optimizer),
 // checking the content hashes against the meta when `verify`.

@@ -13,6 +13,8 @@
 #include <limits>
 #include <sstream>
 
+#include "io/file_mode.h"
+#include "io/mapped_file_guard.h"
 #include "io/message_text.h"
 #include "io/progress_meter.h"
 #include "memory/pinned_host_buffer.h"
@@ -215,6 +217,17 @@ at::Tensor staging_for(const at::Tensor& like_rows, c10::ScalarType dtype, int64
   return at::empty(sizes, at::TensorOptions().dtype(dtype));
 }
 
+// The file must hold exactly the data its header announces.
+void check_npy_file_size(const NpyHeader& h, int64_t file_size, const std::string& path) {
+  const int64_t expected = h.data_offset + h.data_bytes();
+  TORCH_CHECK(file_size >= expected, "speedtorch npy: ", path, " is truncated: its header announces ",
+              h.data_bytes(), " bytes of data (shape ", c10::IntArrayRef(h.shape), ", ", h.descr, ") but the file "
+              "holds only ", file_size - h.data_offset, " (was a save interrupted?)");
+  TORCH_CHECK(file_size == expected, "speedtorch npy: ", path, " has ", file_size - expected,
+              " bytes after the data its header announces (shape ", c10::IntArrayRef(h.shape), ", ", h.descr,
+              "); the header does not describe this file");
+}
+
 }  // namespace
 
 int64_t NpyHeader::numel() const {
@@ -299,17 +312,15 @@ NpyHeader parse_npy_header(const char* bytes, std::size_t size, const std::strin
   return h;
 }
 
-NpyHeader read_npy_header(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TORCH_CHECK(fd >= 0, "speedtorch npy: cannot open ", path, ": ", std::strerror(errno));
+namespace {
+
+// The header of the file open on `fd` (named `path` in errors), read and validated through that descriptor.
+NpyHeader read_npy_header_of(int fd, const std::string& path) {
   struct stat st {};
   std::string head(kMagicLen + 2 + 4, '\0');
   const ssize_t got = ::pread(fd, head.data(), head.size(), 0);
   const int err = errno;
-  if (got < 0 || ::fstat(fd, &st) != 0) {
-    ::close(fd);
-    TORCH_CHECK(false, "speedtorch npy: cannot read ", path, ": ", std::strerror(err));
-  }
+  TORCH_CHECK(got >= 0 && ::fstat(fd, &st) == 0, "speedtorch npy: cannot read ", path, ": ", std::strerror(err));
   head.resize(static_cast<std::size_t>(got));
   // The first bytes give the header's length; then read the whole header.
   std::size_t need = head.size();
@@ -328,15 +339,29 @@ NpyHeader read_npy_header(const std::string& path) {
     const ssize_t more = ::pread(fd, head.data(), need, 0);
     head.resize(more < 0 ? 0 : static_cast<std::size_t>(more));
   }
-  ::close(fd);
   NpyHeader h = parse_npy_header(head.data(), head.size(), path);
-  const int64_t expected = h.data_offset + h.data_bytes();
-  TORCH_CHECK(st.st_size >= expected, "speedtorch npy: ", path, " is truncated: its header announces ",
-              h.data_bytes(), " bytes of data (shape ", c10::IntArrayRef(h.shape), ", ", h.descr, ") but the file "
-              "holds only ", st.st_size - h.data_offset, " (was a save interrupted?)");
-  TORCH_CHECK(st.st_size == expected, "speedtorch npy: ", path, " has ", st.st_size - expected,
-              " bytes after the data its header announces (shape ", c10::IntArrayRef(h.shape), ", ", h.descr,
-              "); the header does not describe this file");
+  check_npy_file_size(h, st.st_size, path);
+  return h;
+}
+
+}  // namespace
+
+NpyHeader read_npy_header(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "speedtorch npy: cannot open ", path, ": ", std::strerror(errno));
+  try {
+    NpyHeader h = read_npy_header_of(fd, path);
+    ::close(fd);
+    return h;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
+NpyHeader mapped_npy_header(const void* bytes, std::size_t size, const std::string& name) {
+  NpyHeader h = parse_npy_header(static_cast<const char*>(bytes), size, name);
+  check_npy_file_size(h, static_cast<int64_t>(size), name);
   return h;
 }
 
@@ -411,13 +436,19 @@ void NpyWriter::commit(bool sync_directory) { file_.commit(sync_directory); }
 
 // --- NpyReader ------------------------------------------------------------------------------------------------
 
-NpyReader::NpyReader(std::string path, int64_t chunk_bytes)
-    : path_(std::move(path)), header_(read_npy_header(path_)), chunk_bytes_(chunk_bytes) {
+NpyReader::NpyReader(std::string path, int64_t chunk_bytes) : path_(std::move(path)), chunk_bytes_(chunk_bytes) {
   TORCH_CHECK(chunk_bytes_ > 0, "speedtorch.load_npy: chunk_bytes must be > 0, got ", chunk_bytes_);
+  // Opened once: the header and the data come from one file, even when a save replaces the path meanwhile.
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  TORCH_CHECK(fd_ >= 0, "speedtorch npy: cannot open ", path_, ": ", std::strerror(errno));
+  try {
+    header_ = read_npy_header_of(fd_, path_);
+  } catch (...) {  // a constructor that throws runs no destructor
+    ::close(fd_);
+    throw;
+  }
   rows_total_ = header_.shape.empty() ? 1 : header_.shape[0];
   row_bytes_ = trailing_numel(header_.shape) * static_cast<int64_t>(c10::elementSize(header_.dtype));
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  TORCH_CHECK(fd_ >= 0, "speedtorch.load_npy: cannot open ", path_, ": ", std::strerror(errno));
   (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
 }
 
@@ -491,6 +522,13 @@ uint64_t save_npy(const at::Tensor& tensor, const std::string& path) {
   if (tensor.device().is_cpu() && tensor.numel() > 0) {
     wait_for_uva_conflicts(tensor.storage().data(), UvaAccess::kRead);
   }
+  // Onto the file this very tensor maps read-write: written back in place, not replaced (io/mapped_file_guard.h).
+  if (saves_mapped_data_itself(path, tensor, "speedtorch.save_npy")) {
+    flush_file_mapping_holding(tensor.data_ptr());
+    ContentHasher hasher;
+    hasher.update(tensor.data_ptr(), static_cast<std::size_t>(tensor.nbytes()));
+    return hasher.digest();
+  }
   NpyWriter writer(path, tensor.scalar_type(), tensor.sizes().vec());
   writer.write(tensor);
   const uint64_t hash = writer.finish();
@@ -522,7 +560,7 @@ NpyHeader create_zero_npy(const std::string& path, c10::ScalarType dtype, c10::I
   const std::string header = encode_npy_header(dtype, shape);
   NpyHeader h = parse_npy_header(header.data(), header.size(), path);
   // O_EXCL: never truncate a file someone else's table lives in.
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  const int fd = open_new_file(path);
   TORCH_CHECK(fd >= 0, "speedtorch: cannot create ", path, ": ", std::strerror(errno),
               errno == EEXIST ? " (remove it first, or open it with PinnedEmbedding.open)" : "");
   const bool ok = ::write(fd, header.data(), header.size()) == static_cast<ssize_t>(header.size()) &&

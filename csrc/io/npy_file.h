@@ -54,6 +54,10 @@ NpyHeader parse_npy_header(const char* bytes, std::size_t size, const std::strin
 // announces (a shorter file is reported as truncated).
 NpyHeader read_npy_header(const std::string& path);
 
+// The same for a file mapped in memory (`bytes`: the whole file, `size` bytes): a mapping is described by its own
+// bytes, never by an earlier read of the path, which a save may have replaced in between.
+NpyHeader mapped_npy_header(const void* bytes, std::size_t size, const std::string& name);
+
 // Writes one .npy file through a temporary beside `path`: write() the rows in order, finish() to flush them to
 // disk, commit() to rename the file into place. Destroyed before commit(), the temporary is removed and the target
 // is untouched.

@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <iterator>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -31,11 +32,12 @@
 namespace speedtorch {
 namespace {
 
-// Every buffer whose memory some writer must not write, by begin: mode 'r' mappings (the CPU faults on a write,
-// and GPUs may only read them), pinned or not, and 'r+' mappings that GPUs were allowed to pin for reads only.
+// Every buffer whose memory some writer must not write, by begin: mode 'r' mappings (speedtorch's operators refuse
+// to write them, and GPUs may only read them), pinned or not, and 'r+' mappings that GPUs were allowed to pin for
+// reads only.
 struct ReadOnlyRange {
   std::uintptr_t end;
-  bool host_writes_fault;  // true: nobody may write (mode 'r'); false: only GPUs may not
+  bool host_writes_refused;  // true: nobody may write (mode 'r'); false: only GPUs may not
 };
 std::mutex read_only_ranges_mutex;
 std::map<std::uintptr_t, ReadOnlyRange>& read_only_ranges() {
@@ -43,10 +45,10 @@ std::map<std::uintptr_t, ReadOnlyRange>& read_only_ranges() {
   return *ranges;
 }
 
-void add_read_only_range(const void* data, std::size_t bytes, bool host_writes_fault) {
+void add_read_only_range(const void* data, std::size_t bytes, bool host_writes_refused) {
   const auto begin = reinterpret_cast<std::uintptr_t>(data);
   std::lock_guard<std::mutex> lock(read_only_ranges_mutex);
-  read_only_ranges()[begin] = ReadOnlyRange{begin + bytes, host_writes_fault};
+  read_only_ranges()[begin] = ReadOnlyRange{begin + bytes, host_writes_refused};
 }
 
 void remove_read_only_range(const void* data) {
@@ -66,21 +68,70 @@ std::optional<ReadOnlyRange> read_only_range_of(const void* ptr) {
   return it->second;
 }
 
+// Every live read-write (mode 'r+') file mapping, by begin: which file it maps (device and inode, so that any name
+// of the file finds it), for the guard against saves replacing a mapped file (io/mapped_file_guard.h).
+struct ReadWriteMapping {
+  std::uintptr_t end;
+  dev_t device;
+  ino_t inode;
+};
+std::mutex read_write_mappings_mutex;
+std::map<std::uintptr_t, ReadWriteMapping>& read_write_mappings() {
+  static auto* mappings = new std::map<std::uintptr_t, ReadWriteMapping>();  // as read_only_ranges()
+  return *mappings;
+}
+
+void remove_read_write_mapping(const void* data) {
+  std::lock_guard<std::mutex> lock(read_write_mappings_mutex);
+  read_write_mappings().erase(reinterpret_cast<std::uintptr_t>(data));
+}
+
 }  // namespace
 
 bool is_device_read_only_host_memory(const void* ptr) { return read_only_range_of(ptr).has_value(); }
 
 bool is_read_only_host_memory(const void* ptr) {
   const std::optional<ReadOnlyRange> range = read_only_range_of(ptr);
-  return range.has_value() && range->host_writes_fault;
+  return range.has_value() && range->host_writes_refused;
 }
 
 void check_host_memory_writable(const at::Tensor& tensor, const char* op, const char* arg) {
   if (!tensor.defined() || !tensor.is_cpu() || tensor.numel() == 0) return;
   TORCH_CHECK(!is_read_only_host_memory(tensor.storage().data()), op, ": ", arg, " is a read-only file mapping "
-              "(speedtorch.data.open_npy / speedtorch.map_npy / PinnedEmbedding.open with mode 'r'): writing it "
-              "would crash the process. Open the file with mode 'r+' (changes reach the file) or 'c' "
-              "(copy-on-write), or load it into memory");
+              "(speedtorch.data.open_npy / speedtorch.map_npy / PinnedEmbedding.open with mode 'r'): a write would "
+              "never reach the file, and GPUs might not see it. Open the file with mode 'r+' (changes reach the "
+              "file) or 'c' (copy-on-write), or load it into memory");
+}
+
+std::vector<FileMappingRange> read_write_mappings_of_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  std::vector<FileMappingRange> out;
+  std::lock_guard<std::mutex> lock(read_write_mappings_mutex);
+  for (const auto& [begin, mapping] : read_write_mappings()) {
+    if (mapping.device == st.st_dev && mapping.inode == st.st_ino) {
+      out.push_back({reinterpret_cast<const void*>(begin), static_cast<std::size_t>(mapping.end - begin)});
+    }
+  }
+  return out;
+}
+
+void flush_file_mapping_holding(const void* ptr) {
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  std::uintptr_t begin = 0;
+  std::uintptr_t end = 0;
+  {
+    std::lock_guard<std::mutex> lock(read_write_mappings_mutex);
+    const auto& mappings = read_write_mappings();
+    auto it = mappings.upper_bound(p);
+    TORCH_CHECK(it != mappings.begin() && p < std::prev(it)->second.end, "speedtorch: no read-write file mapping "
+                "holds the memory to flush");
+    begin = std::prev(it)->first;
+    end = std::prev(it)->second.end;
+  }
+  // The caller holds a tensor of the mapping, so it stays mapped while it is written back.
+  TORCH_CHECK(msync(reinterpret_cast<void*>(begin), end - begin, MS_SYNC) == 0, "speedtorch: writing a mapped file "
+              "back (msync) failed: ", std::strerror(errno));
 }
 
 bool cuda_device_available() {
@@ -129,7 +180,8 @@ PinnedHostBuffer::PinnedHostBuffer(std::size_t bytes, bool pin_now) : size_(byte
 PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping, bool pin_now)
     : mapping_(mapping), path_(path) {
   TORCH_CHECK(mapping != FileMapping::kNone, "speedtorch: a file-backed buffer needs a mapping mode");
-  const bool writable = mapping != FileMapping::kReadOnly;
+  // One descriptor, opened once: the caller reads the header from the memory mapped here, never from another open
+  // of the path, which a save may have replaced in between.
   const int fd = ::open(path.c_str(), (mapping == FileMapping::kReadWrite ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   TORCH_CHECK(fd >= 0, "speedtorch: cannot open ", path, " to map it: ", std::strerror(errno),
               mapping == FileMapping::kReadWrite && errno == EACCES ? " (mode 'r+' needs write permission)" : "");
@@ -142,8 +194,10 @@ PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping,
   size_ = static_cast<std::size_t>(st.st_size);
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   mapped_size_ = (size_ + page - 1) / page * page;
-  void* p = mmap(nullptr, mapped_size_, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                 mapping == FileMapping::kCopyOnWrite ? MAP_PRIVATE : MAP_SHARED, fd, 0);
+  // Mode 'r' maps private pages, as torch.load(mmap=True) does: torch has no read-only tensors, and a write into a
+  // PROT_READ mapping is a SIGSEGV that kills the process; here it changes this process's copy of the page only.
+  void* p = mmap(nullptr, mapped_size_, PROT_READ | PROT_WRITE,
+                 mapping == FileMapping::kReadWrite ? MAP_SHARED : MAP_PRIVATE, fd, 0);
   const int err = errno;
   // Linux lets GPUs pin shared file pages for writing only on memory filesystems (others must be able to write
   // pages back at any time): elsewhere an 'r+' mapping is registered read-only from the start.
@@ -152,8 +206,13 @@ PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping,
   ::close(fd);  // the mapping keeps the file
   TORCH_CHECK(p != MAP_FAILED, "speedtorch: could not map ", path, " (mmap: ", std::strerror(err), ")");
   data_ = p;
-  // Known from the start, pinned or not: the operators refuse to write it (the CPU would fault) before they try.
-  if (mapping == FileMapping::kReadOnly) add_read_only_range(data_, mapped_size_, /*host_writes_fault=*/true);
+  // Known from the start, pinned or not: the operators refuse to write it before they try.
+  if (mapping == FileMapping::kReadOnly) add_read_only_range(data_, mapped_size_, /*host_writes_refused=*/true);
+  if (mapping == FileMapping::kReadWrite) {
+    std::lock_guard<std::mutex> lock(read_write_mappings_mutex);
+    read_write_mappings()[reinterpret_cast<std::uintptr_t>(data_)] =
+        ReadWriteMapping{reinterpret_cast<std::uintptr_t>(data_) + size_, st.st_dev, st.st_ino};
+  }
   if (pin_now) pin_or_unmap();
 }
 
@@ -168,6 +227,7 @@ void PinnedHostBuffer::pin_or_unmap() {
     pin();
   } catch (...) {  // a constructor that throws runs no destructor: release the mapping here
     remove_read_only_range(data_);
+    remove_read_write_mapping(data_);
     munmap(data_, mapped_size_);
     data_ = nullptr;
     throw;
@@ -185,7 +245,9 @@ void PinnedHostBuffer::pin() {
   at::globalContext().lazyInitCUDA();
 #endif
   unsigned flags = cudaHostRegisterMapped | cudaHostRegisterPortable;
-  // A read-only file mapping cannot be pinned for writing: the GPU gets it read-only too.
+  // A read-only file mapping is registered read-only for the GPU too. Its pages are private (MAP_PRIVATE): Linux 6.5
+  // and later copy each one into this process as they pin it long-term (GPU and CPU then share the copy); older
+  // kernels pin the page cache's page, and a CPU write then gets a private copy that GPUs do not see.
   // Shared file pages outside memory filesystems cannot be pinned for writing (the kernel must be able to write
   // them back while pinned): GPUs then read the table, and writes go through the CPU.
   bool read_only = mapping_ == FileMapping::kReadOnly || (mapping_ == FileMapping::kReadWrite && !gpu_writable_file_);
@@ -195,6 +257,12 @@ void PinnedHostBuffer::pin() {
     (void)cudaGetLastError();  // a kernel stricter than its filesystem suggests: fall back to reads only
     read_only = true;
     err = cudaHostRegister(data_, mapped_size_, flags | cudaHostRegisterReadOnly);
+  }
+  if (err != cudaSuccess && mapping_ == FileMapping::kReadOnly) {
+    // Mode 'r' maps private pages: should a driver refuse to pin them read-only, a writable pin serves GPU reads as
+    // well (each page is copied into this process, as for 'c'); GPU writes stay refused by the operators.
+    (void)cudaGetLastError();
+    err = cudaHostRegister(data_, mapped_size_, flags & ~cudaHostRegisterReadOnly);
   }
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
@@ -208,7 +276,7 @@ void PinnedHostBuffer::pin() {
   device_read_only_ = read_only;
   // A mode 'r' mapping is registered from its construction; an 'r+' one becomes read-only for GPUs only here.
   if (read_only && mapping_ != FileMapping::kReadOnly) {
-    add_read_only_range(data_, mapped_size_, /*host_writes_fault=*/false);
+    add_read_only_range(data_, mapped_size_, /*host_writes_refused=*/false);
   }
 #endif
 }
@@ -240,6 +308,7 @@ void PinnedHostBuffer::discard(std::size_t offset, std::size_t bytes) {
 PinnedHostBuffer::~PinnedHostBuffer() {
   if (data_ == nullptr) return;
   remove_read_only_range(data_);  // the address range may be reused by writable memory next
+  remove_read_write_mapping(data_);
 #ifdef SPEEDTORCH_WITH_CUDA
   if (pinned_) {
     // UVA kernels still queued on the memory (a table dropped right after a scatter_ from the GPU, or after an
@@ -269,6 +338,27 @@ at::Tensor tensor_over(const std::shared_ptr<PinnedHostBuffer>& buffer, int64_t 
                        at::IntArrayRef strides, c10::ScalarType dtype) {
   TORCH_CHECK(offset_bytes >= 0 && static_cast<std::size_t>(offset_bytes) <= buffer->size(),
               "speedtorch: view offset ", offset_bytes, " outside a buffer of ", buffer->size(), " bytes");
+  TORCH_CHECK(sizes.size() == strides.size(), "speedtorch: a view needs one stride per size, got sizes ", sizes,
+              " and strides ", strides);
+  // The last byte the view reaches must lie in the buffer: a view past its end (a file that shrank between reading
+  // its header and mapping it) would fault on the first read there.
+  uint64_t extent = 1;  // elements, up to and including the last one
+  bool empty = false;
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    TORCH_CHECK(sizes[d] >= 0 && strides[d] >= 0, "speedtorch: a view of host memory has non-negative sizes and "
+                "strides, got sizes ", sizes, " and strides ", strides);
+    empty = empty || sizes[d] == 0;
+    if (sizes[d] > 0) {
+      const uint64_t step = static_cast<uint64_t>(sizes[d] - 1) * static_cast<uint64_t>(strides[d]);
+      TORCH_CHECK(strides[d] == 0 || step / static_cast<uint64_t>(strides[d]) == static_cast<uint64_t>(sizes[d] - 1),
+                  "speedtorch: a view of sizes ", sizes, " and strides ", strides, " overflows");
+      extent += step;
+    }
+  }
+  const uint64_t available = (buffer->size() - static_cast<std::size_t>(offset_bytes)) / c10::elementSize(dtype);
+  TORCH_CHECK(empty || extent <= available, "speedtorch: a view of sizes ", sizes, " and strides ", strides,
+              " (", dtype, ") from byte ", offset_bytes, " reaches past the end of a buffer of ", buffer->size(),
+              " bytes (the file is shorter than its header says?)");
   void* data = static_cast<char*>(buffer->data()) + offset_bytes;
   return at::from_blob(
       data, sizes, strides, [keep = buffer](void*) mutable { keep.reset(); },

@@ -23,7 +23,9 @@ namespace speedtorch {
 // How a file-backed buffer maps its file (numpy.load's mmap_mode names in brackets).
 enum class FileMapping {
   kNone,         // anonymous memory, no file
-  kReadOnly,     // ("r") MAP_SHARED, PROT_READ: writing the memory faults; registered read-only with CUDA
+  kReadOnly,     // ("r") MAP_PRIVATE, as torch.load(mmap=True): speedtorch's writing operators refuse it, and a
+                 // plain torch write changes this process's copy of the page only, never the file (it never
+                 // faults); registered read-only with CUDA, so GPU reads may not see such a write
   kReadWrite,    // ("r+") MAP_SHARED: writes reach the file (the kernel writes dirty pages back; flush() forces it).
                  // Linux lets GPUs pin shared file pages for writing only on tmpfs: elsewhere (ext4, xfs, ...)
                  // the pages are registered read-only (is_device_read_only()).
@@ -90,6 +92,7 @@ at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype);
 
 // A tensor viewing `buffer` from `offset_bytes` with the given sizes and strides (in elements); it keeps the buffer
 // alive. Several such views may share one buffer (e.g. a table's rows and their optimizer state side by side).
+// Throws c10::Error unless every element lies within the buffer's size() bytes.
 at::Tensor tensor_over(const std::shared_ptr<PinnedHostBuffer>& buffer, int64_t offset_bytes, at::IntArrayRef sizes,
                        at::IntArrayRef strides, c10::ScalarType dtype);
 
@@ -112,5 +115,19 @@ bool is_read_only_host_memory(const void* ptr);
 // Throws c10::Error naming `op` and `arg` when `tensor` is host memory mapped read-only (is_read_only_host_memory).
 // Every operator that writes a caller's tensor calls it before writing.
 void check_host_memory_writable(const at::Tensor& tensor, const char* op, const char* arg);
+
+// The memory of one live file mapping: `size` bytes, the whole file, from `data`.
+struct FileMappingRange {
+  const void* data;
+  std::size_t size;
+};
+
+// The read-write (kReadWrite) mappings this process holds of the file `path` names (the same device and inode,
+// whatever the name): what io/mapped_file_guard.h guards. Empty when `path` does not exist.
+std::vector<FileMappingRange> read_write_mappings_of_file(const std::string& path);
+
+// Writes the dirty pages of the read-write file mapping holding `ptr` back to its file and waits for the disk
+// (msync), as PinnedHostBuffer::flush does. Throws c10::Error when `ptr` lies in no such mapping.
+void flush_file_mapping_holding(const void* ptr);
 
 }  // namespace speedtorch

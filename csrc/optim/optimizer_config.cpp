@@ -57,6 +57,10 @@ const char* optimizer_name(OptimizerKind kind) {
   return "unknown";
 }
 
+std::string canonical_optimizer_name(const std::string& kind) {
+  return optimizer_name(parse_optimizer(kind, c10::Dict<std::string, double>()).kind);
+}
+
 namespace {
 
 // The kind `kind_name` names (sparse_adam: adam, flagged), or an error listing the known ones.

@@ -23,4 +23,9 @@ c10::Dict<std::string, double> optimizer_defaults(const std::string& kind);
 // The canonical name of a kind ("adam", ...).
 const char* optimizer_name(OptimizerKind kind);
 
+// The one name an optimizer is known by, whatever name it was given ("Adam", "sparse_adam" and "SparseAdam" are
+// "adam"): what tables report, files and checkpoints record, and every comparison of optimizers uses. Throws for
+// an unknown name, as parse_optimizer does.
+std::string canonical_optimizer_name(const std::string& kind);
+
 }  // namespace speedtorch

@@ -2,8 +2,6 @@
 #include "optim/row_optimizer.h"
 
 #include <ATen/ops/_unique2.h>
-#include <ATen/ops/le.h>
-#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
@@ -14,6 +12,7 @@
 #include "transfer/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include "optim/row_optimizer_cuda.h"
+#include "transfer/device_access.h"
 #endif
 
 namespace speedtorch {
@@ -64,17 +63,18 @@ void check_row_optimizer_arguments(const at::Tensor& weights, const at::Tensor& 
 IndexSpan check_sorted_unique_indices(const at::Tensor& indices, int64_t num_rows, const char* op) {
   const at::Tensor flat = indices.reshape({-1});
   if (flat.is_cpu()) return check_sorted_unique_index_tensor(flat.contiguous(), num_rows, op);
-  const int64_t n = flat.numel();
-  if (n == 0) return IndexSpan{};
-  const at::Tensor out_of_order = n > 1 ? at::le(flat.narrow(0, 1, n - 1), flat.narrow(0, 0, n - 1)).sum()
-                                        : at::zeros({}, flat.options().dtype(at::kLong));
-  const at::Tensor read = at::stack({flat[0].to(at::kLong), flat[n - 1].to(at::kLong), out_of_order.to(at::kLong)})
-                              .cpu();
-  const int64_t* v = read.const_data_ptr<int64_t>();
-  if (v[2] != 0 || v[0] < 0 || v[1] >= num_rows) {
-    check_sorted_unique_index_tensor(flat.cpu().contiguous(), num_rows, op);  // throws with the position
+  if (flat.numel() == 0) return IndexSpan{};
+#ifdef SPEEDTORCH_WITH_CUDA
+  // One summary kernel and one wait (transfer/device_access.h); the host words the error.
+  const at::Tensor contiguous = flat.contiguous();
+  const IndexSummary summary = summarize_cuda_indices(contiguous);
+  if (summary.first_not_increasing >= 0 || summary.min < 0 || summary.max >= num_rows) {
+    check_sorted_unique_index_tensor(contiguous.cpu(), num_rows, op);  // throws with the position
   }
-  return IndexSpan{v[0], v[1]};
+  return IndexSpan{summary.min, summary.max};
+#else
+  TORCH_CHECK(false, op, ": this speedtorch library was built without CUDA");
+#endif
 }
 
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,

@@ -63,9 +63,10 @@ void step_gpu_resident_table(const at::Tensor& weights, const at::Tensor& state,
                              const OptimizerHyper& hyper, int64_t global_step, int device, cudaStream_t stream) {
   const OptimizerRows rows =
       optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()), state.data_ptr<float>());
+  const TransferConfig config = transfer_config();
   launch_row_optimizer(rows, hyper, global_step, batch.rows.const_data_ptr<int64_t>(),
-                       batch.grads.const_data_ptr<float>(), batch.count(), full_grid(device),
-                       transfer_config().optimizer_vec4, stream);
+                       batch.grads.const_data_ptr<float>(), batch.count(), device_table_launch(device, config),
+                       config.optimizer_vec4, device_index_error_record(device), stream);
   metrics::add_optimizer_rows(metrics::OptimizerRoute::kGpuTable, batch.count());
 }
 
@@ -108,13 +109,14 @@ CpuShare cpu_share_after_earlier_uva_work(const at::Tensor& weights, const at::T
 }
 
 void launch_uva_share(const at::Tensor& weights, const at::Tensor& state, const DistinctRows& batch,
-                      const OptimizerHyper& hyper, int64_t global_step, int64_t uva_rows, int max_blocks,
-                      const c10::cuda::CUDAStream& stream, const char* op) {
+                      const OptimizerHyper& hyper, int64_t global_step, int64_t uva_rows,
+                      const TransferConfig& config, const c10::cuda::CUDAStream& stream, const char* op) {
   const OptimizerRows rows = optimizer_rows(weights, state, mapped_address(weights, op, "weights"),
                                             reinterpret_cast<float*>(mapped_address(state, op, "state")));
+  const int device = stream.device_index();
   launch_row_optimizer(rows, hyper, global_step, batch.rows.const_data_ptr<int64_t>(),
-                       batch.grads.const_data_ptr<float>(), uva_rows, max_blocks, transfer_config().optimizer_vec4,
-                       stream.stream());
+                       batch.grads.const_data_ptr<float>(), uva_rows, uva_launch(device, config),
+                       config.optimizer_vec4, device_index_error_record(device), stream.stream());
   note_uva_use(weights, UvaAccess::kWrite, stream);
   if (state.storage().data() != weights.storage().data()) note_uva_use(state, UvaAccess::kWrite, stream);
 }
@@ -129,8 +131,7 @@ void step_pinned_table(const at::Tensor& weights, const at::Tensor& state, const
   CpuShare cpu;
   if (plan.staged_rows > 0) cpu = cpu_share_after_earlier_uva_work(weights, state, batch, plan);
   if (plan.uva_rows > 0) {
-    launch_uva_share(weights, state, batch, hyper, global_step, plan.uva_rows, uva_max_blocks(device, config),
-                     stream, op);
+    launch_uva_share(weights, state, batch, hyper, global_step, plan.uva_rows, config, stream, op);
   }
   if (plan.staged_rows > 0) {  // runs while the kernel updates the other share
     const OptimizerRows rows =

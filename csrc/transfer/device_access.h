@@ -9,16 +9,21 @@
 #include <optional>
 
 #include "cpu/index_range_check.h"
+#include "cuda/index_summary_kernel.h"
+#include "cuda/row_kernels.h"
 #include "transfer/host_access_tracker.h"
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {
 
 int sm_count(int device);
-// A full machine of resident 256-thread blocks: the grid for kernels over device memory.
+// A full machine of resident 256-thread blocks: the grid for helper kernels over device memory (sorts, masks).
 int full_grid(int device);
-// The grid cap for kernels over pinned host memory (transfer_policy.h, uva_blocks_per_sm).
-int uva_max_blocks(int device, const TransferConfig& config);
+// How the row kernels are launched over pinned host memory (transfer_policy.h: uva_blocks_per_sm blocks on each of
+// at most max_sms SMs, uva_rows_in_flight rows in flight) and over device memory (a full machine of blocks on at
+// most max_sms SMs, one row in flight: HBM's latency needs no more).
+RowLaunch uva_launch(int device, const TransferConfig& config);
+RowLaunch device_table_launch(int device, const TransferConfig& config);
 
 // Whether `stream` is being captured into a CUDA graph. A captured op may enqueue GPU work only: no wait for the
 // GPU, no event query, no host copy of device data, no work done by the calling thread (a replay skips it).
@@ -35,17 +40,24 @@ char* mapped_address(const at::Tensor& host, const char* op, const char* arg);
 // their events during capture is not allowed); ordering replays with host access is the replaying caller's part.
 void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUDAStream& stream);
 
-// Indices on `device`, copied asynchronously (through pinned memory) when they are on the host.
+// Indices on `device`, copied asynchronously when they are on the host, through a pinned copy taken at the call
+// (so that changing the caller's tensor afterwards, pinned or not, cannot change what the kernels read).
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device);
 
 // Validates indices before anything is launched and returns their span: on the host for CPU indices; for CUDA
-// indices with one small reduction and a wait for `stream` (the indices come to the host only to name a bad one).
-// Both end in cpu/index_range_check.h (check_index_tensor), which words the error.
+// indices with one one-block summary kernel (cuda/index_summary_kernel.h) and a wait for the indices' stream (the
+// indices come to the host only to name a bad one). Both end in cpu/index_range_check.h (check_index_tensor), which
+// words the error. `sorted`, when given, says whether CUDA indices are non-decreasing (a UVA share then needs no
+// locality sort; false when unknown).
 // Returns nothing in deferred mode or while `stream` is captured into a CUDA graph: no wait is allowed there, the
 // kernels check instead and the error is raised later (cuda/device_index_error.h). CPU indices are refused under
 // capture: the graph would replay their copy to the GPU from a temporary host buffer.
 std::optional<IndexSpan> validate_indices(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream,
-                                          const char* op);
+                                          const char* op, bool* sorted = nullptr);
+
+// The summary of CUDA indices (flat, contiguous, not empty), computed on their device's current stream and waited
+// for.
+IndexSummary summarize_cuda_indices(const at::Tensor& flat);
 
 // Bytes of a table (num_rows rows, row_stride_bytes apart) that a batch touches: the span of its indices when
 // known, else the whole table.

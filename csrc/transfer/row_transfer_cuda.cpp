@@ -15,6 +15,7 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -30,6 +31,7 @@
 #include "metrics/transfer_counters.h"
 #include "transfer/device_access.h"
 #include "transfer/host_access_tracker.h"
+#include "transfer/split_calibration.h"
 #include "transfer/staging_ring.h"
 #include "transfer/transfer_policy.h"
 
@@ -48,12 +50,15 @@ struct UvaShare {
 };
 
 UvaShare uva_share(const at::Tensor& dev_idx, int64_t count, const at::Tensor& table, int64_t footprint,
-                   const TransferConfig& config, int device, cudaStream_t stream) {
+                   bool sorted, const TransferConfig& config, int device, cudaStream_t stream) {
   UvaShare share;
   share.view = GpuIndices{dev_idx.const_data_ptr(), dev_idx.scalar_type() == at::kLong, count, nullptr};
-  if (!config.sort_uva_indices || footprint <= config.uva_reach_bytes || count < kMinSortedRows) return share;
+  if (sorted || !config.sort_uva_indices || footprint <= config.uva_reach_bytes || count < kMinSortedRows) {
+    return share;
+  }
   const LocalitySortPlan plan =
-      plan_locality_sort(share.view, table.size(0), table.stride(0) * table.element_size());
+      plan_locality_sort(share.view, table.size(0), table.stride(0) * table.element_size(),
+                         config.uva_sort_bucket_bytes);
   const auto on_device = dev_idx.options();
   share.sorted = at::empty({count}, on_device);
   share.positions = at::empty({count}, on_device.dtype(at::kLong));
@@ -143,29 +148,79 @@ struct PinnedTransfer {
   TransferConfig config;
   int64_t footprint = 0;  // table bytes the batch spans (the whole table when the span is unknown)
   TransferPlan plan;
+  bool sorted = false;  // the indices are known to be non-decreasing: the UVA share is in order already
   at::Tensor host_idx;  // the indices on the host: CPU indices, or CUDA ones when a staged share needs them
+  std::optional<SplitKey> calibrate;  // this call measures its split first (split_calibration.h)
 };
 
-// Validates the indices and splits the rows between UVA and staging. Under graph capture every row goes over UVA:
-// the staged path runs on the calling thread (a replay would skip it) and would need the indices on the host.
-PinnedTransfer plan_pinned_transfer(const at::Tensor& table, const at::Tensor& indices, cudaStream_t stream,
-                                    const char* op) {
+// The split of a call: fixed by the rules, measured before (or by this call), or the model's. Under graph capture
+// every row goes over UVA: the staged path runs on the calling thread (a replay would skip it) and would need the
+// indices on the host. Deferred index checks promise no wait: such a call measures nothing, it takes a measurement
+// made before or the model's split.
+void choose_split(PinnedTransfer& t, const at::Tensor& indices, TransferDirection direction, int device,
+                  cudaStream_t stream) {
+  const int64_t count = indices.numel();
+  const int threads = at::get_num_threads();
+  if (stream_is_capturing(stream)) {
+    t.plan = plan_from_share(1.0, count);
+    return;
+  }
+  if (fixed_uva_share(t.config, t.rows.row_bytes, count).has_value() || !t.config.calibrate_split) {
+    t.plan = plan_transfer(t.config, t.footprint, t.rows.row_bytes, count, threads);
+    return;
+  }
+  const SplitKey key =
+      split_key(device, direction, indices.is_cpu(), t.footprint, t.rows.row_bytes, count, threads, t.config);
+  if (const std::optional<double> share = calibrated_uva_share(key)) {
+    t.plan = plan_from_share(*share, count);
+  } else if (deferred_index_checks()) {
+    t.plan = plan_transfer(t.config, t.footprint, t.rows.row_bytes, count, threads);
+  } else {
+    t.calibrate = key;
+    t.plan = plan_from_share(1.0, count);
+  }
+}
+
+// Validates the indices and splits the rows between UVA and staging.
+PinnedTransfer plan_pinned_transfer(const at::Tensor& table, const at::Tensor& indices, TransferDirection direction,
+                                    int device, cudaStream_t stream, const char* op) {
   PinnedTransfer t;
   t.rows = host_rows(table);
   t.config = transfer_config();
-  const int64_t count = indices.numel();
   // CUDA indices come to the host only when the staged path needs them.
-  const std::optional<IndexSpan> span = validate_indices(indices, t.rows.num_rows, stream, op);
+  const std::optional<IndexSpan> span = validate_indices(indices, t.rows.num_rows, stream, op, &t.sorted);
   t.footprint = touched_bytes(t.rows.num_rows, t.rows.row_stride_bytes, span);
-  if (stream_is_capturing(stream)) {
-    t.plan.uva_rows = count;
-  } else {
-    t.plan = plan_transfer(t.config, t.footprint, t.rows.row_bytes, count, at::get_num_threads());
-  }
-  if (indices.is_cpu() || t.plan.staged_rows > 0) t.host_idx = indices.cpu();
+  choose_split(t, indices, direction, device, stream);
+  if (indices.is_cpu() || t.plan.staged_rows > 0 || t.calibrate.has_value()) t.host_idx = indices.cpu();
   // Deferred checks left CUDA indices unchecked; the CPU threads of the staged share must not meet a bad one.
   if (!span.has_value() && t.host_idx.defined()) check_index_tensor(t.host_idx, t.rows.num_rows, op);
   return t;
+}
+
+// Milliseconds the GPU work `run` enqueues on `stream` takes, its CPU work included (it runs before the end is
+// recorded): for the calibration only, which waits for it.
+template <typename Run>
+double timed_ms(const c10::cuda::CUDAStream& stream, Run&& run) {
+  at::cuda::CUDAEvent start(cudaEventDefault);  // timing enabled (the default flags disable it)
+  at::cuda::CUDAEvent stop(cudaEventDefault);
+  start.record(stream);
+  run();
+  stop.record(stream);
+  stop.synchronize();
+  return start.elapsed_time(stop);
+}
+
+// The call's own transfer `move(plan)` run once per candidate share to measure it (split_calibration.h), then the
+// share kept. Every run moves the same rows the same way: a gather rereads them, a scatter_ rewrites them.
+template <typename Move>
+void calibrate_split(PinnedTransfer& t, int64_t count, const c10::cuda::CUDAStream& stream, Move&& move) {
+  if (!t.calibrate.has_value()) return;
+  const double share = calibrate_uva_share(*t.calibrate, [&](double candidate) {
+    PinnedTransfer trial = t;
+    trial.plan = plan_from_share(candidate, count);
+    return timed_ms(stream, [&] { move(trial); });
+  });
+  t.plan = plan_from_share(share, count);
 }
 
 // Whole rows per chunk: at least one, the ring being sized for the rows (staging_chunk_bytes_for).
@@ -221,23 +276,22 @@ void staged_scatter(const HostRows& rows, const Index* host_idx, int64_t first, 
 
 }  // namespace
 
-void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
-  const int device = out.get_device();
-  c10::cuda::CUDAGuard guard(out.device());
-  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  const PinnedTransfer t = plan_pinned_transfer(table, indices, stream.stream(), op);
-  char* out_ptr = static_cast<char*>(out.data_ptr());
+namespace {
+
+// The rows of a planned gather: the UVA share on the caller's stream, the staged share by this thread.
+void move_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, char* out_ptr, const at::Device& out_device,
+                         const PinnedTransfer& t, int device, const c10::cuda::CUDAStream& stream, const char* op) {
   // Begun before the UVA kernel is launched: the copy stream follows the caller's earlier work, not the kernel,
   // and the two shares run together.
   std::optional<StagedShare> staged;
   if (t.plan.staged_rows > 0) staged.emplace(stream, device, staging_chunk_bytes_for(t.config, t.rows.row_bytes));
   if (t.plan.uva_rows > 0) {
     const at::Tensor dev_idx =
-        indices_on(indices.is_cpu() ? indices.narrow(0, 0, t.plan.uva_rows) : indices, out.device());
+        indices_on(indices.is_cpu() ? indices.narrow(0, 0, t.plan.uva_rows) : indices, out_device);
     const UvaShare share =
-        uva_share(dev_idx, t.plan.uva_rows, table, t.footprint, t.config, device, stream.stream());
+        uva_share(dev_idx, t.plan.uva_rows, table, t.footprint, t.sorted, t.config, device, stream.stream());
     launch_row_gather(gpu_rows(table, mapped_address(table, op, "table")), share.view, out_ptr,
-                      device_index_error_record(device), uva_max_blocks(device, t.config), stream.stream());
+                      device_index_error_record(device), uva_launch(device, t.config), stream.stream());
     note_uva_use(table, UvaAccess::kRead, stream);
   }
   if (t.plan.staged_rows > 0) {
@@ -247,8 +301,23 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
       staged_gather(t.rows, p, t.plan.uva_rows, indices.numel(), out_ptr, staged->ring(), staged->copy_stream());
     });
   }
-  count_pinned_transfer(t.plan.uva_rows, t.plan.staged_rows, t.rows.row_bytes, metrics::Direction::kGather);
   // Leaving scope: the caller's stream waits for the staged copies (StagedShare).
+}
+
+}  // namespace
+
+void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
+  const int device = out.get_device();
+  c10::cuda::CUDAGuard guard(out.device());
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  PinnedTransfer t = plan_pinned_transfer(table, indices, TransferDirection::kGather, device, stream.stream(), op);
+  char* out_ptr = static_cast<char*>(out.data_ptr());
+  auto move = [&](const PinnedTransfer& plan) {
+    move_pinned_to_cuda(table, indices, out_ptr, out.device(), plan, device, stream, op);
+  };
+  calibrate_split(t, indices.numel(), stream, move);
+  move(t);
+  count_pinned_transfer(t.plan.uva_rows, t.plan.staged_rows, t.rows.row_bytes, metrics::Direction::kGather);
 }
 
 namespace {
@@ -275,15 +344,14 @@ at::Tensor staged_keep_mask_on_host(const WriterMask& writers, const TransferPla
 void launch_uva_scatter(const PinnedTransfer& t, const at::Tensor& table, const at::Tensor& dev_idx,
                         const at::Tensor& src, const WriterMask& writers, int device,
                         const c10::cuda::CUDAStream& stream, const char* op) {
-  const UvaShare share = uva_share(dev_idx, t.plan.uva_rows, table, t.footprint, t.config, device, stream.stream());
+  const UvaShare share =
+      uva_share(dev_idx, t.plan.uva_rows, table, t.footprint, t.sorted, t.config, device, stream.stream());
   launch_row_scatter(gpu_rows(table, mapped_address(table, op, "table")), share.view,
                      static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
                      writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device),
-                     uva_max_blocks(device, t.config), stream.stream());
+                     uva_launch(device, t.config), stream.stream());
   note_uva_use(table, UvaAccess::kWrite, stream);
 }
-
-}  // namespace
 
 // The ordering rules of a scatter into a pinned table, each a step below, in this order:
 //  1. the CPU writes of the staged share wait for earlier UVA kernels still using the rows (before anything of
@@ -292,12 +360,8 @@ void launch_uva_scatter(const PinnedTransfer& t, const at::Tensor& table, const 
 //  3. the copy stream starts after 2 (it copies src and the mask) but before the UVA kernel (they run together);
 //  4. the UVA kernel writes its share; 5. the CPU threads write theirs;
 //  6. on every exit the caller's stream waits for the copy stream (StagedShare).
-void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
-                            const char* op) {
-  const int device = src.get_device();
-  c10::cuda::CUDAGuard guard(src.device());
-  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
-  const PinnedTransfer t = plan_pinned_transfer(table, indices, stream.stream(), op);
+void move_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
+                         const PinnedTransfer& t, int device, const c10::cuda::CUDAStream& stream, const char* op) {
   if (t.plan.staged_rows > 0) wait_for_uva_conflicts(table.storage().data(), UvaAccess::kWrite);  // 1
   at::Tensor dev_idx;
   const WriterMask writers = writers_for_uva_share(t, indices, src, dev_idx, device, stream.stream());  // 2
@@ -315,8 +379,21 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
                      staged->copy_stream());
     });
   }
-  count_pinned_transfer(t.plan.uva_rows, t.plan.staged_rows, t.rows.row_bytes, metrics::Direction::kScatter);
 }  // 6
+
+}  // namespace
+
+void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
+                            const char* op) {
+  const int device = src.get_device();
+  c10::cuda::CUDAGuard guard(src.device());
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  PinnedTransfer t = plan_pinned_transfer(table, indices, TransferDirection::kScatter, device, stream.stream(), op);
+  auto move = [&](const PinnedTransfer& plan) { move_cuda_to_pinned(table, indices, src, plan, device, stream, op); };
+  calibrate_split(t, indices.numel(), stream, move);
+  move(t);
+  count_pinned_transfer(t.plan.uva_rows, t.plan.staged_rows, t.rows.row_bytes, metrics::Direction::kScatter);
+}
 
 void gather_cuda_table(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
   const int device = table.get_device();
@@ -327,7 +404,7 @@ void gather_cuda_table(const at::Tensor& table, const at::Tensor& indices, at::T
   const at::Tensor dev_idx = indices_on(indices, table.device());
   launch_row_gather(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
                     static_cast<char*>(out.data_ptr()), device_index_error_record(device),
-                    full_grid(device), stream.stream());
+                    device_table_launch(device, transfer_config()), stream.stream());
   count_gpu_table_transfer(table, indices.numel(), metrics::Direction::kGather);
 }
 
@@ -341,8 +418,8 @@ void scatter_cuda_table(const at::Tensor& table, const at::Tensor& indices, cons
   const WriterMask writers = mark_writers(dev_idx, table.size(0), device, stream.stream());
   launch_row_scatter(gpu_rows(table, static_cast<char*>(table.data_ptr())), gpu_indices(dev_idx, indices.numel()),
                      static_cast<const char*>(src.const_data_ptr()), writers.keep.const_data_ptr<uint8_t>(),
-                     writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device), full_grid(device),
-                     stream.stream());
+                     writers.abort.const_data_ptr<int32_t>(), device_index_error_record(device),
+                     device_table_launch(device, transfer_config()), stream.stream());
   count_gpu_table_transfer(table, indices.numel(), metrics::Direction::kScatter);
 }
 

@@ -37,6 +37,11 @@ void validate(const TransferConfig& c) {
   TORCH_CHECK(c.staging_chunk_bytes >= 4096, "speedtorch: staging_chunk_bytes must be >= 4096, got ",
               c.staging_chunk_bytes);
   TORCH_CHECK(c.uva_blocks_per_sm >= 1, "speedtorch: uva_blocks_per_sm must be >= 1, got ", c.uva_blocks_per_sm);
+  const int64_t r = c.uva_rows_in_flight;
+  TORCH_CHECK(r == 1 || r == 2 || r == 4 || r == 8, "speedtorch: uva_rows_in_flight must be 1, 2, 4 or 8, got ", r);
+  TORCH_CHECK(c.uva_sort_bucket_bytes >= 1, "speedtorch: uva_sort_bucket_bytes must be >= 1, got ",
+              c.uva_sort_bucket_bytes);
+  TORCH_CHECK(c.max_sms >= 0, "speedtorch: max_sms must be >= 0 (0: every SM), got ", c.max_sms);
   TORCH_CHECK(c.uva_spread_gbps > 0 && c.staged_gbps_per_thread > 0 && c.staged_max_gbps > 0,
               "speedtorch: transfer rates must be > 0");
 }
@@ -130,25 +135,30 @@ TransferConfigScope::~TransferConfigScope() {
   if (active_) t_scoped_config = previous_;
 }
 
-TransferPlan plan_transfer(const TransferConfig& c, int64_t table_bytes, int64_t row_bytes, int64_t count,
-                           int threads) {
+std::optional<double> fixed_uva_share(const TransferConfig& c, int64_t row_bytes, int64_t count) {
+  if (c.uva_fraction >= 0) return c.uva_fraction;
+  if (count * row_bytes <= c.small_transfer_bytes || row_bytes >= c.uva_row_bytes) return 1.0;
+  return std::nullopt;
+}
+
+TransferPlan plan_from_share(double uva_share, int64_t count) {
   TransferPlan plan;
-  double fraction = c.uva_fraction;
-  if (fraction < 0) {
-    const int64_t bytes = count * row_bytes;
-    if (bytes <= c.small_transfer_bytes || table_bytes <= c.uva_reach_bytes || row_bytes >= c.uva_row_bytes) {
-      fraction = 1.0;
-    } else {
-      // Both paths finish together when each gets rows in proportion to its rate. A few threads add too little to
-      // pay for the staged path's fixed costs (on the H100 host 2 threads made the split 15% slower than UVA alone).
-      const double staged = std::min(c.staged_max_gbps, c.staged_gbps_per_thread * std::max(threads, 1));
-      fraction = staged < kMinStagedShareOfUva * c.uva_spread_gbps ? 1.0 : c.uva_spread_gbps / (c.uva_spread_gbps + staged);
-    }
-  }
-  plan.uva_rows = std::clamp<int64_t>(static_cast<int64_t>(std::llround(fraction * static_cast<double>(count))), 0,
+  plan.uva_rows = std::clamp<int64_t>(static_cast<int64_t>(std::llround(uva_share * static_cast<double>(count))), 0,
                                       count);
   plan.staged_rows = count - plan.uva_rows;
   return plan;
+}
+
+TransferPlan plan_transfer(const TransferConfig& c, int64_t table_bytes, int64_t row_bytes, int64_t count,
+                           int threads) {
+  if (const std::optional<double> fixed = fixed_uva_share(c, row_bytes, count)) return plan_from_share(*fixed, count);
+  if (table_bytes <= c.uva_reach_bytes) return plan_from_share(1.0, count);
+  // Both paths finish together when each gets rows in proportion to its rate. A few threads add too little to pay
+  // for the staged path's fixed costs (on the H100 host 2 threads made the split 15% slower than UVA alone).
+  const double staged = std::min(c.staged_max_gbps, c.staged_gbps_per_thread * std::max(threads, 1));
+  const double share =
+      staged < kMinStagedShareOfUva * c.uva_spread_gbps ? 1.0 : c.uva_spread_gbps / (c.uva_spread_gbps + staged);
+  return plan_from_share(share, count);
 }
 
 int64_t staging_chunk_bytes_for(const TransferConfig& config, int64_t row_bytes) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,16 +35,31 @@ struct TransferConfig {
   // touch nearby host pages, which roughly doubles the UVA rate over a spread-out table (bench/RESULTS.md).
   // SPEEDTORCH_SORT_UVA_INDICES (0 or 1).
   bool sort_uva_indices = true;
+  // The sort orders rows by buckets of this many bytes of table and leaves each bucket's rows in batch order (fewer
+  // radix passes); 1 sorts by row. 256 KiB: 0.73 of memcpy for a gather over 5 GB where 2 MiB gave 0.66 and a full
+  // sort (one more pass) 0.70 (bench/RESULTS.md, issue 23). SPEEDTORCH_UVA_SORT_BUCKET_BYTES.
+  int64_t uva_sort_bucket_bytes = int64_t{256} << 10;
   // Resident blocks per SM for UVA kernels (256 threads each). One keeps ~0.5 MB in flight, plenty for the link,
   // and with sorted rows the narrowest window of host pages: fastest on the H100 (bench/RESULTS.md).
   // SPEEDTORCH_UVA_BLOCKS_PER_SM.
   int64_t uva_blocks_per_sm = 1;
+  // Rows each group of lanes of a UVA kernel keeps in flight (1, 2, 4 or 8; the fused step takes at most 4): over
+  // PCIe the bytes outstanding set the rate (bench/RESULTS.md, issue 23). SPEEDTORCH_UVA_ROWS_IN_FLIGHT.
+  int64_t uva_rows_in_flight = 4;
+  // The compute budget of a transfer: the row kernels (gather, scatter_, the fused step, the row cache's) run on at
+  // most this many SMs, so that a prefetch on a side stream leaves the rest to the model's kernels; 0: all SMs.
+  // SPEEDTORCH_MAX_SMS.
+  int64_t max_sms = 0;
+  // Measure the split at the first transfer of each kind of call instead of taking it from the rates below
+  // (split_calibration.h). SPEEDTORCH_CALIBRATE_SPLIT (0 or 1).
+  bool calibrate_split = true;
   // The fused optimizer's GPU kernel reads and writes 4 values per access where rows are aligned for it; false
   // forces the scalar kernel (for comparisons, bench/experiments/fused_step_variants.py). SPEEDTORCH_OPTIMIZER_VEC4
   // (0 or 1).
   bool optimizer_vec4 = true;
   // Rates (GB/s) of the (sorted) UVA path over a spread-out table and of one CPU thread on the staged path, and
-  // the staged path's ceiling; they set the automatic split. Measured on an H100 PCIe Gen5 host (bench/RESULTS.md,
+  // the staged path's ceiling: the model of the split where it is not measured (calibrate_split off, CUDA graph
+  // capture, deferred index checks before a measurement). Measured on an H100 PCIe Gen5 host (bench/RESULTS.md,
   // runs 36-38: the staged path alone reached 29-35 GB/s with 16 threads, 7-10 GB/s with 2).
   double uva_spread_gbps = 34.5;
   double staged_gbps_per_thread = 1.9;
@@ -61,7 +77,11 @@ void for_each_transfer_option(Visit&& visit) {
   visit("uva_row_bytes", "SPEEDTORCH_UVA_ROW_BYTES", &TransferConfig::uva_row_bytes);
   visit("staging_chunk_bytes", "SPEEDTORCH_STAGING_CHUNK_BYTES", &TransferConfig::staging_chunk_bytes);
   visit("sort_uva_indices", "SPEEDTORCH_SORT_UVA_INDICES", &TransferConfig::sort_uva_indices);
+  visit("uva_sort_bucket_bytes", "SPEEDTORCH_UVA_SORT_BUCKET_BYTES", &TransferConfig::uva_sort_bucket_bytes);
   visit("uva_blocks_per_sm", "SPEEDTORCH_UVA_BLOCKS_PER_SM", &TransferConfig::uva_blocks_per_sm);
+  visit("uva_rows_in_flight", "SPEEDTORCH_UVA_ROWS_IN_FLIGHT", &TransferConfig::uva_rows_in_flight);
+  visit("max_sms", "SPEEDTORCH_MAX_SMS", &TransferConfig::max_sms);
+  visit("calibrate_split", "SPEEDTORCH_CALIBRATE_SPLIT", &TransferConfig::calibrate_split);
   visit("optimizer_vec4", "SPEEDTORCH_OPTIMIZER_VEC4", &TransferConfig::optimizer_vec4);
   visit("uva_spread_gbps", "SPEEDTORCH_UVA_SPREAD_GBPS", &TransferConfig::uva_spread_gbps);
   visit("staged_gbps_per_thread", "SPEEDTORCH_STAGED_GBPS_PER_THREAD", &TransferConfig::staged_gbps_per_thread);
@@ -107,8 +127,16 @@ class TransferConfigScope {
   bool active_ = false;
 };
 
-// The split of `count` rows of `row_bytes` over a table footprint of `table_bytes`, for gathers and scatters
-// alike: the config holds one set of rates, so the direction could not change the plan.
+// The UVA share the rules fix without measuring anything: an explicit uva_fraction, or UVA alone where the staged
+// path cannot pay for its fixed costs (transfers up to small_transfer_bytes, rows of uva_row_bytes or more).
+// Nothing when the split is worth measuring (split_calibration.h).
+std::optional<double> fixed_uva_share(const TransferConfig& config, int64_t row_bytes, int64_t count);
+
+// `count` rows split with `uva_share` of them over UVA.
+TransferPlan plan_from_share(double uva_share, int64_t count);
+
+// The split of `count` rows of `row_bytes` over a table footprint of `table_bytes` by the rules and the model's
+// rates, for gathers and scatters alike: the config holds one set of rates, so the direction could not change it.
 TransferPlan plan_transfer(const TransferConfig& config, int64_t table_bytes, int64_t row_bytes, int64_t count,
                            int threads);
 

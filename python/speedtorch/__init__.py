@@ -24,6 +24,8 @@ from .ops import (  # noqa: E402
     set_transfer_config,
     transfer_config,
     transfer_config_override,
+    transfer_calibrations,
+    clear_transfer_calibrations,
 )
 from .counters import reset_stats, set_stats_enabled, stats, stats_help  # noqa: E402
 
@@ -71,4 +73,6 @@ __all__ = [
     "stats_help",
     "transfer_config",
     "transfer_config_override",
+    "transfer_calibrations",
+    "clear_transfer_calibrations",
 ]

@@ -34,8 +34,10 @@ _DESCR_DTYPES = {
 
 def save_npy(tensor: torch.Tensor, path: PathLike) -> str:
     """Writes ``tensor`` (any shape, device and strides) to ``path`` as a ``.npy`` file NumPy reads, in chunks,
-    atomically (a crash mid-save leaves the old file). bfloat16 is stored as its raw bits (``'<u2'``). Returns the
-    data's content hash (16 hex digits). Ctrl-C stops a long save at its next 64 MiB chunk, leaving the old file."""
+    atomically (a crash mid-save leaves the old file; a replaced file keeps its permissions). bfloat16 is stored as
+    its raw bits (``'<u2'``). Returns the data's content hash (16 hex digits). Onto a file that an ``open_npy(path,
+    "r+")`` tensor maps: that tensor is written back in place; anything else is refused (docs/persistence.md).
+    Ctrl-C stops a long save at its next 64 MiB chunk, leaving the old file."""
     return run_interruptible(torch.ops.speedtorch.save_npy, tensor, os.fspath(path))
 
 
@@ -82,10 +84,12 @@ def npy_info(path: PathLike) -> tuple[torch.dtype, tuple[int, ...]]:
 
 def open_npy(path: PathLike, mode: str = "r", *, pin: bool = True) -> torch.Tensor:
     """A tensor over the ``.npy`` file itself, memory-mapped with ``mode`` as numpy.load's ``mmap_mode``: ``"r"``
-    (read-only pages: torch has no read-only tensors, so writing this tensor with torch is a segmentation fault;
-    speedtorch's own writing ops refuse it with a RuntimeError; use ``"c"`` to modify a private copy), ``"r+"``
-    (writes reach the file) or ``"c"`` (copy-on-write). Page-locked when ``pin`` and a GPU is present, so GPUs read
-    it directly; that reads every page once. See docs/persistence.md for the limits."""
+    (read-only: speedtorch's own writing ops refuse it with a RuntimeError; torch has no read-only tensors, so the
+    pages are private, as ``torch.load(mmap=True)`` maps them: a plain torch write changes this process's copy only,
+    never the file, and GPU reads may not see it; use ``"c"`` to modify a private copy), ``"r+"`` (writes reach the
+    file; ``save_npy`` of this tensor onto its own file writes it back in place) or ``"c"`` (copy-on-write).
+    Page-locked when ``pin`` and a GPU is present, so GPUs read it directly; that reads every page once. See
+    docs/persistence.md for the limits."""
     return torch.ops.speedtorch.map_npy(os.fspath(path), mode, pin)
 
 

@@ -27,7 +27,8 @@ from ._interrupt import run_interruptible
 from .placement import DeviceTable, HybridTable
 from .table_parameter import HostTableParameter, add_rows_gradient, rows_gradient
 from .table_parameter import clip_grad_norm_, ddp_ignore_host_tables, dense_parameters  # noqa: F401 (re-exported)
-from .table_state import copy_table_entries, load_table_entries, set_table_extra_state, table_entries, table_extra_state
+from .table_state import (adopt_options, checked_extra_state, copy_table_entries, entry_shapes, load_table_entries,
+                          set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
 __all__ = ["HostEmbedding", "HostTableParameter", "clip_grad_norm_", "ddp_ignore_host_tables", "dense_parameters",
@@ -598,22 +599,32 @@ class HostEmbedding(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        our_keys = {prefix + name for name in self._table_tensors()}
-        rest = {k: v for k, v in state_dict.items() if k not in our_keys}
-        # The table's entries (weight among them) are loaded below: nn.Module's loader must not look for `weight`.
+        # All or nothing, as nn.Module's: the extra state (optimizer options) and every entry are checked before
+        # anything changes; the options are adopted only then (they may re-lay the optimizer state out).
+        extra = prefix + "_extra_state"
+        targets = self._table_tensors()
+        ours = {prefix + name for name in targets} | {extra}
+        rest = {k: v for k, v in state_dict.items() if k not in ours}
+        # The table's entries (weight among them) are checked below: nn.Module's loader must not look for `weight`.
         param = self._parameters.pop("weight", None)
         try:
             super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                          error_msgs)  # the extra state first: it may re-lay the optimizer state out
+                                          error_msgs)  # strict: reports the extra state missing, as it is from `rest`
         finally:
             if param is not None:
                 self._parameters["weight"] = param
-        self._sync_weight()
-        found = load_table_entries(self._table_tensors(), state_dict, prefix, missing_keys, error_msgs,
-                                   type(self).__name__)
-        if found is None or error_msgs:
+        options = None
+        if extra in state_dict:
+            if extra in missing_keys:
+                missing_keys.remove(extra)
+            options = checked_extra_state(self.table, state_dict[extra], type(self).__name__)
+        found = load_table_entries(entry_shapes(targets, self.table, options), state_dict, prefix, missing_keys,
+                                   error_msgs, type(self).__name__)
+        if found is None or error_msgs or extra in missing_keys:
             return  # nothing is written unless every entry fits
         self._sync_for_host_access()
+        adopt_options(self.table, options)
+        self._sync_weight()  # a re-laid out optimizer state moves the rows too
         self._copy_table_tensors(found)
         self._table_param.grad = None
         self._prefetched = None

@@ -14,6 +14,8 @@ __all__ = [
     "transfer_config",
     "set_transfer_config",
     "transfer_config_override",
+    "transfer_calibrations",
+    "clear_transfer_calibrations",
     "set_deferred_index_checks",
     "deferred_index_checks",
     "check_index_errors",
@@ -76,6 +78,29 @@ def transfer_config_override(**options: float) -> Iterator[dict[str, float]]:
         yield transfer_config()
     finally:
         set_transfer_config(**saved)
+
+
+def transfer_calibrations() -> list[dict]:
+    """The UVA shares the transfer engine measured, one per kind of call (csrc/transfer/split_calibration.h).
+
+    The first pinned<->GPU gather or scatter_ of each kind (GPU, direction, host or GPU indices, table span, row
+    size, batch size, CPU threads, launch settings) times the candidate shares on its own rows and keeps the fastest
+    for the process; ``uva_fraction`` >= 0 or ``calibrate_split=0`` (``set_transfer_config``) skip it. Each entry:
+    the kind (``key``, a dict), the share kept (``uva_share``), and each share tried with its best time
+    (``tried``: share -> milliseconds)."""
+    keys, chosen, shares, times = torch.ops.speedtorch.transfer_calibrations()
+    out = []
+    for key, share, tried, ms in zip(keys, chosen, shares, times):
+        fields = dict(item.split("=", 1) for item in key.split())
+        parsed = {name: (value if name == "direction" else int(value)) for name, value in fields.items()}
+        out.append({"key": parsed, "uva_share": share, "tried": dict(zip(tried, ms))})
+    return out
+
+
+def clear_transfer_calibrations() -> None:
+    """Forgets every measured split: the next transfer of each kind measures again (after the machine's load
+    changed, say)."""
+    torch.ops.speedtorch.clear_transfer_calibrations()
 
 
 def set_deferred_index_checks(deferred: bool) -> None:

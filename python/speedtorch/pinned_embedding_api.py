@@ -97,6 +97,11 @@ class PinnedEmbeddingAPI:
         raise _documentation_only()
 
     @staticmethod
+    def canonical_optimizer_name(kind: str) -> str:
+        """The one name an optimizer is known by, whatever name it was given ("Adam", "sparse_adam": "adam")."""
+        raise _documentation_only()
+
+    @staticmethod
     def optimizer_defaults(kind: str) -> dict:
         """Every option the optimizer ``kind`` accepts, with its default value."""
         raise _documentation_only()

@@ -83,7 +83,9 @@ class DeviceTable:
         options = {k: float(v) for k, v in options.items()}
         width = PinnedEmbedding.state_width(kind, options, self.dim())  # validates the name and options
         self._state = torch.zeros(self.num_rows(), width, dtype=torch.float32, device=self.device)
-        self._optimizer, self._options, self._step = kind.lower(), options, 0
+        # The name every placement reports and every checkpoint records (C++'s, one rule for all).
+        self._optimizer = PinnedEmbedding.canonical_optimizer_name(kind)
+        self._options, self._step = options, 0
 
     def set_optimizer_options(self, options: dict) -> None:
         """Changes the hyper-parameters in place, state and step count kept (PinnedEmbedding's rule)."""

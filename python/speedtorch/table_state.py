@@ -13,10 +13,14 @@ and ``_extra_state`` (``{"format", "optimizer", "optimizer_options"}``).
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
-__all__ = ["track_table_state", "table_entries", "table_extra_state", "set_table_extra_state", "load_table_entries"]
+from . import PinnedEmbedding
+
+__all__ = ["track_table_state", "table_entries", "table_extra_state", "set_table_extra_state", "checked_extra_state",
+           "adopt_options", "entry_shapes", "load_table_entries"]
 
 FORMAT = "speedtorch.HostEmbedding/1"
 
@@ -33,37 +37,65 @@ def table_extra_state(table) -> dict:
     return {"format": FORMAT, "optimizer": table.optimizer(), "optimizer_options": dict(table.optimizer_options())}
 
 
-def set_table_extra_state(table, state, owner: str) -> None:
-    """Checks a checkpoint's optimizer against the table's; its options win (as torch.optim's load_state_dict
-    restores lr & co), re-configuring the optimizer when they differ (its state is loaded right after)."""
+def checked_extra_state(table, state, owner: str) -> Optional[dict]:
+    """Checks a checkpoint's ``_extra_state`` against the table without changing anything: the optimizer must be the
+    table's (names compared canonically, PinnedEmbedding.canonical_optimizer_name); its options win (as
+    torch.optim's load_state_dict restores lr & co). Returns the options to adopt, or None when they are the
+    table's own. Raises before any change when the checkpoint cannot be loaded."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise RuntimeError(f"{owner}.load_state_dict: _extra_state is not a speedtorch table's (got "
                            f"{type(state).__name__}); the checkpoint was written by another module")
     optimizer, options = state["optimizer"], {k: float(v) for k, v in state["optimizer_options"].items()}
+    if optimizer:
+        optimizer = PinnedEmbedding.canonical_optimizer_name(optimizer)  # checkpoints of older versions
     if optimizer != table.optimizer():
         raise RuntimeError(f"{owner}.load_state_dict: the checkpoint's optimizer is {optimizer or 'none'!r}, this "
                            f"table's is {table.optimizer() or 'none'!r}; build it with optimizer={optimizer!r}")
-    if options == dict(table.optimizer_options()):
-        return
-    state_rows = table.state()
-    if state_rows is not None and hasattr(table, "set_optimizer_options") and \
-            torch.classes.speedtorch.PinnedEmbedding.state_width(optimizer, options, table.dim()) == state_rows.shape[1]:
-        table.set_optimizer_options(options)  # hyper-parameters only (an LR schedule's): the state stays as it is
-        return
+    if not optimizer or options == dict(table.optimizer_options()):
+        return None
     if not hasattr(table, "set_optimizer"):
         raise RuntimeError(f"{owner}.load_state_dict: the checkpoint's optimizer options {options} differ from this "
                            f"table's {dict(table.optimizer_options())}, and a {type(table).__name__} cannot change "
                            f"them; build it with them")
+    PinnedEmbedding.state_width(optimizer, options, table.dim())  # validates the options before anything changes
+    return options
+
+
+def adopt_options(table, options: Optional[dict]) -> None:
+    """Gives the table a checked checkpoint's options (checked_extra_state): in place when they keep the state's
+    layout (an LR schedule's lr, betas ...: set_optimizer_options); otherwise the optimizer is re-configured, its
+    state re-laid out for them, zeroed. Either way the checkpoint's state is copied in right after."""
+    if options is None:
+        return
     weight, state_rows = table.table(), table.state()
-    table.set_optimizer(optimizer, options, state_rows is not None and weight.stride(0) != weight.shape[1])
+    if state_rows is not None and hasattr(table, "set_optimizer_options") and \
+            PinnedEmbedding.state_width(table.optimizer(), options, table.dim()) == state_rows.shape[1]:
+        table.set_optimizer_options(options)
+        return
+    table.set_optimizer(table.optimizer(), options, state_rows is not None and weight.stride(0) != weight.shape[1])
 
 
-def load_table_entries(targets: dict, state_dict, prefix: str, missing_keys: list, error_msgs: list,
+def set_table_extra_state(table, state, owner: str) -> None:
+    """Checks a checkpoint's optimizer against the table's and adopts its options (nn.Module.set_extra_state)."""
+    adopt_options(table, checked_extra_state(table, state, owner))
+
+
+def entry_shapes(targets: dict, table, options: Optional[dict]) -> dict:
+    """The shapes the table's entries (name -> tensor) will have once ``options`` are adopted: the width of the
+    optimizer state follows the options (amsgrad=1 adds a vector)."""
+    shapes = {name: tuple(target.shape) for name, target in targets.items()}
+    if options is not None and "optimizer_state" in shapes:
+        width = PinnedEmbedding.state_width(table.optimizer(), options, table.dim())
+        shapes["optimizer_state"] = (shapes["optimizer_state"][0], width)
+    return shapes
+
+
+def load_table_entries(shapes: dict, state_dict, prefix: str, missing_keys: list, error_msgs: list,
                        owner: str):
-    """The checkpoint's entries for ``targets`` (name -> the table's tensor), or None (with the reason recorded in
-    ``missing_keys`` / ``error_msgs``) unless every one is there with the right shape."""
+    """The checkpoint's entries for ``shapes`` (name -> the shape the table's entry has, entry_shapes), or None
+    (with the reason recorded in ``missing_keys`` / ``error_msgs``) unless every one is there with that shape."""
     found = {}
-    for name, target in targets.items():
+    for name, shape in shapes.items():
         key = prefix + name
         if key not in state_dict:
             missing_keys.append(key)
@@ -71,12 +103,12 @@ def load_table_entries(targets: dict, state_dict, prefix: str, missing_keys: lis
         value = state_dict[key]
         if not isinstance(value, torch.Tensor):
             error_msgs.append(f"{key}: expected a tensor, got {type(value).__name__}")
-        elif tuple(value.shape) != tuple(target.shape):
+        elif tuple(value.shape) != tuple(shape):
             error_msgs.append(f"size mismatch for {key}: the checkpoint holds shape {tuple(value.shape)}, this "
-                              f"{owner} has {tuple(target.shape)}")
+                              f"{owner} has {tuple(shape)}")
         else:
             found[name] = value
-    return found if len(found) == len(targets) else None
+    return found if len(found) == len(shapes) else None
 
 
 @torch.no_grad()
@@ -99,20 +131,24 @@ def _save_hook(name, module, state_dict, prefix, local_metadata):  # noqa: ARG00
 
 def _load_hook(name, module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,  # noqa: ARG001
                error_msgs):
+    # Everything is checked before anything changes: a refused load leaves rows, state, step count and options.
     table, owner = getattr(module, name), f"{type(module).__name__}.{name}"
     ours = f"{prefix}{name}."
     extra = ours + "_extra_state"
+    options = None
     if extra in state_dict:
-        set_table_extra_state(table, state_dict[extra], owner)
+        options = checked_extra_state(table, state_dict[extra], owner)
     else:
         missing_keys.append(extra)
     targets = table_entries(table)
-    found = load_table_entries(targets, state_dict, ours, missing_keys, error_msgs, owner)
+    found = load_table_entries(entry_shapes(targets, table, options), state_dict, ours, missing_keys, error_msgs,
+                               owner)
     for key in [k for k in state_dict if k.startswith(ours)]:  # taken here, so the module reports none of them
         if key != extra and key[len(ours):] not in targets:
             unexpected_keys.append(key)
         del state_dict[key]
     if found is not None and extra not in missing_keys and not error_msgs:
+        adopt_options(table, options)
         copy_table_entries(table, found)
 
 

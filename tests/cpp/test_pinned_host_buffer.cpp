@@ -5,7 +5,10 @@
 
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "error_text.h"
@@ -58,6 +61,22 @@ TEST(PinnedEmpty, StorageOutlivesTheFirstTensor) {
   EXPECT_EQ(view.sum().item<float>(), 40.0f);
 }
 
+// A view must lie within its buffer: a file that shrank between reading its header and mapping it used to give a
+// view past the mapping's end, and a SIGBUS at the first read there (issue 22).
+TEST(TensorOver, RefusesViewsPastTheBuffer) {
+  auto buffer = std::make_shared<PinnedHostBuffer>(100, false);
+  EXPECT_EQ(tensor_over(buffer, 0, {25}, {1}, at::kFloat).numel(), 25);
+  EXPECT_EQ(tensor_over(buffer, 4, {4, 6}, {6, 1}, at::kFloat).numel(), 24);  // bytes 4 .. 100
+  EXPECT_EQ(tensor_over(buffer, 100, {0, 6}, {6, 1}, at::kFloat).numel(), 0);
+  for (const auto& [offset, sizes, strides] :
+       std::vector<std::tuple<int64_t, std::vector<int64_t>, std::vector<int64_t>>>{
+           {4, {25}, {1}}, {0, {5, 5}, {6, 1}}, {0, {2, 2}, {int64_t{1} << 61, 1}}, {0, {26}, {1}}}) {
+    const std::string message = testing::error_of([&] { tensor_over(buffer, offset, sizes, strides, at::kFloat); });
+    EXPECT_TRUE(message.find("past the end") != std::string::npos || message.find("overflows") != std::string::npos)
+        << message;
+  }
+}
+
 TEST(PinnedEmpty, ZeroRowsAndNegativeSizes) {
   EXPECT_EQ(pinned_empty({0, 8}, at::kFloat).numel(), 0);
   EXPECT_THROW(pinned_empty({-1, 8}, at::kFloat), c10::Error);
@@ -73,7 +92,7 @@ class ReadOnlyMappings : public speedtorch::testing::TempDirTest {
 };
 
 // A mode 'r' mapping was registered only when CUDA pinned it, so without a GPU (or with pin=False) the operators
-// could not know that writing it is a SIGSEGV (issue 13).
+// could not know that they must not write it (issue 13).
 TEST_F(ReadOnlyMappings, AreKnownPinnedOrNot) {
   const std::string file = file_of(10000);
   for (const bool pin : {false, true}) {
@@ -88,6 +107,20 @@ TEST_F(ReadOnlyMappings, AreKnownPinnedOrNot) {
       EXPECT_NE(message.find("test_op: table is a read-only file mapping"), std::string::npos) << message;
     }
     EXPECT_FALSE(is_read_only_host_memory(begin));  // the range may be reused by writable memory
+  }
+}
+
+// A plain write into a mode 'r' mapping (torch has no read-only tensors) was a SIGSEGV; the pages are private now,
+// as torch.load(mmap=True) maps them: the write stays in this process, the file never changes (issue 22).
+TEST_F(ReadOnlyMappings, APlainWriteStaysInTheProcess) {
+  const std::string file = file_of(10000);
+  for (const bool pin : {false, true}) {
+    PinnedHostBuffer buffer(file, FileMapping::kReadOnly, pin);
+    std::memset(buffer.data(), 'y', 5000);
+    EXPECT_EQ(static_cast<const char*>(buffer.data())[4999], 'y');
+    std::ifstream in(file, std::ios::binary);
+    const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(content, std::string(10000, 'x')) << "pin " << pin;
   }
 }
 

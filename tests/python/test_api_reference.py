@@ -40,7 +40,7 @@ def test_every_public_callable_has_a_docstring():
 def test_pinned_embedding_api_lists_exactly_the_class_methods():
     table = speedtorch.PinnedEmbedding(4, 2)
     methods = {m for m in table._method_names() if not m.startswith("__")}
-    statics = {"load", "open", "create", "state_width", "optimizer_defaults"}
+    statics = {"load", "open", "create", "state_width", "optimizer_defaults", "canonical_optimizer_name"}
     documented = {name for name, _ in inspect.getmembers(speedtorch.PinnedEmbeddingAPI, inspect.isfunction)
                   if not name.startswith("_")}
     assert documented == methods | statics

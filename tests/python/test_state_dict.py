@@ -15,9 +15,9 @@ from speedtorch.nn import HostEmbedding, track_table_state
 
 
 class Model(torch.nn.Module):
-    def __init__(self, rows=1000, dim=8, placement="host", lr=0.01):
+    def __init__(self, rows=1000, dim=8, placement="host", lr=0.01, optimizer="adam"):
         super().__init__()
-        self.users = HostEmbedding(rows, dim, optimizer="adam", optimizer_options={"lr": lr}, device="cpu",
+        self.users = HostEmbedding(rows, dim, optimizer=optimizer, optimizer_options={"lr": lr}, device="cpu",
                                    placement=placement, hot_fraction=0.05 if placement == "hybrid" else None)
         self.dense = torch.nn.Linear(dim, 1)
 
@@ -55,31 +55,74 @@ def test_the_checkpoint_holds_the_table_and_a_fresh_model_gets_it_back():
     assert torch.equal(fresh.users.weight, model.users.weight)
 
 
+def _table_of(users) -> dict:
+    """Everything a load may change: rows, optimizer state, step count and options (copied)."""
+    return {"weight": users.weight.clone(), "state": users.table.state().clone(), "step": users.table.step_count(),
+            "options": users.table.optimizer_options()}
+
+
+def _assert_unchanged(users, before: dict) -> None:
+    after = _table_of(users)
+    assert torch.equal(after["weight"], before["weight"]) and torch.equal(after["state"], before["state"])
+    assert after["step"] == before["step"] and after["options"] == before["options"]
+
+
 def test_strict_loading_reports_missing_and_mismatched_entries():
+    """A refused load changes nothing: not the rows, not the optimizer state, step count or options (the
+    checkpoint's options differ from the target's, so applying them first would wipe the target's state)."""
     model = Model()
+    model.train_steps()
     state = model.state_dict()
+    smaller = Model(rows=999, lr=0.5)
+    smaller.train_steps(2)
+    before = _table_of(smaller.users)
     with pytest.raises(RuntimeError, match=r"size mismatch for users\.weight: the checkpoint holds shape \(1000, 8\)"):
-        Model(rows=999).load_state_dict(state)
+        smaller.load_state_dict(state)
+    _assert_unchanged(smaller.users, before)
     partial = {k: v for k, v in state.items() if k != "users.optimizer_state"}
     with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "users\.optimizer_state"'):
         Model().load_state_dict(partial)
-    other = Model()
-    before = other.users.weight.clone()
+    other = Model(lr=0.5)
+    other.train_steps(2)
+    before = _table_of(other.users)
     other.load_state_dict(partial, strict=False)  # nothing is written unless every entry fits
-    assert torch.equal(other.users.weight, before)
+    _assert_unchanged(other.users, before)
     sgd = HostEmbedding(1000, 8, optimizer="sgd", device="cpu")
     with pytest.raises(RuntimeError, match="the checkpoint's optimizer is 'adam'"):
         sgd.load_state_dict({k[len("users."):]: v for k, v in state.items() if k.startswith("users.")})
+    # The same for a module holding a PinnedEmbedding itself (track_table_state's hooks).
+    source, target = Holder(), Holder(rows=40)
+    source.emb.set_optimizer("adagrad", {"lr": 0.3}, True)
+    source.emb.apply_gradients(torch.tensor([1, 2]), torch.ones(2, 4))
+    target.emb.apply_gradients(torch.tensor([3, 4]), torch.ones(2, 4))
+    table, rows_state = target.emb.table().clone(), target.emb.state().clone()
+    with pytest.raises(RuntimeError, match=r"size mismatch for emb\.weight"):
+        target.load_state_dict(source.state_dict())
+    assert torch.equal(target.emb.table(), table) and torch.equal(target.emb.state(), rows_state)
+    assert target.emb.step_count() == 1 and target.emb.optimizer_options() == {"lr": 0.1}
 
 
-@pytest.mark.parametrize("source,target", [("host", "gpu"), ("gpu", "hybrid"), ("hybrid", "host")])
-def test_checkpoints_move_between_placements(source, target):
-    model = Model(placement=source)
-    model.train_steps()
-    other = Model(placement=target)
-    other.load_state_dict(_round_trip(model.state_dict()))
-    assert torch.equal(other.users.weight, model.users.weight)
-    assert torch.equal(other.users.table.state(), model.users.table.state())
+# Every optimizer, under the names users write (torch.optim's class names too): a checkpoint names its optimizer
+# canonically whatever the placement, so it loads into any other.
+OPTIMIZERS = ["sgd", "adagrad", "adam", "adamw", "adamax", "rmsprop", "adadelta", "asgd", "rprop", "rowwise_adagrad",
+              "sparse_adam", "SparseAdam", "AdamW"]
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_checkpoints_move_between_placements(optimizer):
+    for source, target in [("host", "gpu"), ("gpu", "hybrid"), ("hybrid", "host"), ("gpu", "host")]:
+        model = Model(placement=source, optimizer=optimizer)
+        model.train_steps()
+        other = Model(placement=target, optimizer=optimizer)
+        other.load_state_dict(_round_trip(model.state_dict()))
+        assert torch.equal(other.users.weight, model.users.weight), (source, target)
+        assert torch.equal(other.users.table.state(), model.users.table.state()), (source, target)
+        assert other.users.table.optimizer() == model.users.table.optimizer(), (source, target)
+        assert other.users.table.step_count() == 3
+    # A checkpoint of an older version, whose gpu placement recorded the name as the user wrote it, loads too.
+    state = Model(placement="gpu", optimizer=optimizer).state_dict()
+    state["users._extra_state"] = dict(state["users._extra_state"], optimizer=optimizer.lower())
+    Model(placement="host", optimizer=optimizer).load_state_dict(state)
 
 
 def test_distributed_checkpoint_in_one_process(tmp_path):

@@ -17,7 +17,7 @@ def test_names_come_from_the_library():
 
 def test_every_named_option_round_trips():
     for name, value in speedtorch.transfer_config().items():
-        flags = ("sort_uva_indices", "optimizer_vec4")
+        flags = ("sort_uva_indices", "optimizer_vec4", "calibrate_split")
         changed = 1.0 - value if name in flags else 0.25 if name == "uva_fraction" else value * 2
         with speedtorch.transfer_config_override(**{name: changed}) as inside:
             assert inside[name] == speedtorch.transfer_config()[name] == changed

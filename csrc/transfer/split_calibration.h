@@ -1,0 +1,69 @@
+// The UVA share of a pinned<->GPU transfer, measured on the machine instead of assumed.
+//
+// Which split between the UVA kernel and CPU staging is fastest depends on the GPU, the host's memory and PCIe,
+// the CPU threads free, the table's footprint, the row size and the batch: rates set once from one machine
+// (transfer_policy.h's model) made the automatic split slower than either path alone on the H100 (issue 23). So
+// the first transfer of each kind of call times the candidate shares on the call's own rows (a gather reads them
+// again into its output; a scatter_ writes the same rows again, which leaves the table as one write would) and
+// keeps the fastest for the process. Later calls of the same kind use it with no timing at all.
+//
+// This file holds the cache and the search; the transfer engine (row_transfer_cuda.cpp) supplies the timing. Plain
+// C++: tested without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transfer/transfer_policy.h"
+
+namespace speedtorch {
+
+enum class TransferDirection : int32_t { kGather = 0, kScatter = 1 };
+
+// What makes two calls "of the same kind": whatever changes the rates of the two paths.
+struct SplitKey {
+  int32_t device = 0;
+  TransferDirection direction = TransferDirection::kGather;
+  bool host_indices = false;    // the staged share needs no copy of the indices back from the GPU
+  int32_t footprint_log2 = 0;   // bytes of table the batch spans (page translation)
+  int64_t row_bytes = 0;
+  int32_t count_log2 = 0;       // rows in the call (fixed costs)
+  int32_t threads = 0;          // CPU threads of the staged share
+  int64_t uva_blocks_per_sm = 0;
+  int64_t uva_rows_in_flight = 0;
+  int64_t max_sms = 0;
+  int64_t staging_chunk_bytes = 0;
+
+  bool operator<(const SplitKey& other) const;
+  bool operator==(const SplitKey& other) const { return !(*this < other) && !(other < *this); }
+};
+
+SplitKey split_key(int device, TransferDirection direction, bool host_indices, int64_t footprint_bytes,
+                   int64_t row_bytes, int64_t count, int threads, const TransferConfig& config);
+
+// UVA shares tried, in order: all-UVA first (the share every call can take), then ever more staging.
+const std::vector<double>& candidate_uva_shares();
+
+struct SplitCalibration {
+  SplitKey key;
+  double uva_share = 1.0;
+  std::vector<double> shares;  // the candidates tried, and their best times
+  std::vector<double> milliseconds;
+};
+
+// The share kept for calls like `key`, if one was measured.
+std::optional<double> calibrated_uva_share(const SplitKey& key);
+
+// Times every candidate `rounds` times with time_ms(share) (one whole transfer with that share, in milliseconds),
+// keeps the share with the smallest best time (a split only if it beats all-UVA by 3% or more) and returns it. An exception from time_ms propagates; nothing is kept.
+double calibrate_uva_share(const SplitKey& key, const std::function<double(double)>& time_ms, int rounds = 3);
+
+// Every share measured so far (speedtorch.transfer_calibrations()), and forgetting them (tests; a machine whose
+// load changed).
+std::vector<SplitCalibration> split_calibrations();
+void clear_split_calibrations();
+
+}  // namespace speedtorch

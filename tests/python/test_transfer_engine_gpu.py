@@ -1,0 +1,102 @@
+"""The transfer engine's launch settings and measured split (csrc/transfer/split_calibration.h,
+csrc/cuda/row_kernels.h): whatever shape the kernels run in and whatever share the calibration keeps, gather and
+scatter_ move exactly the same rows. GPU only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import speedtorch
+
+pytestmark = pytest.mark.gpu
+
+ROWS, DIM = 200_000, 64
+# Small tables and batches would go all over UVA unsorted; these make every call take the full path.
+FULL_PATH = dict(uva_reach_bytes=0, small_transfer_bytes=0)
+
+
+def reference_scatter(table: torch.Tensor, ids: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """table with src written at ids, the last occurrence winning, on the host."""
+    expected = table.clone()
+    for position, row in enumerate(ids.tolist()):
+        expected[row] = src[position]
+    return expected
+
+
+@pytest.fixture
+def table():
+    t = speedtorch.pinned_empty(ROWS, DIM)
+    t.uniform_(-1, 1)
+    return t
+
+
+@pytest.mark.parametrize("settings", [
+    dict(uva_fraction=1.0, uva_rows_in_flight=1),
+    dict(uva_fraction=1.0, uva_rows_in_flight=2, uva_blocks_per_sm=4),
+    dict(uva_fraction=1.0, uva_rows_in_flight=8, uva_sort_bucket_bytes=1),
+    dict(uva_fraction=1.0, max_sms=3),
+    dict(uva_fraction=0.6, uva_rows_in_flight=8),
+], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_every_launch_shape_moves_the_same_rows(table, transfer_settings, settings):
+    transfer_settings(**FULL_PATH, **settings)
+    ids = torch.randint(0, ROWS, (30_000,), device="cuda")  # duplicates included
+    got = speedtorch.gather(table, ids)
+    assert torch.equal(got.cpu(), table[ids.cpu()])
+    src = torch.randn(ids.numel(), DIM, device="cuda")
+    expected = reference_scatter(table, ids.cpu(), src.cpu())
+    speedtorch.scatter_(table, ids, src)
+    torch.cuda.synchronize()
+    assert torch.equal(table, expected)
+
+
+def test_small_batches_and_narrow_rows_in_every_shape(transfer_settings):
+    for rows_in_flight in (1, 2, 4, 8):
+        transfer_settings(uva_rows_in_flight=rows_in_flight)
+        for dtype, dim in ((torch.bfloat16, 128), (torch.float16, 3), (torch.float32, 5), (torch.float32, 1)):
+            t = speedtorch.pinned_empty(5000, dim, dtype=dtype)
+            t.copy_(torch.randn(5000, dim).to(dtype))
+            for n in (1, 33, 1024):
+                ids = torch.randint(0, 5000, (n,), device="cuda")
+                assert torch.equal(speedtorch.gather(t, ids).cpu(), t[ids.cpu()]), (rows_in_flight, dtype, dim, n)
+
+
+def test_sorted_ids_skip_the_sort_and_still_land_in_place(table, transfer_settings):
+    transfer_settings(**FULL_PATH, uva_fraction=1.0)
+    ids = torch.unique(torch.randint(0, ROWS, (40_000,), device="cuda"))  # sorted: the sort is skipped
+    assert torch.equal(speedtorch.gather(table, ids).cpu(), table[ids.cpu()])
+    reversed_ids = ids.flip(0)  # descending: sorted by the engine, positions kept
+    assert torch.equal(speedtorch.gather(table, reversed_ids).cpu(), table[reversed_ids.cpu()])
+
+
+def test_the_split_is_measured_once_per_kind_and_kept(table, transfer_settings):
+    speedtorch.clear_transfer_calibrations()
+    try:
+        transfer_settings(**FULL_PATH, uva_fraction=-1.0, calibrate_split=1)
+        ids = torch.randint(0, ROWS, (30_000,), device="cuda")
+        got = speedtorch.gather(table, ids)
+        assert torch.equal(got.cpu(), table[ids.cpu()])
+        calibrations = speedtorch.transfer_calibrations()
+        assert len(calibrations) == 1
+        entry = calibrations[0]
+        assert entry["key"]["direction"] == "gather" and entry["key"]["row_bytes"] == DIM * 4
+        assert entry["uva_share"] in entry["tried"] and len(entry["tried"]) > 1
+        assert all(ms > 0 for ms in entry["tried"].values())
+        speedtorch.gather(table, ids)  # the same kind: measured already
+        assert len(speedtorch.transfer_calibrations()) == 1
+        # scatter_ measures by writing the same rows again: the table ends as one write leaves it.
+        src = torch.randn(ids.numel(), DIM, device="cuda")
+        expected = reference_scatter(table, ids.cpu(), src.cpu())
+        speedtorch.scatter_(table, ids, src)
+        torch.cuda.synchronize()
+        assert torch.equal(table, expected)
+        assert sorted(c["key"]["direction"] for c in speedtorch.transfer_calibrations()) == ["gather", "scatter"]
+        # Deferred checks never wait to measure: a new kind (another batch size) takes the model's split.
+        with speedtorch.deferred_index_checks():
+            other = torch.randint(0, ROWS, (10_000,), device="cuda")
+            assert torch.equal(speedtorch.gather(table, other).cpu(), table[other.cpu()])
+        speedtorch.check_index_errors()
+        assert len(speedtorch.transfer_calibrations()) == 2
+    finally:
+        speedtorch.clear_transfer_calibrations()
+    assert speedtorch.transfer_calibrations() == []
