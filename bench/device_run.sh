@@ -2,8 +2,7 @@
 # The GPU machine's script: build (sm_90 only, for speed), tests, compute-sanitizer, benchmarks and sweeps, with
 # every log and JSON written under $OUT (or bench/out). The machine has no network: build-deps/ (git-ignored) must be
 # carried with the working tree, `carry: ["build-deps"]`, made here by `make device-deps`: build-deps/include/xxhash.h
-# (the library's hash header, which that machine lacks), cpp-httplib for the example server (header in
-# build-deps/include, libraries in build-deps/lib) and build-deps/seed-speedtorch (SpeedTorch 0.1.6 for the
+# (the library's hash header, which that machine lacks) and build-deps/seed-speedtorch (SpeedTorch 0.1.6 for the
 # side-by-side benchmarks). Each step has a time limit, so that each call below stays under the device
 # tool's 10 minutes a command; on a machine still warm from the previous call the build is a no-op.
 #
@@ -41,15 +40,13 @@ case "${RUN:-}" in
 esac
 
 step build
-# build-deps/ (carried, not in git; make device-deps): xxhash.h, and cpp-httplib for the example server.
+# build-deps/ (carried, not in git; make device-deps): xxhash.h.
 [ -f build-deps/include/xxhash.h ] || [ -f /usr/include/xxhash.h ] \
   || echo "no xxhash.h: carry build-deps/ (carry: [\"build-deps\"]); CMake will stop"
 cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DPython3_EXECUTABLE="$(command -v $PY)" \
   -DCMAKE_PREFIX_PATH="$PWD/build-deps" >"$OUT/build.log" 2>&1 \
   && timeout ${BUILD_SECONDS:-420} ninja -C build >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 export SPEEDTORCH_LIBRARY=$PWD/build/libspeedtorch_ops.so
-# The example server links cpp-httplib from build-deps/lib where that machine lacks it (make device-deps).
-export LD_LIBRARY_PATH=$PWD/build-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.max,pcie.link.width.max,driver_version --format=csv
 
 # SpeedTorch 0.1.6 for the benchmarks: say at once whether it was carried and imports (CuPy is on that machine).

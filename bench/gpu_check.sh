@@ -12,8 +12,6 @@ cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DPython3_EXECUTABLE="$
   -DCMAKE_PREFIX_PATH="$PWD/build-deps" >"$OUT/build.log" 2>&1 \
   && timeout ${BUILD_SECONDS:-300} ninja -C build >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 export SPEEDTORCH_LIBRARY=$PWD/build/libspeedtorch_ops.so
-# The example server links cpp-httplib from build-deps/lib where that machine lacks it (make device-deps).
-export LD_LIBRARY_PATH=$PWD/build-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader
 step ctest
 (cd build && timeout ${CTEST_SECONDS:-150} ctest -j 8 --output-on-failure >"$OUT/ctest.log" 2>&1); tail -2 "$OUT/ctest.log"

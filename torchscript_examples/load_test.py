@@ -1,24 +1,33 @@
 """Load test of speedtorch_server: starts it on 127.0.0.1 (a free port) with a scripted recommender, and with its
-AOTInductor package when one is given (recommender_aoti.py), drives each from several client threads for a bounded
-number of requests (the same requests for both), checks every answer against the model run in Python
-(torch.jit.load), and reports throughput and p50/p99 latency side by side.
+AOTInductor package when one is given (recommender_aoti.py), drives each with the same bounded stream of requests
+from keep-alive clients, checks every answer, and reports throughput and p50/p99 latency side by side.
+
+Two kinds of client:
+- Python threads (the default): lookups, top-k and scores over the server's JSON endpoints, each answer checked
+  against the model run in Python (torch.jit.load);
+- the C++ load generator (--load-client, load_client.cpp), for rates a Python thread per client cannot reach:
+  lookups in the Open Inference Protocol with binary tensors (or its JSON form, or /lookup) mixed with /updates,
+  rows checked bit for bit against the table, updated rows whole and read back by their writer; --ceiling also
+  measures the client itself against a trivial endpoint.
 
     python torchscript_examples/load_test.py --server build/torchscript_examples/speedtorch_server --model model.pt \
-        [--package model.pt2 --table users.npy]
+        [--package model.pt2 --table users.npy] [--load-client build/torchscript_examples/speedtorch_load_client \
+        --clients 64 --seconds 10 --update-every 50 --ceiling]
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import random
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -31,10 +40,12 @@ class Server:
     """speedtorch_server as a context manager: started on a free port, stopped (SIGTERM) on exit."""
 
     def __init__(self, binary: str, model: str, threads: int = 8, max_batch: int = 4096, device: str = "cpu",
-                 table: str | None = None):
-        """model: a scripted model (.pt) or an AOTInductor package (.pt2, with its user table's files `table`)."""
+                 table: str | None = None, extra: list[str] | tuple = ()):
+        """model: a scripted model (.pt) or an AOTInductor package (.pt2, with its user table's files `table`);
+        `extra`: more server options."""
         self.cmd = [binary, model, "--port", "0", "--threads", str(threads), "--max-batch", str(max_batch),
-                    "--device", device] + (["--table", table] if table else [])
+                    "--device", device] + (["--table", table] if table else []) + list(extra)
+        self._connections = threading.local()  # one keep-alive connection per client thread
 
     def __enter__(self):
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -55,13 +66,26 @@ class Server:
             self.proc.kill()
 
     def post(self, path: str, payload, raw: bool = False):
+        """POSTs JSON (or `raw` bytes) on this thread's keep-alive connection: (status, decoded JSON answer)."""
         data = payload if raw else json.dumps(payload).encode()
-        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
+        for attempt in range(2):
+            conn = getattr(self._connections, "conn", None)
+            if conn is None:
+                host, port = self.url[len("http://"):].rsplit(":", 1)
+                conn = self._connections.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            try:
+                conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                body = response.read()
+                if response.getheader("Connection", "").lower() == "close":
+                    conn.close()
+                    self._connections.conn = None
+                return response.status, json.loads(body or b"{}")
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                conn.close()  # the server closed an idle kept-alive connection: once more on a new one
+                self._connections.conn = None
+                if attempt == 1:
+                    raise
 
 
 def same_top_k(model, user: int, k: int, body: dict) -> bool:
@@ -127,12 +151,41 @@ def side_by_side(results: dict[str, dict]) -> str:
     """A table of the runs' figures, with each run's throughput as a ratio to the first's."""
     names = list(results)
     first = results[names[0]]["req/s"]
-    lines = [f"{'server':<12} {'requests':>8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s ratio':>11} {'wrong':>5}"]
+    lines = [f"{'server':<18} {'requests':>8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s ratio':>11} {'wrong':>5}"]
     for name in names:
         r = results[name]
-        lines.append(f"{name:<12} {r['requests']:>8} {r['req/s']:>9.1f} {r['p50 ms']:>8.2f} {r['p99 ms']:>8.2f} "
+        lines.append(f"{name:<18} {r['requests']:>8} {r['req/s']:>9.1f} {r['p50 ms']:>8.2f} {r['p99 ms']:>8.2f} "
                      f"{r['req/s'] / first:>10.2f}x {len(r['failures']):>5}")
     return "\n".join(lines)
+
+
+def run_load_client(client: str, server: Server, expected: Path, users: int, dim: int, clients: int,
+                    requests: int, seconds: int, protocol: str, update_every: int, warmup: int,
+                    path: str | None = None, keep_alive: bool = True) -> dict:
+    """The C++ load generator (load_client.cpp) against `server`: `clients` keep-alive connections for `requests`
+    each (or `seconds`), lookups in `protocol` mixed with an /update every `update_every` requests, every answer
+    checked against the table in `expected` (float32 rows as the server starts with them)."""
+    port = server.url.rsplit(":", 1)[1]
+    # Niced: 64 client threads that are always runnable would otherwise take most of the CPU time from the
+    # server's few threads (the scheduler shares it per thread), and the client would be what is measured.
+    cmd = ["nice", "-n", "10", client, "--port", port, "--clients", str(clients), "--warmup", str(warmup), "--protocol", protocol,
+           "--update-every", str(update_every), "--users", str(users), "--dim", str(dim), "--expected", str(expected)]
+    cmd += ["--seconds", str(seconds)] if seconds else ["--requests", str(requests)]
+    if path:
+        cmd += ["--path", path]
+    if not keep_alive:
+        cmd += ["--keep-alive", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if not out.stdout.strip():
+        raise RuntimeError(f"the load client failed: {out.stderr}")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    failures = [r["first_problem"]] * (r["wrong"] + r["errors"])
+    return {"requests": r["requests"], "failures": failures, "seconds": r["seconds"], "req/s": r["req_per_s"],
+            "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"]}
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> int:
@@ -147,6 +200,21 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=10, help="requests per client before the timed ones (checked, "
                         "not timed: the first calls of a scripted model are profiled and optimised)")
     parser.add_argument("--device", default="cpu", help="where the server runs the model (cpu, cuda)")
+    parser.add_argument("--load-client", help="the C++ load generator (build/torchscript_examples/"
+                        "speedtorch_load_client): lookups mixed with /updates, keep-alive, every answer checked; "
+                        "without it Python threads send lookups, top-k and scores")
+    parser.add_argument("--protocol", default="binary", choices=["binary", "v2json", "json"],
+                        help="the load client's lookups: Open Inference Protocol with binary tensors, its JSON form, "
+                        "or the server's own /lookup")
+    parser.add_argument("--seconds", type=int, default=0, help="with --load-client: run this long instead of "
+                        "--requests per client")
+    parser.add_argument("--update-every", type=int, default=0, help="with --load-client: every Nth request of a "
+                        "client is an /update (0: none)")
+    parser.add_argument("--ceiling", action="store_true", help="with --load-client: also measure the client's own "
+                        "ceiling against GET /v2/health/ready (answered by the server's event loop alone)")
+    parser.add_argument("--no-keep-alive", action="store_true", help="with --load-client: a new connection per "
+                        "request, for comparison")
+    parser.add_argument("--server-args", default="", help="more server options, e.g. '--batch-window-us 500'")
     args = parser.parse_args()
     if bool(args.package) != bool(args.table):
         parser.error("--package and --table go together")
@@ -155,14 +223,36 @@ def main() -> int:
     if args.package:
         served["aoti"] = (args.package, args.table)
     results = {}
+    expected = None
+    if args.load_client:
+        # The rows every server starts with (a package's table files hold the scripted model's table).
+        expected = Path(tempfile.mkdtemp()) / "table.f32"
+        model.users.table().contiguous().numpy().tofile(expected)
+    users, dim = model.num_users(), model.items.shape[1]
+    extra = args.server_args.split()
     for name, (path, table) in served.items():
-        with Server(args.server, path, args.threads, device=args.device, table=table) as server:
-            warmup = run(server, model, args.clients, args.warmup, seed=1000) if args.warmup else {"failures": []}
-            results[name] = run(server, model, args.clients, args.requests)
-            results[name]["failures"] += warmup["failures"]
+        with Server(args.server, path, args.threads, device=args.device, table=table, extra=extra) as server:
+            if args.load_client:
+                if args.ceiling and not results:  # once: it measures the client and the server's event loop
+                    results[f"{name} ceiling"] = run_load_client(
+                        args.load_client, server, expected, users, dim, args.clients, args.requests, args.seconds,
+                        args.protocol, 0, args.warmup, path="/v2/health/ready")
+                results[name] = run_load_client(args.load_client, server, expected, users, dim, args.clients,
+                                                args.requests, args.seconds, args.protocol, args.update_every,
+                                                args.warmup, keep_alive=not args.no_keep_alive)
+            else:
+                warmup = run(server, model, args.clients, args.warmup, seed=1000) if args.warmup else {"failures": []}
+                results[name] = run(server, model, args.clients, args.requests)
+                results[name]["failures"] += warmup["failures"]
         for failure in results[name]["failures"][:10]:
             print(f"{name}: wrong answer: {failure}", file=sys.stderr)
-    print(f"device {args.device}, {args.clients} clients x {args.requests} requests, {args.threads} server threads")
+    amount = f"{args.seconds} s" if args.load_client and args.seconds else f"{args.requests} requests"
+    how = (f"C++ load client{' (no keep-alive)' if args.no_keep_alive else ''}, {args.protocol} lookups" + (f", /update every {args.update_every}" if
+                                                           args.update_every else "")) if args.load_client else \
+        "Python clients, lookup/topk/score"
+    kept = "" if args.load_client and args.no_keep_alive else "keep-alive "
+    print(f"device {args.device}, {args.clients} {kept}clients x {amount}, {how}, {args.threads} server "
+          f"threads, load average {load_average()}")
     print(side_by_side(results))
     wrong = sum(len(r["failures"]) for r in results.values())
     print(f"{wrong} wrong answers")

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "embedding/table_lock.h"
 #include "model_runner.h"
@@ -45,6 +46,21 @@ class RecommenderService {
   Response update(const std::string& body);
 
   int64_t num_users() const { return num_users_; }
+  int64_t num_items() const { return num_items_; }
+  int64_t dim() const { return dim_; }
+  int64_t max_batch() const { return max_batch_; }
+
+  // lookup() and score() in three steps, for the dynamic batcher (request_batcher.h), which runs the middle one
+  // for many requests at once: read a request (false and `failure` set when it is refused), run the model on ids
+  // (host int64, checked) under the shared lock, write the answer (a 500 when it holds infinity or NaN).
+  bool read_lookup(const std::string& body, torch::Tensor& ids, Response& failure) const;
+  bool read_score(const std::string& body, torch::Tensor& users, torch::Tensor& items, Response& failure) const;
+  torch::Tensor rows(const torch::Tensor& ids) const;
+  torch::Tensor scores(const torch::Tensor& users, const torch::Tensor& items) const;
+  static Response rows_answer(const torch::Tensor& rows);
+  static Response scores_answer(const torch::Tensor& scores);
+  // Checks ids (of a v2 inference input, inference_protocol.h) against [0, limit): `field` names them in the message.
+  static bool check_ids(const std::vector<int64_t>& ids, int64_t limit, const std::string& field, Response& failure);
 
  private:
   std::unique_ptr<ModelRunner> model_;

@@ -11,7 +11,26 @@
 namespace speedtorch::serving {
 namespace {
 
-const std::string kOtherEndpoint = "other";
+const std::string kOther = "other";
+
+// The methods HTTP defines (RFC 9110); any other token a client sends is counted as "other", so made-up methods
+// cannot grow the series, and every label value is ASCII.
+const std::string& method_label(const std::string& method) {
+  static const std::vector<std::string> known = {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS",
+                                                 "TRACE", "PATCH"};
+  const auto it = std::find(known.begin(), known.end(), method);
+  return it == known.end() ? kOther : *it;
+}
+
+// Requests per batch, and seconds a request waits for its batch (the window is about 1 ms).
+const std::vector<double>& batch_size_bounds() {
+  static const std::vector<double> bounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  return bounds;
+}
+const std::vector<double>& queue_wait_bounds() {
+  static const std::vector<double> bounds = {0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1, 1};
+  return bounds;
+}
 
 }  // namespace
 
@@ -28,25 +47,36 @@ RequestMetrics::RequestMetrics(std::vector<std::string> endpoints, std::vector<d
 
 const std::string& RequestMetrics::endpoint_of(const std::string& path) const {
   const auto known = std::find(endpoints_.begin(), endpoints_.end(), path);
-  return known == endpoints_.end() ? kOtherEndpoint : *known;
+  return known == endpoints_.end() ? kOther : *known;
 }
 
 void RequestMetrics::observe(const std::string& method, const std::string& path, int status, double seconds) {
   const std::string& endpoint = endpoint_of(path);
+  const std::string& method_name = method_label(method);
   std::lock_guard<std::mutex> lock(mutex_);
-  ++requests_[{method, endpoint, status}];
+  ++requests_[{method_name, endpoint, status}];
   if (seconds < 0) return;
-  Latency& latency = latency_[{method, endpoint}];
-  if (latency.buckets.empty()) latency.buckets.assign(bounds_.size() + 1, 0);
-  // The first bucket whose bound is >= seconds (le: "less than or equal").
-  const size_t bucket = std::lower_bound(bounds_.begin(), bounds_.end(), seconds) - bounds_.begin();
-  ++latency.buckets[bucket];
-  latency.sum += seconds;
+  latency_[{method_name, endpoint}].add(bounds_, seconds);
+}
+
+void RequestMetrics::Latency::add(const std::vector<double>& bounds, double value) {
+  if (buckets.empty()) buckets.assign(bounds.size() + 1, 0);
+  // The first bucket whose bound is >= value (le: "less than or equal").
+  ++buckets[std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin()];
+  sum += value;
+}
+
+void RequestMetrics::observe_batch(const std::string& model, const std::vector<double>& queue_waits) {
+  TORCH_CHECK(model == "lookup" || model == "score", "RequestMetrics: no batched model '", model, "'");
+  std::lock_guard<std::mutex> lock(mutex_);
+  batch_sizes_[model].add(batch_size_bounds(), static_cast<double>(queue_waits.size()));
+  Latency& waits = queue_waits_[model];
+  for (const double w : queue_waits) waits.add(queue_wait_bounds(), w);
 }
 
 std::string RequestMetrics::prometheus_text() const {
   std::vector<Sample> requests;
-  std::vector<HistogramSample> latencies;
+  std::vector<HistogramSample> latencies, batch_sizes, queue_waits;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& [key, count] : requests_) {
@@ -57,12 +87,22 @@ std::string RequestMetrics::prometheus_text() const {
     for (const auto& [key, latency] : latency_) {
       latencies.push_back({{{"method", key.first}, {"endpoint", key.second}}, bounds_, latency.buckets, latency.sum});
     }
+    for (const auto& [model, h] : batch_sizes_) {
+      batch_sizes.push_back({{{"model", model}}, batch_size_bounds(), h.buckets, h.sum});
+    }
+    for (const auto& [model, h] : queue_waits_) {
+      queue_waits.push_back({{{"model", model}}, queue_wait_bounds(), h.buckets, h.sum});
+    }
   }
   PrometheusText text;
   text.counter("speedtorch_server_requests_total", "HTTP requests answered, by method, endpoint and status",
                requests);
   text.histogram("speedtorch_server_request_duration_seconds",
-                 "Time from routing a request to writing its answer, by method and endpoint", latencies);
+                 "Time from a request received whole to its answer written, by method and endpoint", latencies);
+  text.histogram("speedtorch_server_batch_size", "Requests merged into one model call by the dynamic batcher, by "
+                 "model", batch_sizes);
+  text.histogram("speedtorch_server_queue_wait_seconds", "Time a request waited for its batch's model call, by "
+                 "model", queue_waits);
   for (const metrics::CounterValue& c : metrics::snapshot()) {
     text.counter(std::string("speedtorch_") + c.name + "_total", c.help, {{{}, static_cast<double>(c.value)}});
   }

@@ -1,127 +1,153 @@
-// speedtorch_server: serves a recommender over HTTP on localhost with no Python: a scripted model
-// (recommender_model.py) or an AOTInductor package (recommender_aoti.py) with its user table's files (model_runner.h).
-// POST /lookup, /topk, /score, /update with JSON bodies (request_handler.h), GET /health, and GET /metrics in the
-// Prometheus text format (metrics_endpoint.h: request counts, latencies, library counters). Many requests run at
-// once on a thread pool; a bad request gets a 4xx with a message and never takes the server down.
+// speedtorch_server: serves a recommender over HTTP with no Python: a scripted model (recommender_model.py) or an
+// AOTInductor package (recommender_aoti.py) with its user table's files (model_runner.h). Its own JSON endpoints
+// (POST /lookup, /topk, /score, /update: request_handler.h), the Open Inference Protocol with Triton's binary
+// tensors (/v2: inference_protocol.h), GET /health and GET /metrics (request_metrics.h); recommender_routes.h says
+// which runs where. Lookups and scores that arrive together are merged into one model call (request_batcher.h).
+// The HTTP layer (http_server.h) is one epoll loop that slow clients cannot stall; a bad request gets a 4xx with a
+// message and never takes the server down.
 //
 //   speedtorch_server MODEL.pt [--host 127.0.0.1] [--port 0] [--threads 8] [--max-batch 4096] [--device cpu]
+//                     [--batch-window-us 1000] [--batch-max-ids 16384] [--batch-runners 2]
+//                     [--max-connections 1024] [--max-body-bytes 67108864]
+//                     [--idle-timeout 60] [--header-timeout 10] [--body-timeout 60] [--write-timeout 60]
 //   speedtorch_server MODEL.pt2 --table USERS.npy [the same options]
 // --device cuda runs the model on the GPU (a package must be compiled for cuda); the user table stays in pinned host
-// memory and the GPU reads the rows a request names over UVA. A package's table is opened copy-on-write: updates
-// live in the server's memory, the files never change.
+// memory and the GPU reads the rows a request names over UVA; each worker and batch runner has its own CUDA stream.
+// A package's table is opened copy-on-write: updates live in the server's memory, the files never change.
 // With --port 0 the kernel picks a free port; the first line printed is "listening on HOST:PORT".
-// SIGTERM / SIGINT stop it: it takes no new connection, finishes the requests it has, and exits with status 0
-// (stop_signal_watcher.h).
-#include <httplib.h>
+// SIGTERM / SIGINT stop it: it takes no new connection, answers every request it has received whole, and exits
+// with status 0 (stop_signal_watcher.h).
+#include <c10/core/impl/VirtualGuardImpl.h>
 
-#include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
-#include <thread>
 
-#include "metrics_endpoint.h"
+#include "http_server.h"
 #include "model_runner.h"
+#include "recommender_routes.h"
+#include "request_batcher.h"
 #include "request_handler.h"
+#include "request_metrics.h"
 #include "stop_signal_watcher.h"
+#include "worker_pool.h"
 
 namespace {
 
-// Runs a handler; whatever it throws becomes a 500 with the message, not a dead server.
-void respond(httplib::Response& res, const std::function<speedtorch::serving::Response()>& handler) {
-  speedtorch::serving::Response out;
-  try {
-    out = handler();
-  } catch (const std::exception& e) {
-    out = {500, "{\"error\": \"internal error (details in the server log)\"}"};
-    std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
+using namespace speedtorch::serving;
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "speedtorch_server: %s\n", message.c_str());
+  std::exit(2);
+}
+
+// `text` as a whole decimal integer in [min, max] (atoi would take "4x" as 4 and "abc" as 0), or exit 2 saying why.
+long long parse_integer(const std::string& flag, const std::string& text, long long min, long long max) {
+  errno = 0;
+  char* end = nullptr;
+  const long long value = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' || errno == ERANGE ||
+      value < min || value > max) {
+    usage_error(flag + " takes an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got '" +
+                text + "'");
   }
-  res.status = out.status;
-  res.set_content(out.body, "application/json");
+  return value;
+}
+
+// `text` as a whole decimal number of seconds in (0, max], or exit 2.
+double parse_seconds(const std::string& flag, const std::string& text, double max) {
+  errno = 0;
+  char* end = nullptr;
+  const double value = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' || errno == ERANGE ||
+      !(value > 0 && value <= max)) {
+    usage_error(flag + " takes a number of seconds in (0, " + std::to_string(static_cast<int>(max)) + "], got '" +
+                text + "'");
+  }
+  return value;
+}
+
+// Gives the calling thread a CUDA stream of its own on `device` (nothing for a CPU device): work it queues waits for
+// no other thread's, and its answers (copied to the host on that stream) wait for nothing else either.
+std::function<void()> own_stream(torch::Device device) {
+  if (!device.is_cuda()) return nullptr;
+  return [device] {
+    const c10::impl::VirtualGuardImpl impl(device.type());
+    const c10::Device d = device.has_index() ? device : impl.getDevice();
+    impl.setDevice(d);
+    impl.exchangeStream(impl.getStreamFromGlobalPool(d, /*isHighPriority=*/false));
+  };
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  speedtorch::serving::block_stop_signals();  // before any thread starts (see stop_signal_watcher.h)
-  if (argc < 2) {
+  block_stop_signals();  // before any thread starts (see stop_signal_watcher.h)
+  if (argc < 2 || argv[1][0] == '-') {
     std::fprintf(stderr, "usage: %s MODEL.pt|MODEL.pt2 [--table USERS.npy] [--host H] [--port P] [--threads T] "
-                 "[--max-batch N] [--device D]\n", argv[0]);
+                 "[--max-batch N] [--device D] [--batch-window-us U] [--batch-max-ids N] [--batch-runners R] "
+                 "[--max-connections C] [--max-body-bytes B] [--idle-timeout S] [--header-timeout S] "
+                 "[--body-timeout S] [--write-timeout S]\n", argv[0]);
     return 2;
   }
-  std::string host = "127.0.0.1";
-  int port = 0;
+  HttpServerOptions http;
   int threads = 8;
-  long max_batch = 4096;
+  long long max_batch = 4096;
   std::string device = "cpu";
   std::string table;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  RequestBatcher::Options batching;
+  for (int i = 2; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--host") host = argv[i + 1];
-    else if (flag == "--port") port = std::atoi(argv[i + 1]);
-    else if (flag == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (flag == "--max-batch") max_batch = std::atol(argv[i + 1]);
-    else if (flag == "--device") device = argv[i + 1];
-    else if (flag == "--table") table = argv[i + 1];
-    else {
-      std::fprintf(stderr, "unknown option %s\n", argv[i]);
-      return 2;
-    }
-  }
-  if (threads < 1 || max_batch < 1) {
-    std::fprintf(stderr, "speedtorch_server: --threads and --max-batch must be >= 1, got %d and %ld\n", threads,
-                 max_batch);
-    return 2;
+    if (i + 1 >= argc) usage_error("option " + flag + " needs a value");
+    const std::string value = argv[i + 1];
+    if (flag == "--host") http.host = value;
+    else if (flag == "--port") http.port = static_cast<int>(parse_integer(flag, value, 0, 65535));
+    else if (flag == "--threads") threads = static_cast<int>(parse_integer(flag, value, 1, 1024));
+    else if (flag == "--max-batch") max_batch = parse_integer(flag, value, 1, 1 << 24);
+    else if (flag == "--device") device = value;
+    else if (flag == "--table") table = value;
+    else if (flag == "--batch-window-us") batching.window = std::chrono::microseconds(parse_integer(flag, value, 0, 1000000));
+    else if (flag == "--batch-max-ids") batching.max_ids = parse_integer(flag, value, 1, 1 << 26);
+    else if (flag == "--batch-runners") batching.runners = static_cast<int>(parse_integer(flag, value, 1, 64));
+    else if (flag == "--max-connections") http.max_connections = static_cast<int>(parse_integer(flag, value, 1, 1 << 20));
+    else if (flag == "--max-body-bytes") http.limits.max_body_bytes = parse_integer(flag, value, 1, 1ll << 32);
+    else if (flag == "--idle-timeout") http.idle_timeout_s = parse_seconds(flag, value, 86400);
+    else if (flag == "--header-timeout") http.header_timeout_s = parse_seconds(flag, value, 3600);
+    else if (flag == "--body-timeout") http.body_timeout_s = parse_seconds(flag, value, 3600);
+    else if (flag == "--write-timeout") http.write_timeout_s = parse_seconds(flag, value, 3600);
+    else usage_error("unknown option " + flag);
   }
   try {
     // A bad device name, model or table throws: reported below, exit 1.
-    speedtorch::serving::RecommenderService service(
-        speedtorch::serving::open_model(argv[1], table, torch::Device(device), static_cast<size_t>(threads)),
-        max_batch);
-    // Before the server: it must outlive the server's threads, which record into it.
-    speedtorch::serving::RequestMetrics metrics({"/health", "/lookup", "/topk", "/score", "/update", "/metrics"});
-    httplib::Server server;
-    server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-    server.set_payload_max_length(64 << 20);
-    speedtorch::serving::serve_metrics(server, metrics);
-    server.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
-      res.set_content("{\"status\": \"ok\", \"users\": " + std::to_string(service.num_users()) + "}",
-                      "application/json");
-    });
-    server.Post("/lookup", [&](const httplib::Request& req, httplib::Response& res) {
-      respond(res, [&] { return service.lookup(req.body); });
-    });
-    server.Post("/topk", [&](const httplib::Request& req, httplib::Response& res) {
-      respond(res, [&] { return service.top_k(req.body); });
-    });
-    server.Post("/score", [&](const httplib::Request& req, httplib::Response& res) {
-      respond(res, [&] { return service.score(req.body); });
-    });
-    server.Post("/update", [&](const httplib::Request& req, httplib::Response& res) {
-      respond(res, [&] { return service.update(req.body); });
-    });
-    if (port == 0) port = server.bind_to_any_port(host);
-    else if (!server.bind_to_port(host, port)) {
-      std::fprintf(stderr, "speedtorch_server: cannot bind %s:%d\n", host.c_str(), port);
-      return 1;
-    }
-    std::atomic<bool> listen_returned{false};
-    const speedtorch::serving::StopSignalWatcher watcher([&](int signal) {
+    const torch::Device on(device);
+    // Workers (top-k) and batch runners may run the model at once: an AOTInductor package gets that many instances.
+    RecommenderService service(open_model(argv[1], table, on, static_cast<size_t>(threads + batching.runners)),
+                               max_batch);
+    RequestMetrics metrics(RecommenderRoutes::endpoints());
+    WorkerPool workers(threads, own_stream(on));
+    batching.init_thread = own_stream(on);
+    RequestBatcher batcher([&](const torch::Tensor& ids, const torch::Tensor&) { return service.rows(ids); },
+                           [&](const torch::Tensor& users, const torch::Tensor& items) {
+                             return service.scores(users, items);
+                           },
+                           batching, &metrics);
+    RecommenderRoutes routes(service, batcher, workers, metrics);
+    HttpServer server(http, std::ref(routes),
+                      [&metrics](const std::string& method, const std::string& path, int status, double seconds) {
+                        metrics.observe(method, path, status, seconds);
+                      });
+    const StopSignalWatcher watcher([&server](int signal) {
       std::fprintf(stderr, "speedtorch_server: stopping on signal %d\n", signal);
-      // stop() is a no-op until listen_after_bind has started serving: a signal that comes right after the
-      // "listening on" line must not be lost.
-      while (!server.is_running() && !listen_returned.load()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      server.stop();
+      server.stop();  // safe before run() starts: the loop sees it first thing
     });
-    std::printf("listening on %s:%d\n", host.c_str(), port);
+    std::printf("listening on %s:%d\n", http.host.c_str(), server.port());
     std::fflush(stdout);
-    server.listen_after_bind();
-    listen_returned.store(true);
+    server.run();  // returns once every request received is answered; then the batcher and workers drain
   } catch (const std::exception& e) {
     std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
     return 1;

@@ -1,5 +1,5 @@
 // StopSignalWatcher: turns SIGTERM / SIGINT into a call on an ordinary thread. A signal handler may only call
-// async-signal-safe functions, and httplib::Server::stop() (locks, socket calls, atomics on a live object) is not one.
+// async-signal-safe functions, and stopping a server (locks, socket calls, a live object) is not one.
 // So the signals are blocked in every thread and one thread takes them with sigwait, then runs the callback.
 //
 // block_stop_signals() must run first in main, before any thread starts (torch's pools included): threads inherit

@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +69,26 @@ TEST(RequestHandler, LookupMatchesTheTable) {
   for (int j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(rows[1][j], table[49][j].item<float>());
 }
 
+// Answers write each float as the shortest text of its double value (std::to_chars): read as doubles it is the
+// float32 value exactly, bit for bit, for ordinary, tiny (subnormal), huge and negative-zero values alike.
+TEST(RequestHandler, AnswersReadBackAsTheSameFloats) {
+  torch::jit::Module model = make_model(8, 3, 16);
+  const at::Tensor table = model.attr("users").toCustomClass<PinnedEmbedding>()->table();
+  table[0].copy_(torch::tensor({1e-40f, -1e-45f, 3.4028235e38f, -0.0f, 0.1f, 1.0f / 3, 16777217.0f, -2.5f, 1e-7f,
+                                123456.789f, 7e-39f, 0.3f, -0.7f, 1e10f, 5e-324f, 2.0f}));
+  RecommenderService service(model, 8);
+  const Response r = service.lookup(R"({"ids": [0, 5]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto rows = json::parse(r.body)["rows"].get<std::vector<std::vector<double>>>();
+  for (int64_t i = 0; i < 2; ++i) {
+    const int64_t id = i == 0 ? 0 : 5;
+    for (int64_t j = 0; j < 16; ++j) {
+      const double want = table[id][j].item<float>();
+      EXPECT_EQ(std::memcmp(&rows[i][j], &want, 8), 0) << id << "," << j << ": " << rows[i][j] << " vs " << want;
+    }
+  }
+}
+
 TEST(RequestHandler, TopKAndScoreAgree) {
   RecommenderService service(make_model(20, 30, 8), 100);
   const json top = json::parse(service.top_k(R"({"user": 7, "k": 5})").body);
@@ -114,6 +136,75 @@ TEST(RequestHandler, BadRequestsGetFourHundreds) {
   EXPECT_EQ(service.update(R"({"ids": [1], "rows": [[1, 2]]})").status, 400);
   const Response bad = service.lookup(R"({"ids": [1, 20]})");
   EXPECT_NE(bad.body.find("unknown id 20"), std::string::npos) << bad.body;
+}
+
+// 140 KB of nested lists killed the server (SIGSEGV: the error message dumped the value recursively). Refused
+// with a 400 before parsing, in every field, however deep.
+TEST(RequestHandler, DeeplyNestedJsonIsRefusedNotACrash) {
+  RecommenderService service(make_model(20, 30, 4), 8);
+  const auto nested = [](int depth) { return std::string(depth, '[') + "1" + std::string(depth, ']'); };
+  for (const int depth : {33, 70000, 1000000}) {
+    const Response ids = service.lookup(R"({"ids": )" + nested(depth) + "}");
+    EXPECT_EQ(ids.status, 400) << ids.body;
+    EXPECT_NE(ids.body.find("deeper than 32"), std::string::npos) << ids.body;
+    EXPECT_EQ(service.score(R"({"users": )" + nested(depth) + R"(, "items": [1]})").status, 400);
+    EXPECT_EQ(service.top_k(R"({"user": )" + nested(depth) + R"(, "k": 1})").status, 400);
+    EXPECT_EQ(service.update(R"({"ids": [1], "rows": [[1, 2, 3, )" + nested(depth) + "]]}").status, 400);
+    EXPECT_EQ(service.lookup(std::string(depth, '{')).status, 400);
+  }
+  // Brackets inside strings do not count; a list at the limit still gets the ordinary answer for its content.
+  EXPECT_EQ(service.lookup(R"({"ids": [1], "note": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"[["})").status, 200);
+  const Response shallow = service.lookup(R"({"ids": )" + nested(30) + "}");
+  EXPECT_EQ(shallow.status, 400);
+  EXPECT_NE(shallow.body.find("got a list of 1 values"), std::string::npos) << shallow.body;
+}
+
+// 1e39 would be written as infinity; numbers beyond float32 are refused, the row keeps its value.
+TEST(RequestHandler, UpdateRefusesNumbersOutsideFloat32) {
+  torch::jit::Module model = make_model(20, 30, 2);
+  const at::Tensor table = model.attr("users").toCustomClass<PinnedEmbedding>()->table();
+  RecommenderService service(model, 8);
+  const float before = table[3][0].item<float>();
+  for (const char* big : {"1e39", "-1e39", "3.4028236e38"}) {
+    const Response r = service.update(std::string(R"({"ids": [3], "rows": [[)") + big + ", 0]]}");
+    EXPECT_EQ(r.status, 400) << big << ": " << r.body;
+    EXPECT_NE(r.body.find("float32 range"), std::string::npos) << r.body;
+  }
+  EXPECT_EQ(service.update(R"({"ids": [3], "rows": [[1e400, 0]]})").status, 400);  // beyond double: not JSON
+  EXPECT_EQ(table[3][0].item<float>(), before);
+  EXPECT_EQ(service.update(R"({"ids": [3], "rows": [[3.4028234e38, -1e-50]]})").status, 200);
+  EXPECT_EQ(table[3][0].item<float>(), 3.4028234e38f);
+}
+
+// Ids above INT64_MAX were read as negative ("unknown id -1"): the answer names the id that was sent.
+TEST(RequestHandler, HugeUnsignedIdsAreNamedAsSent) {
+  RecommenderService service(make_model(20, 30, 2), 8);
+  for (const char* id : {"9223372036854775808", "18446744073709551615"}) {
+    const Response r = service.lookup(std::string(R"({"ids": [1, )") + id + "]}");
+    EXPECT_EQ(r.status, 404);
+    EXPECT_NE(r.body.find(std::string("unknown id ") + id + " in 'ids'"), std::string::npos) << r.body;
+    const Response top = service.top_k(std::string(R"({"user": )") + id + R"(, "k": 1})");
+    EXPECT_EQ(top.status, 404);
+    EXPECT_NE(top.body.find(std::string("unknown id ") + id), std::string::npos) << top.body;
+    EXPECT_EQ(service.top_k(std::string(R"({"user": 1, "k": )") + id + "}").status, 400);
+  }
+}
+
+// JSON cannot carry infinity or NaN (nlohmann writes null): a row or score holding one is an error, not a null.
+TEST(RequestHandler, NonFiniteAnswersAreAnErrorNotNull) {
+  torch::jit::Module model = make_model(20, 30, 2);
+  const at::Tensor table = model.attr("users").toCustomClass<PinnedEmbedding>()->table();
+  table[4][1] = std::numeric_limits<float>::infinity();
+  table[5][0] = std::numeric_limits<float>::quiet_NaN();
+  RecommenderService service(model, 8);
+  for (const char* ids : {R"({"ids": [4]})", R"({"ids": [1, 5]})"}) {
+    const Response r = service.lookup(ids);
+    EXPECT_EQ(r.status, 500) << r.body;
+    EXPECT_NE(r.body.find("infinity or NaN"), std::string::npos) << r.body;
+  }
+  EXPECT_EQ(service.score(R"({"users": [4], "items": [0]})").status, 500);
+  EXPECT_EQ(service.top_k(R"({"user": 5, "k": 3})").status, 500);
+  EXPECT_EQ(service.lookup(R"({"ids": [1, 2]})").status, 200);
 }
 
 TEST(RequestHandler, UpdatesAreWholeRowsUnderConcurrentReads) {

@@ -2,6 +2,7 @@
 // unknown paths folded into "other"; the library counters included.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +39,22 @@ TEST(RequestMetrics, CountsRequestsAndBucketsLatencies) {
   EXPECT_TRUE(contains(t, h + "_count{method=\"POST\",endpoint=\"/lookup\"} 4"));
   EXPECT_TRUE(contains(t, h + "_count{method=\"GET\",endpoint=\"other\"} 1"));
   EXPECT_EQ(t.find(h + "_count{method=\"GET\",endpoint=\"/metrics\"}"), std::string::npos);  // never timed
+}
+
+// Methods a client makes up (any token, bytes that are not UTF-8) share one series, like unknown paths: the
+// series stay few however many a client sends, and the text stays ASCII.
+TEST(RequestMetrics, MadeUpMethodsFoldIntoOther) {
+  RequestMetrics m({"/lookup"});
+  for (int i = 0; i < 100; ++i) m.observe("M" + std::to_string(i), "/lookup", 400, 0.001);
+  m.observe("G\xff\xfeT", "/lookup", 400, 0.001);
+  m.observe("post", "/lookup", 400, 0.001);  // methods are case-sensitive
+  m.observe("DELETE", "/lookup", 404, 0.001);
+  const std::string t = m.prometheus_text();
+  EXPECT_TRUE(contains(t, "speedtorch_server_requests_total{method=\"other\",endpoint=\"/lookup\",status=\"400\"} 102"))
+      << t;
+  EXPECT_TRUE(contains(t, "speedtorch_server_requests_total{method=\"DELETE\",endpoint=\"/lookup\",status=\"404\"} 1"));
+  EXPECT_EQ(t.find("M1"), std::string::npos);
+  EXPECT_TRUE(std::all_of(t.begin(), t.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; }));
 }
 
 TEST(RequestMetrics, IncludesTheLibraryCounters) {

@@ -3,7 +3,7 @@
 // Done before any row is touched, so a bad index is reported with its value and position and never reads or writes
 // out of bounds. Parallel over the indices (at::parallel_for); one pass, no allocation. Every route calls
 // check_index_tensor: the CPU routes (transfer/row_transfer.cpp, the optimizer's CPU route) directly, the GPU
-// routes through validate_indices (transfer/device_access.h), which reduces CUDA indices on the GPU and comes
+// routes through validate_indices (transfer/device_access.h), which summarizes CUDA indices on the GPU and comes
 // here to name a bad one. Only GPU kernels under deferred checks or CUDA graph capture flag bad indices
 // themselves (cuda/device_index_error.h).
 #pragma once

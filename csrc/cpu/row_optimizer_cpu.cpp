@@ -58,14 +58,18 @@ void update_rows(const OptimizerRows& t, const OptimizerHyper& h, int64_t global
     float* s1 = s0 + dim;
     float* s2 = s1 + dim;
     const float* g = grads + i * dim;
-    if (h.kind == OptimizerKind::kRowwiseAdagrad) {
+    if (is_rowwise(h.kind)) {  // the row's squared gradient, before any element moves
       float sum_squares = 0.f;
       for (int64_t j = 0; j < dim; ++j) {
         const float gj = decayed_gradient(h, static_cast<float>(w[j]), g[j]);
         sum_squares += gj * gj;
       }
-      float* accumulator = header + kRowwiseAccumulatorFloat;
-      r.clr = rowwise_adagrad_scale(h, *accumulator, r.first, sum_squares, dim, accumulator);
+      float* row_scalar = header + kRowwiseAccumulatorFloat;
+      if (h.kind == OptimizerKind::kRowwiseAdagrad) {
+        r.clr = rowwise_adagrad_scale(h, *row_scalar, r.first, sum_squares, dim, row_scalar);
+      } else {
+        r.denom = rowwise_adam_denominator(h, r, *row_scalar, sum_squares, dim, row_scalar);
+      }
     }
     if (!h.stochastic_rounding) {  // two loops, so that the common one stays branch-free (vectorised)
       for (int64_t j = 0; j < dim; ++j) {

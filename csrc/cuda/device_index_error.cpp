@@ -69,6 +69,12 @@ void check_deferred_index_errors() {
     const DeviceIndexError seen = *r.host[device];
     if (seen.flag == 0) continue;
     C10_CUDA_CHECK(cudaMemset(record, 0, sizeof(DeviceIndexError)));
+    TORCH_CHECK_VALUE(seen.kind != kNegativeToken, "speedtorch.check_index_errors: tokens holds ", seen.value,
+                      " at flat position ", seen.position, "; token ids must be >= 0 (found by the GPU on cuda:",
+                      device, " in speedtorch.ngram_hash while checks were deferred; that position's row ids are -1)");
+    TORCH_CHECK_VALUE(seen.kind != kBadBucketSize, "speedtorch.check_index_errors: bucket_sizes holds ", seen.value,
+                      " in column ", seen.position, "; every bucket size must be >= 1 (found by the GPU on cuda:",
+                      device, " in speedtorch.ngram_hash while checks were deferred; that column's row ids are -1)");
     TORCH_CHECK_INDEX(false, "speedtorch.check_index_errors: indices holds ", seen.value, " at flat position ",
                       seen.position, "; every index must be in [0, ", seen.num_rows, ") for a table of ",
                       seen.num_rows, " rows (found by the GPU on cuda:", device, " while index checks were "

@@ -2,7 +2,7 @@
 //
 // Kernels never touch a row for such an index; they flag it here. Only deferred checks read the record: by
 // default every op validates its CUDA indices before launching anything (transfer/device_access.h,
-// validate_indices: a reduction on the caller's stream and a wait for that stream only), so its kernels never meet
+// validate_indices: a summary kernel on the caller's stream and a wait for that stream only), so its kernels never meet
 // a bad index and its error is raised in the calling thread. In deferred mode, and under CUDA graph capture, the
 // kernels find bad indices and speedtorch.check_index_errors() reports them: the first flagged on each device since
 // the last check, whichever thread or stream launched it.
@@ -14,9 +14,16 @@
 
 namespace speedtorch {
 
+// What a record holds (row kernels leave it at 0: the record is zeroed whenever it is cleared).
+enum DeviceErrorKind : int32_t {
+  kBadRowIndex = 0,     // an index outside [0, num_rows)
+  kNegativeToken = 1,   // speedtorch::ngram_hash: a token id < 0 (value, flat position)
+  kBadBucketSize = 2,   // speedtorch::ngram_hash: a bucket size < 1 (value, column)
+};
+
 struct DeviceIndexError {
-  int32_t flag;  // 0: none; 1: an out-of-range index was seen
-  int32_t reserved;
+  int32_t flag;  // 0: none; 1: a bad input was seen
+  int32_t kind;  // DeviceErrorKind
   int64_t value;
   int64_t position;
   int64_t num_rows;

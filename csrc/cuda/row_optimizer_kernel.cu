@@ -67,20 +67,24 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const int32_t k = *step + 1;
     RowStep r = row_step(h, k, global_step);
     const float* g = grads + i * t.dim;
-    float accumulator = 0.f;
-    if (h.kind == OptimizerKind::kRowwiseAdagrad) {  // the row's mean squared gradient, before any element moves
+    float row_scalar = 0.f;
+    if (is_rowwise(h.kind)) {  // the row's mean squared gradient, before any element moves
       float part = 0.f;
       for (int64_t j = pos.lane; j < t.dim; j += lanes) {
         const float gj = decayed_gradient(h, static_cast<float>(w[j]), g[j]);
         part += gj * gj;
       }
-      r.clr = rowwise_adagrad_scale(h, header[kRowwiseAccumulatorFloat], r.first, group_sum(part, pos, lanes), t.dim,
-                                    &accumulator);
+      const float sum_squares = group_sum(part, pos, lanes);
+      if (h.kind == OptimizerKind::kRowwiseAdagrad) {
+        r.clr = rowwise_adagrad_scale(h, header[kRowwiseAccumulatorFloat], r.first, sum_squares, t.dim, &row_scalar);
+      } else {
+        r.denom = rowwise_adam_denominator(h, r, header[kRowwiseAccumulatorFloat], sum_squares, t.dim, &row_scalar);
+      }
     }
     __syncwarp(pos.group_mask);  // every lane has read the header before lane 0 moves it on
     if (pos.lane == 0) {
       *step = k;
-      if (h.kind == OptimizerKind::kRowwiseAdagrad) header[kRowwiseAccumulatorFloat] = accumulator;
+      if (is_rowwise(h.kind)) header[kRowwiseAccumulatorFloat] = row_scalar;
     }
     float* s0 = header + kStateHeaderFloats;
     float* s1 = s0 + t.dim;
@@ -290,8 +294,8 @@ void launch_typed(const OptimizerRows& t, const OptimizerHyper& h, int64_t globa
       default: return launch_rowwise<T, 4, kRowwisePerLane>(t, h, global_step, rows, grads, count, lanes, l, error, stream);
     }
   }
-  // Row-wise Adagrad on longer rows reduces over the row before updating it: the scalar kernel's two passes.
-  if (allow_vec4 && h.kind != OptimizerKind::kRowwiseAdagrad && t.dim % 4 == 0 && aligned(t.weights, wbytes) &&
+  // Row-wise kinds otherwise reduce over the row before updating it: the scalar kernel's two passes.
+  if (allow_vec4 && !is_rowwise(h.kind) && t.dim % 4 == 0 && aligned(t.weights, wbytes) &&
       t.weight_stride_bytes % wbytes == 0 &&
       aligned(t.state, 16) && t.state_stride_floats % 4 == 0 && aligned(grads, 16)) {
     // At most 2 rows in flight: each holds up to 5 vectors of registers per lane, and Adam's step ran at 0.90 of

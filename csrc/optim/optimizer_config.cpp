@@ -31,6 +31,7 @@ const std::vector<KindInfo>& kinds() {
       {"asgd", OptimizerKind::kASGD, 1e-2f, {"lambd", "alpha", "t0", "weight_decay"}},
       {"rprop", OptimizerKind::kRprop, 1e-2f, {"etaminus", "etaplus", "step_size_min", "step_size_max"}},
       {"rowwise_adagrad", OptimizerKind::kRowwiseAdagrad, 1e-2f, {"eps", "weight_decay", "initial_accumulator_value"}},
+      {"rowwise_adam", OptimizerKind::kRowwiseAdam, 1e-3f, {"beta1", "beta2", "eps", "weight_decay"}},
   };
   return table;
 }

@@ -11,6 +11,10 @@
 // moves, so the loops call rowwise_adagrad_scale() once per row (with the row's sum of squares) and then
 // update_element() per element.
 //
+// Row-wise Adam (FBGEMM's PARTIAL_ROWWISE_ADAM) keeps Adam's first moment per element but its second moment as one
+// float per row (in the header, where row-wise Adagrad keeps its sum): beta2-weighted means of the row's mean
+// squared gradient. The loops call rowwise_adam_denominator() once per row, then update_element() per element.
+//
 // 16-bit tables: an update smaller than half the spacing of float16/bfloat16 values around a weight is lost when the
 // result is rounded to nearest (bfloat16 keeps 8 bits: 1.0 - 1e-4 rounds back to 1.0). With stochastic_rounding
 // the result rounds up or down with the probabilities that make its expected value exact (as FBGEMM's 16-bit
@@ -35,13 +39,18 @@
 namespace speedtorch {
 
 enum class OptimizerKind : int32_t {
-  kSGD, kAdagrad, kAdam, kAdamW, kAdamax, kRMSprop, kAdadelta, kASGD, kRprop, kRowwiseAdagrad
+  kSGD, kAdagrad, kAdam, kAdamW, kAdamax, kRMSprop, kAdadelta, kASGD, kRprop, kRowwiseAdagrad, kRowwiseAdam
 };
 
 // Floats before the first state vector of a state row.
 constexpr int64_t kStateHeaderFloats = 4;
-// Where row-wise Adagrad keeps its accumulator in the header.
+// Where row-wise Adagrad keeps its accumulator, and row-wise Adam its second moment, in the header.
 constexpr int64_t kRowwiseAccumulatorFloat = 1;
+
+// Kinds whose update needs a reduction over the row (its squared gradient) before any element moves.
+inline constexpr bool is_rowwise(OptimizerKind kind) {
+  return kind == OptimizerKind::kRowwiseAdagrad || kind == OptimizerKind::kRowwiseAdam;
+}
 
 enum class WeightType : int32_t { kFloat, kHalf, kBFloat16 };
 
@@ -105,6 +114,7 @@ inline int64_t state_slots(const OptimizerHyper& h) {
     case OptimizerKind::kASGD: return 1;
     case OptimizerKind::kRprop: return 2;
     case OptimizerKind::kRowwiseAdagrad: return 0;  // its one float lives in the header
+    case OptimizerKind::kRowwiseAdam: return 1;     // the first moment; the second lives in the header
   }
   return 0;
 }
@@ -131,7 +141,18 @@ struct RowStep {
   float bc2_sqrt = 1.f;
   float clr = 0.f;  // Adagrad: lr / (1 + (k - 1) * lr_decay); Adamax: lr / (1 - beta1^k); ASGD: eta
   float mu = 1.f;   // ASGD averaging weight
+  float denom = 1.f;  // row-wise Adam: rowwise_adam_denominator() of this row
 };
+
+// Row-wise Adam, once per row: moves the row's second moment (`second`, one float) on by the row's mean squared
+// gradient (`sum_squares` over `dim` elements of decayed_gradient) and returns the update's denominator,
+// sqrt(second) / sqrt(1 - beta2^k) + eps, shared by every element of the row.
+SPEEDTORCH_HOST_DEVICE float rowwise_adam_denominator(const OptimizerHyper& h, const RowStep& r, float second,
+                                                      float sum_squares, int64_t dim, float* new_second) {
+  const float v = h.beta2 * second + (1.f - h.beta2) * (sum_squares / static_cast<float>(dim));
+  *new_second = v;
+  return sqrtf(v) / r.bc2_sqrt + h.eps;
+}
 
 SPEEDTORCH_HOST_DEVICE RowStep row_step(const OptimizerHyper& h, int32_t row_k, int64_t global_k) {
   RowStep s;
@@ -141,6 +162,7 @@ SPEEDTORCH_HOST_DEVICE RowStep row_step(const OptimizerHyper& h, int32_t row_k, 
   switch (h.kind) {
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW:
+    case OptimizerKind::kRowwiseAdam:
       s.bc1 = static_cast<float>(1.0 - pow(static_cast<double>(h.beta1), k));
       s.bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(h.beta2), k)));
       break;
@@ -247,6 +269,11 @@ SPEEDTORCH_HOST_DEVICE float update_element(const OptimizerHyper& h, const RowSt
     }
     case OptimizerKind::kRowwiseAdagrad:
       return w - r.clr * decayed_gradient(h, w, g);  // r.clr: rowwise_adagrad_scale() of this row
+    case OptimizerKind::kRowwiseAdam: {
+      const float m = h.beta1 * *s0 + (1.f - h.beta1) * decayed_gradient(h, w, g);
+      *s0 = m;
+      return w - (h.lr / r.bc1) * (m / r.denom);  // r.denom: rowwise_adam_denominator() of this row
+    }
     case OptimizerKind::kRprop: {
       // s0: prev, s1: step size (lr on a row's first update).
       float step_size = r.first ? h.lr : *s1;

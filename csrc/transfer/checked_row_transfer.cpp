@@ -95,7 +95,7 @@ at::Tensor gather_table_rows(const at::Tensor& table, const at::Tensor& indices,
   const auto shape = gathered_shape(indices, table.size(1));
   const at::Tensor flat = indices.reshape({-1}).contiguous();
 
-  if (table.is_cpu() && out_device.is_cuda()) check_host_table_reachable(table, out_device, op);
+  // A pageable host table reaches a GPU through CPU threads and staging (transfer/row_transfer_cuda.h).
   TORCH_CHECK(table.is_cpu() || table.is_cuda(), op, ": table on ", table.device(), " is not supported");
   TORCH_CHECK(out_device.is_cpu() || out_device.is_cuda(), op, ": device ", out_device, " is not supported");
   if (indices.is_cuda() && table.is_cuda()) {

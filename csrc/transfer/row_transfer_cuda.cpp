@@ -26,6 +26,7 @@
 #include "cpu/index_range_check.h"
 #include "cpu/row_copy_cpu.h"
 #include "cpu/table_views.h"
+#include "memory/pinned_host_buffer.h"
 #include "cuda/device_index_error.h"
 #include "cuda/row_kernels.h"
 #include "metrics/transfer_counters.h"
@@ -41,13 +42,7 @@ namespace {
 // Below this many rows, sorting costs more than the translation misses it saves.
 constexpr int64_t kMinSortedRows = 4096;
 
-// The UVA share (the first `count` entries of `dev_idx`) as the kernels take it: sorted by table bucket, with each
-// entry's batch position, when the rows touched span more than the GPU translates quickly; as given otherwise.
-struct UvaShare {
-  at::Tensor sorted;
-  at::Tensor positions;
-  GpuIndices view;
-};
+}  // namespace
 
 UvaShare uva_share(const at::Tensor& dev_idx, int64_t count, const at::Tensor& table, int64_t footprint,
                    bool sorted, const TransferConfig& config, int device, cudaStream_t stream) {
@@ -70,6 +65,8 @@ UvaShare uva_share(const at::Tensor& dev_idx, int64_t count, const at::Tensor& t
   share.view.positions = share.positions.const_data_ptr<int64_t>();
   return share;
 }
+
+namespace {
 
 // What a GPU scatter needs before it writes: one writer per row (the last occurrence) and an abort flag that a
 // bad index sets, so the write is all or nothing.
@@ -153,14 +150,18 @@ struct PinnedTransfer {
   std::optional<SplitKey> calibrate;  // this call measures its split first (split_calibration.h)
 };
 
-// The split of a call: fixed by the rules, measured before (or by this call), or the model's. Under graph capture
-// every row goes over UVA: the staged path runs on the calling thread (a replay would skip it) and would need the
-// indices on the host. Deferred index checks promise no wait: such a call measures nothing, it takes a measurement
-// made before or the model's split.
-void choose_split(PinnedTransfer& t, const at::Tensor& indices, TransferDirection direction, int device,
-                  cudaStream_t stream) {
+// The split of a call: fixed by the rules, measured before (or by this call), or the model's. A pageable table
+// (which no GPU can address) goes all through staging. Under graph capture every row goes over UVA: the staged path
+// runs on the calling thread (a replay would skip it) and would need the indices on the host. Deferred index checks
+// promise no wait: such a call measures nothing, it takes a measurement made before or the model's split.
+void choose_split(PinnedTransfer& t, const at::Tensor& indices, bool pageable, TransferDirection direction,
+                  int device, cudaStream_t stream) {
   const int64_t count = indices.numel();
   const int threads = at::get_num_threads();
+  if (pageable) {
+    t.plan = plan_from_share(0.0, count);
+    return;
+  }
   if (stream_is_capturing(stream)) {
     t.plan = plan_from_share(1.0, count);
     return;
@@ -187,10 +188,14 @@ PinnedTransfer plan_pinned_transfer(const at::Tensor& table, const at::Tensor& i
   PinnedTransfer t;
   t.rows = host_rows(table);
   t.config = transfer_config();
+  const bool pageable = !is_pinned_host_memory(table.storage().data());
+  TORCH_CHECK(!pageable || !stream_is_capturing(stream), op, ": the table is in pageable host memory (not "
+              "page-locked), which only CPU threads can read: that cannot be captured into a CUDA graph. Pin it "
+              "(speedtorch.pinned_empty, PinnedEmbedding, Tensor.pin_memory(), or open its file with pin=True)");
   // CUDA indices come to the host only when the staged path needs them.
   const std::optional<IndexSpan> span = validate_indices(indices, t.rows.num_rows, stream, op, &t.sorted);
   t.footprint = touched_bytes(t.rows.num_rows, t.rows.row_stride_bytes, span);
-  choose_split(t, indices, direction, device, stream);
+  choose_split(t, indices, pageable, direction, device, stream);
   if (indices.is_cpu() || t.plan.staged_rows > 0 || t.calibrate.has_value()) t.host_idx = indices.cpu();
   // Deferred checks left CUDA indices unchecked; the CPU threads of the staged share must not meet a bad one.
   if (!span.has_value() && t.host_idx.defined()) check_index_tensor(t.host_idx, t.rows.num_rows, op);

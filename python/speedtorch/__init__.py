@@ -38,6 +38,9 @@ from .pinned_embedding_api import PinnedEmbeddingAPI  # noqa: E402
 
 from .jit_save import jit_save  # noqa: E402
 from . import data, nn, optim, placement  # noqa: E402  (.npy files; HostEmbedding; gpu / hybrid placement)
+from . import ngram, ngram_lookup, quantized  # noqa: E402  (Engram: n-gram hash, serving, quantized rows)
+from .ngram import ngram_hash  # noqa: E402
+from .quantized import gather_dequant  # noqa: E402
 from . import compat  # noqa: E402  (SpeedTorch 0.x's API over the ops; docs/migration.md)
 
 __version__ = "0.1.0"
@@ -57,12 +60,17 @@ __all__ = [
     "compat",
     "data",
     "gather",
+    "gather_dequant",
     "jit_save",
+    "ngram",
+    "ngram_hash",
+    "ngram_lookup",
     "nn",
     "optim",
     "library_path",
     "pinned_empty",
     "placement",
+    "quantized",
     "reset_stats",
     "scatter_",
     "set_deferred_index_checks",

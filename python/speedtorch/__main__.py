@@ -1,4 +1,4 @@
-"""Command line: `python -m speedtorch info | demo | transfer-demo`."""
+"""Command line: `python -m speedtorch info | demo | transfer-demo | engram-demo`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    usage = ("usage: python -m speedtorch {info,demo,transfer-demo} [options]  (demo --help for its options)\n"
+    usage = ("usage: python -m speedtorch {info,demo,transfer-demo,engram-demo} [options]  (demo --help for its "
+             "options)\n"
              "  info           versions, build, GPUs and their PCIe links, host RAM, pinned-copy bandwidth (GPU)\n"
              "  demo           trains a recommender with its user table in pinned host RAM (the main job)\n"
-             "  transfer-demo  gathers/scatters batches of rows, speedtorch against plain torch")
+             "  transfer-demo  gathers/scatters batches of rows, speedtorch against plain torch\n"
+             "  engram-demo    trains a small GPT with Engram tables in host RAM on the standard library's bytes")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0
@@ -27,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from .train_demo import main as demo
 
         return demo(rest)
+    if command == "engram-demo":
+        from .engram_gpt import main as engram_demo
+
+        return engram_demo(rest)
     if command == "transfer-demo":
         from .transfer_demo import main as transfer_demo
 

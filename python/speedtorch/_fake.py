@@ -43,3 +43,22 @@ def _scatter_rows_fake(table, indices, src):
         lambda: f"speedtorch.scatter_: src must have shape {_rows_shape(table, indices)}, got {list(src.shape)}",
     )
     return None
+
+
+@_register_fake("speedtorch::ngram_hash")
+def _ngram_hash_fake(tokens, multipliers, bucket_sizes, pad_id, document_starts=None):
+    torch._check(tokens.dim() == 2, lambda: f"speedtorch.ngram_hash: tokens must be 2-D, got {tokens.dim()}-D")
+    torch._check(multipliers.dim() == 2, lambda: "speedtorch.ngram_hash: multipliers must be 2-D (heads, max_order)")
+    heads, max_order = multipliers.shape
+    return tokens.new_empty((tokens.shape[0], tokens.shape[1], (max_order - 1) * heads), dtype=torch.int64)
+
+
+@_register_fake("speedtorch::gather_dequant")
+def _gather_dequant_fake(table, indices, format, dim, device=None):
+    torch._check(table.dim() == 2, lambda: f"speedtorch.gather_dequant: table must be 2-D, got {table.dim()}-D")
+    torch._check(
+        indices.dtype in (torch.int32, torch.int64),
+        lambda: f"speedtorch.gather_dequant: indices must be int64 or int32, got {indices.dtype}",
+    )
+    out_device = torch.device(device) if device is not None else indices.device
+    return table.new_empty([*indices.shape, dim], dtype=torch.bfloat16, device=out_device)

@@ -40,8 +40,14 @@ def run_interruptible(fn, *args):
     except KeyboardInterrupt:
         _cancel_until_done(done)
         raise
-    if "error" in result:
-        raise result["error"]
+    error = result.pop("error", None)
+    if error is not None:
+        try:
+            raise error
+        finally:
+            # No cycle through this frame: the error's traceback holds the worker's arguments (a tensor mapping a
+            # file, say), which must go as soon as the caller drops the error.
+            error = result = None
     return result.get("value")
 
 

@@ -31,8 +31,8 @@ from .table_state import (adopt_options, checked_extra_state, copy_table_entries
                           set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "HostTableParameter", "clip_grad_norm_", "ddp_ignore_host_tables", "dense_parameters",
-           "track_table_state"]
+__all__ = ["HostEmbedding", "HostTableParameter", "NgramHashEmbedding", "clip_grad_norm_", "ddp_ignore_host_tables",
+           "dense_parameters", "track_table_state"]
 
 _UNSET = "__unset__"  # optimizer= not given: "adam" for a new table, the table's own (or none) for a given one
 _BAG_MODES = ("sum", "mean", "max")
@@ -113,9 +113,10 @@ class HostEmbedding(torch.nn.Module):
         optimizer: ``"sgd"``, ``"adagrad"``, ``"adam"`` (the default for a new table), ``"adamw"``, ``"adamax"``,
             ``"rmsprop"``, ``"adadelta"``, ``"asgd"`` or ``"rprop"`` (torch.optim's math, applied lazily to the
             touched rows), ``"rowwise_adagrad"`` (FBGEMM's row-wise Adagrad: one float of state per row; options
-            ``lr``, ``eps`` (1e-8), ``weight_decay``, ``initial_accumulator_value``), or ``None``: a frozen table
-            (no optimizer state, no gradient; e.g. pretrained vectors). With ``table=``, not given: the table's own
-            optimizer, or none.
+            ``lr``, ``eps`` (1e-8), ``weight_decay``, ``initial_accumulator_value``), ``"rowwise_adam"`` (FBGEMM's
+            partial row-wise Adam: Adam's first moment per element, its second one float per row; options ``lr``,
+            ``beta1``, ``beta2``, ``eps``, ``weight_decay``), or ``None``: a frozen table (no optimizer state, no
+            gradient; e.g. pretrained vectors). With ``table=``, not given: the table's own optimizer, or none.
         optimizer_options: torch.optim's hyper-parameters by name (``betas`` as ``beta1``/``beta2``; booleans as
             0/1), e.g. ``{"lr": 1e-3, "weight_decay": 0.0}``; ``per_row_step=1`` for per-row bias correction;
             ``stochastic_rounding`` (0/1) rounds updated float16/bfloat16 weights stochastically (the default for
@@ -429,7 +430,7 @@ class HostEmbedding(torch.nn.Module):
         if unique.numel() == 0:
             return  # an empty batch: no update, no step counted
         if self.update == "backward":
-            self._apply_rows_gradient(unique, grad_rows, sorted_unique=True)
+            self._apply_gradients(unique, grad_rows, sorted_unique=True)
             return
         # Float32 (the update computes in float32 anyway): GradScaler unscales float32 gradients only, and several
         # backward passes add up without 16-bit rounding. Contiguous: GradScaler unscales the values in place.
@@ -437,8 +438,7 @@ class HostEmbedding(torch.nn.Module):
         param = self._table_param
         param.grad = add_rows_gradient(param.grad, rows_gradient(unique, grad_rows, param.grad_shape, coalesced=True))
 
-    def _apply_rows_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor,
-                             sorted_unique: bool = False) -> None:
+    def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
         # sorted_unique: `unique` is one forward's torch.unique(sorted=True) output, so the op need not de-duplicate
         # it again (it still checks the claim).
         self.table.apply_gradients(unique, grad_rows, sorted_unique)
@@ -466,7 +466,7 @@ class HostEmbedding(torch.nn.Module):
         if taken is None:
             return
         ids, rows, sorted_unique = taken
-        self._apply_rows_gradient(ids, rows, sorted_unique=sorted_unique)
+        self._apply_gradients(ids, rows, sorted_unique=sorted_unique)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
         """Drops gradients not yet applied (``model.zero_grad()`` does the same through the ``weight`` parameter)."""
@@ -778,3 +778,7 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
         return max(1, int(torch.unique(torch.as_tensor(hot_rows)).numel()))
     raise ValueError("HostEmbedding: placement='hybrid' needs the cache's size: cache_rows, hot_fraction in (0, 1] or "
                      "hot_rows (ids)")
+
+
+# Built on HostEmbedding, so imported after it (speedtorch/ngram_embedding.py imports this module).
+from .ngram_embedding import NgramHashEmbedding  # noqa: E402

@@ -263,6 +263,19 @@ def scenario_standard_flows(rank, cfg):
             "shared_arguments": _shared_arguments(rank, cfg)}
 
 
+def scenario_share_rows(rank, cfg):
+    """Local rank 0 shares an fp8 serving table; every rank of its host reads the same rows from one copy."""
+    from speedtorch.distributed import share_rows
+    from speedtorch.quantized import QuantizedRows
+
+    mine = None
+    if int(os.environ["LOCAL_RANK"]) == 0:
+        mine = QuantizedRows.from_table(initial_table(cfg["rows"], 32), "fp8_e4m3_ue8m0")
+    shared = share_rows(mine, shm_dir=cfg["shm_dir"])
+    return {"rows": shared.gather(torch.arange(cfg["rows"]), "cpu"), "pinned": shared.table.is_pinned() or
+            not torch.cuda.is_available(), "format": shared.format}
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import speedtorch
@@ -48,3 +50,31 @@ class RowwiseAdagrad(torch.optim.Optimizer):
                     state["sum"] = torch.full((p.shape[0],), float(group["initial_accumulator_value"]))
                 state["sum"] += g.pow(2).mean(1)
                 p -= group["lr"] * g / (state["sum"].sqrt() + group["eps"]).unsqueeze(1)
+
+
+class RowwiseAdam(torch.optim.Optimizer):
+    """FBGEMM's PARTIAL_ROWWISE_ADAM in plain torch, for 2-D parameters (rows x dim): Adam's first moment per element,
+    its second moment one float per row (the beta2-weighted mean of the row's mean squared gradient; weight decay
+    added to the gradient first), bias-corrected with the optimizer's step. The reference speedtorch's "rowwise_adam"
+    is tested against."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ARG002
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad + group["weight_decay"] * p
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(p), v=torch.zeros(p.shape[0]))
+                state["step"] += 1
+                k = state["step"]
+                state["m"].mul_(beta1).add_((1 - beta1) * g)
+                state["v"].mul_(beta2).add_((1 - beta2) * g.pow(2).mean(1))
+                denom = state["v"].sqrt() / math.sqrt(1 - beta2**k) + group["eps"]
+                p -= (group["lr"] / (1 - beta1**k)) * (state["m"] / denom.unsqueeze(1))

@@ -60,6 +60,36 @@ def test_export_gather():
     torch.testing.assert_close(exported.module()(ids), model(ids))
 
 
+def test_ngram_hash_scripts_exports_and_compiles():
+    """speedtorch.ngram.NgramHash (the ngram_hash op over its buffers) in TorchScript, torch.export and
+    torch.compile(fullgraph=True), equal to eager."""
+    from speedtorch.ngram import NgramHash
+
+    module = NgramHash(1000, 31, heads=2, max_order=3)
+    tokens = torch.randint(0, 1000, (2, 7))
+    expected = module(tokens)
+    assert torch.equal(torch.jit.script(module)(tokens), expected)
+    exported = torch.export.export(module, (tokens,))
+    assert "speedtorch.ngram_hash" in exported.graph_module.code
+    assert torch.equal(exported.module()(tokens), expected)
+    assert torch.equal(torch.compile(module, fullgraph=True, backend="eager")(tokens), expected)
+
+
+def test_gather_dequant_compiles_and_exports():
+    from speedtorch.quantized import quantize_rows
+
+    table = quantize_rows(torch.randn(100, 32), "int8_rowwise")
+
+    class Lookup(torch.nn.Module):
+        def forward(self, ids):
+            return torch.ops.speedtorch.gather_dequant(table, ids, "int8_rowwise", 32).float().sum(-1)
+
+    ids = torch.randint(0, 100, (4, 3))
+    expected = Lookup()(ids)
+    torch.testing.assert_close(torch.compile(Lookup(), fullgraph=True, backend="eager")(ids), expected)
+    assert torch.equal(torch.export.export(Lookup(), (ids,)).module()(ids), expected)
+
+
 @pytest.mark.gpu
 def test_compile_pinned_table_to_gpu():
     emb = speedtorch.PinnedEmbedding(1000, 32)

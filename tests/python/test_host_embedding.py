@@ -270,3 +270,11 @@ def test_rowwise_adagrad_everywhere(tmp_path):
     rows = torch.jit.script(Scripted(table))(torch.tensor([3]), torch.ones(1, d))
     torch.testing.assert_close(rows, table.table()[3:4])
     assert torch.allclose(table.state()[3, 1], torch.tensor(1.0))  # the mean of the squared ones
+
+
+def test_module_conversions_reach_a_model_holding_one():
+    """nn.Module.to / .float() / .cpu() walk every child's _apply(fn): HostEmbedding once defined its own _apply
+    (for its updates), so moving any model that held one raised a TypeError."""
+    model = torch.nn.Sequential(HostEmbedding(10, 4, device="cpu"), torch.nn.Linear(4, 1))
+    model.to("cpu").float()
+    assert model(torch.tensor([1, 2])).shape == (2, 1)

@@ -142,12 +142,6 @@ def test_scatter_rejects_overlapping_rows():
         speedtorch.scatter_(table, torch.tensor([0]), torch.randn(1, 4))
 
 
-def test_pageable_table_cannot_feed_a_gpu():
-    table = random_table(10, 4)
-    with pytest.raises(RuntimeError, match="pageable host memory"):
-        speedtorch.gather(table, torch.tensor([1]), device="cuda")
-
-
 # --- dispatcher contract --------------------------------------------------------------------------------------------
 
 

@@ -210,12 +210,17 @@ def test_deferred_index_checks(transfer_settings, deferred_checks):
     speedtorch.check_index_errors()  # cleared
 
 
-def test_pageable_table_with_cuda_indices_is_refused():
-    table = random_table(10, 4)
+def test_pageable_table_gathers_through_cpu_threads_and_refuses_gpu_writes():
+    """A pageable host table (e.g. a file larger than RAM mapped without page-locking) reaches a GPU through the
+    staged path; GPU writes into it are refused, and so is capturing a gather from it."""
+    table = random_table(5000, 8)
+    ids = torch.randint(0, 5000, (3000,))
+    for indices in (ids, ids.cuda()):
+        assert torch.equal(speedtorch.gather(table, indices, "cuda").cpu(), table[ids])
+    with pytest.raises(IndexError, match="holds 5000"):
+        speedtorch.gather(table, torch.tensor([5000], device="cuda"))
     with pytest.raises(RuntimeError, match="pageable host memory"):
-        speedtorch.gather(table, torch.tensor([1], device="cuda"))
-    with pytest.raises(RuntimeError, match="pageable host memory"):
-        speedtorch.scatter_(table, torch.tensor([1]), torch.randn(1, 4, device="cuda"))
+        speedtorch.scatter_(table, torch.tensor([1]), torch.randn(1, 8, device="cuda"))
 
 
 def test_mismatched_gpus_for_gpu_table():

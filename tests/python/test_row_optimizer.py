@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import speedtorch
-from helpers import RowwiseAdagrad
+from helpers import RowwiseAdagrad, RowwiseAdam
 
 # (speedtorch name, options, torch.optim class, its kwargs)
 CASES = [
@@ -39,6 +39,9 @@ CASES = [
     ("rowwise_adagrad", {"lr": 0.1}, RowwiseAdagrad, {"lr": 0.1}),
     ("rowwise_adagrad", {"lr": 0.1, "eps": 1e-6, "weight_decay": 0.01, "initial_accumulator_value": 0.1},
      RowwiseAdagrad, {"lr": 0.1, "eps": 1e-6, "weight_decay": 0.01, "initial_accumulator_value": 0.1}),
+    ("rowwise_adam", {"lr": 0.01}, RowwiseAdam, {"lr": 0.01}),
+    ("rowwise_adam", {"lr": 0.01, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6, "weight_decay": 0.1}, RowwiseAdam,
+     {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}),
 ]
 IDS = [f"{c[0]}-{i}" for i, c in enumerate(CASES)]
 
@@ -178,7 +181,7 @@ def test_gpu_pinned_table_matches_torch_optim(case, fraction):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [CASES[4], CASES[10], CASES[13], CASES[15]], ids=[IDS[4], IDS[10], IDS[13], IDS[15]])
+@pytest.mark.parametrize("case", [CASES[i] for i in (4, 10, 13, 15, 17)], ids=[IDS[i] for i in (4, 10, 13, 15, 17)])
 def test_gpu_rows_of_odd_width(case):
     # A width that is not a multiple of 4 takes the scalar kernel (24 takes the 16-byte one).
     check_against_torch(case, "cuda", pinned=True, fraction=1.0, d=7)
@@ -195,8 +198,21 @@ def test_rowwise_adagrad_keeps_one_float_per_row():
     assert state[[1, 4], 0].view(torch.int32).tolist() == [1, 1]
 
 
+def test_rowwise_adam_keeps_its_second_moment_in_the_header():
+    """Row-wise Adam's state: the header (step count, the row's second moment) and one first moment per element:
+    4 + dim floats where Adam keeps 4 + 2 * dim."""
+    assert speedtorch.PinnedEmbedding.state_width("rowwise_adam", {}, 128) == 4 + 128
+    assert speedtorch.PinnedEmbedding.state_width("adam", {}, 128) == 4 + 2 * 128
+    w, state = torch.randn(6, 8), torch.zeros(6, 12)
+    g = torch.randn(2, 8)
+    torch.ops.speedtorch.row_optimizer_step_(w, state, torch.tensor([1, 4]), g, "rowwise_adam", {"beta2": 0.9}, 1)
+    torch.testing.assert_close(state[[1, 4], 1], 0.1 * g.pow(2).mean(1))  # the second moment, beside the step count
+    torch.testing.assert_close(state[[1, 4], 4:], 0.1 * g)  # the first moment, per element
+    assert state[[1, 4], 0].view(torch.int32).tolist() == [1, 1]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES[4:6] + CASES[15:16], ids=IDS[4:6] + IDS[15:16])
+@pytest.mark.parametrize("case", CASES[4:6] + CASES[15:16] + CASES[17:18], ids=IDS[4:6] + IDS[15:16] + IDS[17:18])
 def test_gpu_resident_table_matches_torch_optim(case):
     check_against_torch(case, "cuda")
 

@@ -1,4 +1,4 @@
-"""GET /metrics of the C++ example server (torchscript_examples/metrics_endpoint.h): well-formed Prometheus text
+"""GET /metrics of the C++ example server (torchscript_examples/request_metrics.h): well-formed Prometheus text
 with per-endpoint request counts and latency histograms, and the library counters, which match the requests served.
 The server comes from the CMake build, as in test_torchscript_examples.py."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 import urllib.error
 import urllib.request
@@ -127,3 +128,43 @@ def test_metrics_text_parses_with_the_prometheus_client(model_file):
     assert families["speedtorch_server_requests"].type == "counter"
     assert families["speedtorch_server_request_duration_seconds"].type == "histogram"
     assert families["speedtorch_gather_calls"].samples[0].value == 1
+
+
+def raw_request(srv, data: bytes) -> bytes:
+    """Sends `data` on a connection of its own and returns the server's answer: its head and the Content-Length bytes
+    of body after it (or what came before the server closed)."""
+    host, port = srv.url[len("http://"):].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(data)
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := conn.recv(65536)):
+            answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+        while length and len(body) < int(length.group(1)) and (chunk := conn.recv(65536)):
+            body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def test_methods_are_counted_from_a_closed_set(model_file):
+    # Made-up methods (and bytes that are not UTF-8) all count as method "other": the series do not grow with
+    # what clients send, and the text stays valid UTF-8 (issue 22, item 15).
+    binary, model = model_file
+    with load_test.Server(binary, model, threads=2) as srv:
+        for i in range(50):
+            answer = raw_request(srv, f"M{i} /lookup HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            assert answer.startswith(b"HTTP/1.1 4"), answer
+        raw_request(srv, b"G\xff\xfeT /lookup HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = raw_request(srv, b"DELETE /lookup HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 4"), answer
+        assert srv.post("/lookup", {"ids": [1]})[0] == 200
+        raw = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read()
+        text = raw.decode("utf-8")  # raises if not UTF-8
+        samples = parse(text)
+        methods = {dict(labels)["method"] for name, labels in samples if name == "speedtorch_server_requests_total"}
+        assert methods <= {"GET", "POST", "DELETE", "other"}, methods
+        other = sum(v for (name, labels), v in samples.items()
+                    if name == "speedtorch_server_requests_total" and dict(labels)["method"] == "other")
+        assert other >= 50  # the malformed request line may be refused before it is counted
+        assert value(samples, "speedtorch_server_requests_total", method="POST", endpoint="/lookup", status="200") == 1
+        assert "M1" not in text and srv.proc.poll() is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -176,6 +177,23 @@ def test_load_test_compares_both_forms(saved, aoti_package):
     assert [line.split()[:2] for line in lines[2:4]] == [["torchscript", "240"], ["aoti", "240"]]
 
 
+def test_load_client_mixes_lookups_and_updates_on_both_forms(saved, aoti_package):
+    # The load test's C++ client as CI runs it (short): keep-alive clients, lookups mixed with /updates, every row
+    # checked bit for bit, updated rows whole and read back by their writer, against both forms.
+    folder, _ = saved
+    package, table = aoti_package
+    out = subprocess.run([sys.executable, str(ROOT / "torchscript_examples" / "load_test.py"), "--server",
+                          binary("speedtorch_server"), "--load-client", binary("speedtorch_load_client"), "--model",
+                          str(folder / "model.pt"), "--package", package, "--table", table, "--clients", "8",
+                          "--requests", "60", "--warmup", "5", "--update-every", "7", "--protocol", "binary",
+                          "--threads", "2"], capture_output=True, text=True, timeout=300)
+    print(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "0 wrong answers"
+    assert [line.split()[:2] for line in lines[2:4]] == [["torchscript", "480"], ["aoti", "480"]]
+
+
 def test_server_refuses_a_table_the_package_was_not_compiled_for(saved, aoti_package, tmp_path):
     _, model = saved
     package, table = aoti_package
@@ -286,3 +304,29 @@ def test_server_stops_cleanly_on_a_signal_while_serving(saved, signum):
             for t in threads:
                 t.join(30)
         assert errors == [] and set(answered) == {200}
+
+
+@pytest.mark.parametrize("args", [["--port", "abc"], ["--threads", "4x"], ["--port", "70000"], ["--threads", "0"],
+                                  ["--max-batch", ""], ["--port", " 80"], ["--threads"]],
+                         ids=["port-abc", "threads-4x", "port-70000", "threads-0", "max-batch-empty",
+                              "port-space", "no-value"])
+def test_server_refuses_numbers_it_cannot_read_whole(saved, args):
+    # atoi read "4x" as 4 and "abc" as 0 (a random port): every number is read whole, or the server says why.
+    folder, _ = saved
+    out = subprocess.run([binary("speedtorch_server"), str(folder / "model.pt")] + args, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert args[0] in out.stderr and out.stdout == ""
+
+
+def test_server_that_cannot_listen_says_so_and_fails(saved):
+    # It printed "listening on HOST:-1" and exited 0 when the port was taken.
+    folder, _ = saved
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([binary("speedtorch_server"), str(folder / "model.pt"), "--port", str(port)],
+                             capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert "listening" not in out.stdout and f"cannot listen on 127.0.0.1 port {port}" in out.stderr, out.stderr

@@ -3,7 +3,8 @@ copy per host in shared memory, rows sharded over hosts; docs/distributed.md.
 
 - :class:`DistributedHostEmbedding`: the module (a :class:`speedtorch.nn.HostEmbedding` whose table is sharded);
 - :class:`ShardedHostTable`: the table it trains (row_sharding.py holds the three stages rows and gradients go through);
-- :class:`HostTopology`: which ranks share a host (``LOCAL_WORLD_SIZE``).
+- :class:`HostTopology`: which ranks share a host (``LOCAL_WORLD_SIZE``);
+- :func:`share_rows`: one copy per host of a serving table (quantized rows) for every local rank.
 """
 
 import torch
@@ -14,8 +15,9 @@ if torch.__version__ < (2, 5):
                       f"{torch.__version__}")
 
 from .embedding import DistributedHostEmbedding  # noqa: E402
+from .host_shard import share_rows  # noqa: E402
 from .row_sharding import RowLayout  # noqa: E402
 from .sharded_table import ShardedHostTable  # noqa: E402
 from .topology import HostTopology  # noqa: E402
 
-__all__ = ["DistributedHostEmbedding", "HostTopology", "RowLayout", "ShardedHostTable"]
+__all__ = ["DistributedHostEmbedding", "HostTopology", "RowLayout", "ShardedHostTable", "share_rows"]

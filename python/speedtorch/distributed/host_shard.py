@@ -16,6 +16,7 @@ import glob
 import os
 import shutil
 import tempfile
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from .. import PinnedEmbedding
 from .topology import HostTopology
 
-__all__ = ["open_host_shard", "SHM_PREFIX"]
+__all__ = ["open_host_shard", "share_on_host", "share_rows", "SHM_PREFIX"]
 
 SHM_PREFIX = "speedtorch-"
 
@@ -40,28 +41,26 @@ def _remove_stale_folders(shm_dir: str) -> None:
             continue  # not ours, or another user's live process
 
 
-def open_host_shard(topology: HostTopology, host_group: dist.ProcessGroup, num_rows: int, dim: int,
-                    dtype: torch.dtype, optimizer: str, options: dict, shm_dir: str = "/dev/shm") -> PinnedEmbedding:
-    """This host's ``num_rows x dim`` rows and optimizer state, shared by its ranks (all of them call this)."""
-    if num_rows == 0:  # a host the layout leaves without rows: nothing to share
-        table = PinnedEmbedding(0, dim, dtype)
-        table.set_optimizer(optimizer, options, False)
-        return table
+def share_on_host(topology: HostTopology, host_group: dist.ProcessGroup, create, open_, shm_dir: str = "/dev/shm"):
+    """The protocol every per-host shared object follows (all local ranks call it): local rank 0 calls
+    ``create(folder)`` in a fresh folder of ``shm_dir``, the others ``open_(folder)`` once it exists; when every rank
+    has its mapping the folder is removed (the mappings keep the memory). Returns what create / open_ returned; a
+    failure on any rank raises on every rank."""
     leader = topology.host_ranks(topology.host)[0]
-    table, folder, error = None, None, None
+    obj, folder, error = None, None, None
     if topology.local_rank == 0:
         try:
             _remove_stale_folders(shm_dir)
             folder = tempfile.mkdtemp(prefix=f"{SHM_PREFIX}{os.getpid()}-", dir=shm_dir)
-            table = PinnedEmbedding.create(os.path.join(folder, "rows"), num_rows, dim, dtype, optimizer, options)
+            obj = create(folder)
         except Exception as e:  # noqa: BLE001 (every rank of the host must hear of it, or they wait forever)
             error = f"local rank 0 (rank {leader}) could not create the shared table in {shm_dir}: {e}"
     message = [folder if error is None else None, error]
     dist.broadcast_object_list(message, src=leader, group=host_group)
     folder, error = message
-    if error is None and table is None:
+    if error is None and obj is None:
         try:
-            table = PinnedEmbedding.open(os.path.join(folder, "rows"), "r+")
+            obj = open_(folder)
         except Exception as e:  # noqa: BLE001
             error = f"rank {topology.rank} could not map the shared table {folder}: {e}"
     errors: list = [None] * topology.local_world_size
@@ -71,4 +70,37 @@ def open_host_shard(topology: HostTopology, host_group: dist.ProcessGroup, num_r
     failed = [e for e in errors if e is not None]
     if failed:
         raise RuntimeError("speedtorch.distributed: " + "; ".join(dict.fromkeys(failed)))
-    return table
+    return obj
+
+
+def open_host_shard(topology: HostTopology, host_group: dist.ProcessGroup, num_rows: int, dim: int,
+                    dtype: torch.dtype, optimizer: str, options: dict, shm_dir: str = "/dev/shm") -> PinnedEmbedding:
+    """This host's ``num_rows x dim`` rows and optimizer state, shared by its ranks (all of them call this)."""
+    if num_rows == 0:  # a host the layout leaves without rows: nothing to share
+        table = PinnedEmbedding(0, dim, dtype)
+        table.set_optimizer(optimizer, options, False)
+        return table
+    return share_on_host(
+        topology, host_group,
+        lambda folder: PinnedEmbedding.create(os.path.join(folder, "rows"), num_rows, dim, dtype, optimizer, options),
+        lambda folder: PinnedEmbedding.open(os.path.join(folder, "rows"), "r+"), shm_dir)
+
+
+def share_rows(rows, local_world_size: Optional[int] = None, shm_dir: str = "/dev/shm"):
+    """One copy per host of a serving table (:class:`speedtorch.quantized.QuantizedRows`, e.g. an Engram layer's
+    fp8 rows) for every local rank: local rank 0 passes its rows (the others may pass None) and every rank gets a
+    QuantizedRows over the same pinned pages of ``shm_dir``, read-only: host RAM holds one table however many ranks
+    read it. Collective over the default process group (every rank calls it)."""
+    from ..quantized import QuantizedRows
+
+    topology = HostTopology.of(None, local_world_size)
+    host_groups = [dist.new_group(topology.host_ranks(h), backend="gloo") for h in range(topology.num_hosts)]
+
+    def create(folder):
+        if rows is None:
+            raise ValueError("share_rows: local rank 0 must pass the rows to share")
+        rows.save(os.path.join(folder, "rows.npy"))
+        return QuantizedRows.open(os.path.join(folder, "rows.npy"), pin=True)
+
+    return share_on_host(topology, host_groups[topology.host], create,
+                         lambda folder: QuantizedRows.open(os.path.join(folder, "rows.npy"), pin=True), shm_dir)

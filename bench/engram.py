@@ -1,0 +1,277 @@
+"""Engram benchmark: hashed n-gram tables in host RAM, trained and served, beside their baselines in one run.
+
+Sections (each prints its figures and ratios; ``--json`` writes them all):
+1. gather: ``speedtorch.gather_dequant`` of bf16, row-wise int8 and fp8 (e4m3 + ue8m0 per 32) rows of dim 256 from a
+   pinned host table of ``--rows`` rows to the GPU, ``--batch`` distinct spread rows (ids on the GPU), in bytes per
+   second against a pinned memcpy of the same bytes measured in the same run (target: fp8 >= 0.85), with the fused
+   kernel alone (no CPU share) and ``speedtorch.gather`` of the bf16 rows beside it.
+2. decode: a 1,024-row fp8 gather captured in a CUDA graph, replayed one at a time: p50 / p90 latency (target: p50
+   <= 20 us on the H100); and a decode step's whole Engram lookup (hash + gather + dequantize) of 64 sequences' newest
+   token, 16 rows each.
+3. training: the small GPT of speedtorch/engram_gpt.py on the standard library's bytes, its Engram tables in pinned
+   host RAM (prefetched, asynchronous updates) against the same tables in GPU memory (the same code, the same
+   batches): ms per step and the ratio (target <= 1.02), and host RAM without prefetch.
+4. scale: one Engram table of ``--big-rows`` rows (300M) of bf16 trained in the GPT on one GPU: ms per step, and the
+   process's resident memory against the table's raw bytes (rows + optimizer state).
+
+Without a GPU it trains the GPT at a CPU size (the loss falls) and times the CPU gather.
+
+    python bench/engram.py                      # the GPU figures (bash bench/engram_gpu.sh builds and runs it)
+    python bench/engram.py --skip-scale --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+import speedtorch  # noqa: E402
+from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: E402
+from speedtorch.engram_gpt import EngramConfig, EngramGPT, Trainer, batches, stdlib_corpus  # noqa: E402
+from speedtorch.quantized import format_row_bytes, gather_dequant  # noqa: E402
+
+DIM = 256
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def random_table(rows: int, format: str) -> torch.Tensor:
+    """A pinned table in `format` (valid codes, moderate scales): one random block of rows, repeated (the rates do
+    not depend on the values; generating gigabytes of random numbers would take longer than the benchmark)."""
+    stride = format_row_bytes(format, DIM, 16) if format != "bf16" else 2 * DIM
+    table = speedtorch.pinned_empty(rows, stride, dtype=torch.uint8)
+    g = torch.Generator().manual_seed(0)
+    block_rows = min(rows, 1 << 16)
+    if format == "bf16":
+        block = torch.randn(block_rows, DIM, generator=g).to(torch.bfloat16).view(torch.uint8)
+    else:
+        block = torch.randint(0, 0x7F, (block_rows, stride), generator=g, dtype=torch.uint8)  # no NaN codes
+        if format == "int8_rowwise":
+            block[:, 0:2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
+            block[:, 2:4] = torch.tensor([-1.0], dtype=torch.float16).view(torch.uint8)
+        else:
+            block[:, DIM:DIM + DIM // 32] = 120
+    for begin in range(0, rows, block_rows):
+        n = min(block_rows, rows - begin)
+        table[begin:begin + n].copy_(block[:n])
+    return table
+
+
+def section_gather(args) -> dict:
+    dev = torch.device("cuda")
+    ids = torch.unique(torch.randint(0, args.rows, (args.batch,), generator=torch.Generator().manual_seed(1)))
+    ids_gpu = ids.to(dev)
+    count = ids.numel()
+    results, rows_out = {}, []
+    for format in ("fp8_e4m3_ue8m0", "int8_rowwise", "bf16"):
+        table = random_table(args.rows, format)
+        # Bytes the kernel reads over the link: whole rows of the table (fp8 and int8 rows padded to 16 bytes).
+        nbytes = count * table.shape[1]
+        host = speedtorch.pinned_empty(nbytes, dtype=torch.uint8)
+        device_copy = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        memcpy = gbps(nbytes, median_seconds(lambda: device_copy.copy_(host, non_blocking=True)))
+        rate = gbps(nbytes, median_seconds(lambda: gather_dequant(table, ids_gpu, format, DIM)))
+        out = gather_dequant(table, ids_gpu[:4096], format, DIM).cpu()
+        assert torch.equal(out, gather_dequant(table, ids[:4096], format, DIM, "cpu")), format  # GPU == CPU
+        row = {"way": f"gather_dequant {format}", "row bytes": table.shape[1], "GB/s": rate,
+               "memcpy GB/s": memcpy, "share of memcpy": rate / memcpy,
+               "payload share": rate / memcpy * format_row_bytes(format, DIM) / table.shape[1]}
+        rows_out.append(row)
+        results[format] = row
+        if format == "fp8_e4m3_ue8m0":  # the fused kernel alone, without CPU threads taking a share
+            with speedtorch.transfer_config_override(uva_fraction=1.0):
+                alone = gbps(nbytes, median_seconds(lambda: gather_dequant(table, ids_gpu, format, DIM)))
+            rows_out.append({"way": f"gather_dequant {format}, UVA only", "row bytes": table.shape[1], "GB/s": alone,
+                             "memcpy GB/s": memcpy, "share of memcpy": alone / memcpy,
+                             "payload share": alone / memcpy * format_row_bytes(format, DIM) / table.shape[1]})
+            results[format + "_uva_only"] = rows_out[-1]
+        if format == "bf16":
+            as_bf16 = table.view(torch.bfloat16)
+            plain = gbps(nbytes, median_seconds(lambda: speedtorch.gather(as_bf16, ids_gpu)))
+            rows_out.append({"way": "speedtorch.gather bf16", "row bytes": 2 * DIM, "GB/s": plain,
+                             "memcpy GB/s": memcpy, "share of memcpy": plain / memcpy})
+            results["gather_bf16"] = rows_out[-1]
+        del table, host
+    print(f"\n[1] gather: {count} distinct rows of {args.rows} (dim {DIM}) from pinned host RAM to the GPU "
+          "(target: fp8 >= 0.85 of memcpy)")
+    print(format_table(rows_out, ["way", "row bytes", "GB/s", "memcpy GB/s", "share of memcpy", "payload share"]))
+    print("   (GB/s and shares count the row bytes read, padding included; payload share: the format's own bytes)")
+    return results
+
+
+def graph_latency_us(fn, reps: int = 200) -> tuple[float, float]:
+    """p50 and p90 of `reps` single replays of `fn` (captured in a CUDA graph), by CUDA events."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    times.sort()
+    return times[len(times) // 2], times[int(len(times) * 0.9)]
+
+
+def section_decode(args) -> dict:
+    dev = torch.device("cuda")
+    table = random_table(args.rows, "fp8_e4m3_ue8m0")
+    ids = torch.randint(0, args.rows, (1024,), device=dev)
+    with speedtorch.deferred_index_checks():
+        p50, p90 = graph_latency_us(lambda: gather_dequant(table, ids, "fp8_e4m3_ue8m0", DIM))
+        # The whole lookup of a decode step: 64 sequences' last 3 tokens hashed, the newest one's 2 orders x 8 heads
+        # = 16 rows gathered: 1,024 rows.
+        from speedtorch.ngram import NgramHash
+        from speedtorch.quantized import QuantizedRows
+
+        hasher = NgramHash(129_280, args.rows // 17, heads=8, max_order=3).to(dev)
+        rows = QuantizedRows(table[:hasher.num_rows], "fp8_e4m3_ue8m0", DIM)
+        from speedtorch.ngram_lookup import NgramHashLookup
+
+        lookup = NgramHashLookup(hasher, rows, dev)
+        tokens = torch.randint(0, 129_280, (64, 3), device=dev)
+        full50, full90 = graph_latency_us(lambda: lookup(tokens, last_only=True))
+    speedtorch.check_index_errors()
+    rows_out = [{"lookup": "gather_dequant fp8, 1024 rows", "p50 us": p50, "p90 us": p90},
+                {"lookup": "hash + gather_dequant fp8, 64 sequences' newest token (1024 rows)", "p50 us": full50,
+                 "p90 us": full90}]
+    print("\n[2] decode-size lookups inside a CUDA graph, one replay at a time (target: p50 <= 20 us at 1024 rows)")
+    print(format_table(rows_out, ["lookup", "p50 us", "p90 us"]))
+    return {"gather_1024_p50_us": p50, "gather_1024_p90_us": p90, "lookup_1024_p50_us": full50,
+            "lookup_1024_p90_us": full90}
+
+
+def train_way(config: EngramConfig, data, device, steps: int, prefetch: bool, autocast: bool) -> dict:
+    torch.manual_seed(0)
+    model = EngramGPT(config, device)
+    trainer = Trainer(model, lr=1e-3 if device.type == "cuda" else 1e-2, prefetch=prefetch, autocast=autocast)
+    times, losses = [], []
+    for i in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = trainer.step(data[i], data[i + 1])
+        losses.append(float(loss))  # waits for the step's work
+        times.append(time.perf_counter() - start)
+    timed = times[min(5, steps // 3):]
+    return {"ms/step": statistics.median(timed) * 1e3, "first loss": losses[0], "last loss": losses[-1],
+            "table GB": sum(m.rows.table.nbytes() for m in model.engram_modules()) / 1e9}
+
+
+def section_training(args, device) -> dict:
+    tokens, starts = stdlib_corpus()
+    if device.type == "cuda":
+        config = dict(layers=8, width=768, heads=12, engram_layers=(1, 5), hash_heads=8, max_order=3,
+                      rows_per_head=args.rows_per_head, engram_dim=32, dtype=torch.bfloat16)
+        batch, seq, steps = 16, 1024, args.steps
+    else:
+        config = dict(layers=2, width=64, heads=2, engram_layers=(0, 1), hash_heads=2, max_order=3,
+                      rows_per_head=4096, engram_dim=16)
+        batch, seq, steps = 8, 64, 30
+    data = batches(tokens, starts, batch, seq, steps + 1)
+    ways = [("GPU memory (prefetch)", "gpu", True), ("pinned host RAM (prefetch)", "host", True),
+            ("pinned host RAM (no prefetch)", "host", False)]
+    results, rows_out = {}, []
+    for name, placement, prefetch in ways:
+        if device.type != "cuda" and placement == "gpu":
+            continue
+        r = train_way(EngramConfig(placement=placement, **config), data, device, steps, prefetch,
+                      autocast=device.type == "cuda")
+        r["way"] = name
+        results[name] = r
+        rows_out.append(r)
+    base = results.get("GPU memory (prefetch)")
+    for r in rows_out:
+        r["vs GPU memory"] = r["ms/step"] / base["ms/step"] if base else float("nan")
+    print(f"\n[3] training the Engram GPT ({config['layers']} layers x {config['width']}, Engram at layers "
+          f"{config['engram_layers']}, {2 * config['hash_heads']} rows a token per layer), batch {batch} x {seq} "
+          "bytes of the standard library (target: host RAM <= 1.02x GPU memory)")
+    print(format_table(rows_out, ["way", "ms/step", "vs GPU memory", "first loss", "last loss", "table GB"]))
+    return results
+
+
+def section_scale(args, device) -> dict:
+    tokens, starts = stdlib_corpus()
+    rows_per_head = args.big_rows // 16
+    config = EngramConfig(layers=2, width=512, heads=8, engram_layers=(1,), hash_heads=8, max_order=3,
+                          rows_per_head=rows_per_head, engram_dim=16, dtype=torch.bfloat16,
+                          optimizer="rowwise_adam")
+    before = rss_bytes()
+    start = time.perf_counter()
+    model = EngramGPT(config, device)
+    built = time.perf_counter() - start
+    memory = model.engram_modules()[0]
+    raw = memory.rows.table.nbytes()
+    resident = rss_bytes() - before
+    trainer = Trainer(model, autocast=True)
+    data = batches(tokens, starts, 8, 1024, args.steps + 1)
+    times = []
+    for i in range(min(args.steps, 10)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = float(trainer.step(data[i], data[i + 1]))
+        times.append(time.perf_counter() - t0)
+    row = {"table rows": memory.num_rows, "row + state bytes": raw // memory.num_rows, "raw GB": raw / 1e9,
+           "RSS added GB": resident / 1e9, "RSS / raw": resident / raw, "build s": built,
+           "ms/step": statistics.median(times[2:]) * 1e3, "last loss": loss}
+    print(f"\n[4] scale: one Engram table of {memory.num_rows:,} bf16 rows (dim 16, row-wise Adam state beside each "
+          "row) in pinned host RAM, trained in the GPT on one GPU")
+    print(format_table([row], list(row)))
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=8_000_000, help="rows of the gather tables (dim 256)")
+    parser.add_argument("--batch", type=int, default=131_072, help="ids drawn for the gather (distinct ones kept)")
+    parser.add_argument("--rows-per-head", type=int, default=1 << 20, help="rows per (order, head) column, training")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per way")
+    parser.add_argument("--big-rows", type=int, default=300_000_000, help="rows of the scale section's table")
+    parser.add_argument("--skip-scale", action="store_true", help="leave out section 4")
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"speedtorch {speedtorch.__version__} ({speedtorch.build_info()}), torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'no GPU: CPU sizes'}")
+    sections = []
+    if device.type == "cuda":
+        sections += [("gather", lambda: section_gather(args)), ("decode", lambda: section_decode(args))]
+    sections.append(("training", lambda: section_training(args, device)))
+    if device.type == "cuda" and not args.skip_scale:
+        sections.append(("scale", lambda: section_scale(args, device)))
+    results, failed = {}, []
+    for name, run in sections:  # one section's failure is reported and the others still run
+        try:
+            results[name] = run()
+        except Exception as e:  # noqa: BLE001
+            failed.append(name)
+            print(f"\n[{name}] FAILED: {type(e).__name__}: {e}", flush=True)
+            import traceback
+
+            traceback.print_exc()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""``speedtorch.nn.NgramHashEmbedding``: the memory of an Engram layer (DeepSeek, arXiv 2601.07372), trained.
+
+Each position's n-grams (orders 2 .. max_order) are hashed by ``heads`` heads (:class:`speedtorch.ngram.NgramHash`,
+the ``speedtorch::ngram_hash`` op) into rows of ONE table, a :class:`speedtorch.nn.HostEmbedding` (pinned host RAM by
+default, or ``placement="gpu"`` / ``"hybrid"``): the batch's distinct rows of every head are read in one gather, and
+forward returns ``(batch, seq, columns * embedding_dim)``, the rows of column ``(n - 2) * heads + h`` side by side.
+
+Training is exact and sparse: duplicate n-grams' gradients are summed into one per distinct row, and the row-wise
+optimizer (``"rowwise_adam"`` by default: Adam's first moment per element, its second one float per row; or
+``"rowwise_adagrad"``, or any of HostEmbedding's) updates each touched row once, fused, where the row lives.
+
+The ids depend on the tokens only, so :meth:`NgramHashEmbedding.prefetch` starts reading the next batch's rows on a
+side stream while this step computes; rows this step then updates are read again (nothing stale is used), so
+training is bit for bit the same with and without prefetch. On a GPU the update itself runs on a stream of its own
+(``async_update``): it overlaps the work queued after it (the rest of the backward with ``update="backward"``, the
+dense optimizer and the next forward's first layers with ``"step"``), and every read of the table waits for it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .ngram import NgramHash
+from .nn import HostEmbedding
+
+__all__ = ["NgramHashEmbedding"]
+
+
+class _EngramRows(HostEmbedding):
+    """A HostEmbedding whose fused updates may run on a CUDA stream of their own (``async_update``). Ordering: the
+    update stream first waits for the current stream (the gradients); every later read of the table (forward's
+    gather, a prefetch, the re-read of rows a prefetch saw before an update, host access) waits for the updates
+    queued before it. The ids and gradients are kept alive for the update stream (record_stream)."""
+
+    def __init__(self, *args, async_update: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The hybrid placement's row cache allocates device memory inside its steps: keep those on one stream.
+        self.async_update = bool(async_update) and self.device.type == "cuda" and self.placement != "hybrid"
+        self._update_stream = None
+        self._updated: Optional[torch.cuda.Event] = None
+
+    def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
+        if not self.async_update:
+            return super()._apply_gradients(unique, grad_rows, sorted_unique)
+        if self._update_stream is None:
+            self._update_stream = torch.cuda.Stream(self.device)
+        self._update_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._update_stream):
+            super()._apply_gradients(unique, grad_rows, sorted_unique)
+            self._updated = torch.cuda.Event()
+            self._updated.record(self._update_stream)
+        unique.record_stream(self._update_stream)
+        grad_rows.record_stream(self._update_stream)
+
+    def wait_for_updates(self) -> None:
+        """Makes the current stream wait for the updates queued so far."""
+        if self._updated is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._updated)
+
+    def _rows_for(self, input: torch.Tensor):
+        self.wait_for_updates()  # covers the re-read of rows a prefetch saw before an update (_take_prefetched)
+        return super()._rows_for(input)
+
+    def drop_prefetch(self) -> None:
+        """Forgets a prefetch that the next forward will not use (and the updates tracked for it)."""
+        self._prefetched = None
+        self._updated_since_prefetch = []
+
+    def _sync_for_host_access(self) -> None:
+        if self._update_stream is not None:
+            self._update_stream.synchronize()
+        super()._sync_for_host_access()
+
+    def save(self, path: str) -> None:
+        self._sync_for_host_access()
+        super().save(path)
+
+
+class NgramHashEmbedding(torch.nn.Module):
+    """Hashed n-gram embeddings in one table, trained by a fused row-wise optimizer.
+
+    Args:
+        vocab_size: token ids are below it. embedding_dim: the width of one head's row.
+        heads, max_order, rows_per_head, pad_id, layer, seed, multipliers, bucket_sizes, taken: the hash
+            (:class:`speedtorch.ngram.NgramHash`); the table has ``num_rows = bucket_sizes.sum()`` rows.
+        optimizer, optimizer_options, update, placement, device, dtype, state_beside_rows, init_std, init_seed,
+            table, and the hybrid placement's cache options (``cache_rows``, ``hot_fraction``): the table
+            (:class:`speedtorch.nn.HostEmbedding`'s arguments; ``init_seed`` is its ``seed``). ``init_std``
+            defaults to 0: Engram tables start at zero, so a new layer starts as the identity of the model around it.
+        async_update: on a GPU, run the fused update on a stream of its own (see the module's docstring; not with
+            ``placement="hybrid"``). The results are the same bits either way.
+
+    ``forward(tokens, document_starts=None)``: tokens ``(batch, seq)`` int ids (any device; moved to the module's),
+    ``seq >= max_order``; ``document_starts`` marks where packed documents begin (n-grams never span two). Returns
+    ``(batch, seq, output_dim)`` with ``output_dim = (max_order - 1) * heads * embedding_dim``.
+    """
+
+    def __init__(self, vocab_size: int, embedding_dim: int, *, heads: int = 8, max_order: int = 3,
+                 rows_per_head: Union[int, Sequence[int]] = 1 << 16, pad_id: int = 0, layer: int = 0, seed: int = 0,
+                 multipliers: Optional[torch.Tensor] = None, bucket_sizes: Optional[torch.Tensor] = None,
+                 taken: Optional[set] = None, optimizer: str = "rowwise_adam", optimizer_options: Optional[dict] = None,
+                 update: str = "step", placement: str = "host", device: Optional[Union[torch.device, str]] = None,
+                 dtype: torch.dtype = torch.float32, state_beside_rows: bool = True, init_std: float = 0.0,
+                 init_seed: Optional[int] = None, table=None, async_update: bool = True, **cache_options):
+        super().__init__()
+        self.hash = NgramHash(vocab_size, rows_per_head, heads=heads, max_order=max_order, pad_id=pad_id, layer=layer,
+                              seed=seed, multipliers=multipliers, bucket_sizes=bucket_sizes, taken=taken)
+        self.rows = _EngramRows(self.hash.num_rows, embedding_dim, optimizer=optimizer,
+                                optimizer_options=optimizer_options, update=update, device=device, dtype=dtype,
+                                state_beside_rows=state_beside_rows, init_std=init_std, seed=init_seed,
+                                placement=placement, table=table, async_update=async_update, **cache_options)
+        self.hash.to(self.rows.device)
+        self.embedding_dim = int(embedding_dim)
+        self.output_dim = self.hash.columns * self.embedding_dim
+        self._prefetched: Optional[tuple] = None  # (tokens, document_starts, ids) of the last prefetch
+
+    @property
+    def device(self) -> torch.device:
+        return self.rows.device
+
+    @property
+    def num_rows(self) -> int:
+        return self.hash.num_rows
+
+    def extra_repr(self) -> str:
+        return f"output_dim={self.output_dim}"
+
+    def row_ids(self, tokens: torch.Tensor, document_starts: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The ``(batch, seq, columns)`` row ids of the tokens' n-grams, on the module's device."""
+        tokens = tokens.to(self.device, non_blocking=True)
+        if document_starts is not None:
+            document_starts = document_starts.to(self.device, non_blocking=True)
+        return self.hash(tokens, document_starts)
+
+    def forward(self, tokens: torch.Tensor, document_starts: Optional[torch.Tensor] = None) -> torch.Tensor:
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and prefetched[0] is tokens and prefetched[1] is document_starts:
+            ids = prefetched[2]  # the very tensor the rows were prefetched for
+        else:
+            if prefetched is not None:  # prefetched for other tokens: not used, and no longer worth tracking
+                self.rows.drop_prefetch()
+            ids = self.row_ids(tokens, document_starts)
+        rows = self.rows(ids)  # (batch, seq, columns, embedding_dim)
+        return rows.reshape(ids.shape[0], ids.shape[1], self.output_dim)
+
+    def prefetch(self, next_tokens: torch.Tensor, next_document_starts: Optional[torch.Tensor] = None) -> None:
+        """Starts reading the rows of the next batch (on a side stream on a GPU) while this step computes. Pass the
+        same tensor objects to the next forward. Rows this step's update changes are read again at that forward."""
+        ids = self.row_ids(next_tokens, next_document_starts)
+        self.rows.prefetch(ids)
+        self._prefetched = (next_tokens, next_document_starts, ids)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Applies the gradients of every backward since the last step (HostEmbedding.step)."""
+        self.rows.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
+        self.rows.zero_grad()
+
+    def quantized(self, format: str = "fp8_e4m3_ue8m0", **options):
+        """A frozen copy for serving (:class:`speedtorch.ngram_lookup.NgramHashLookup`): the same hash, the trained
+        rows in ``format`` (:func:`speedtorch.quantized.quantize_rows`; options as there)."""
+        from .ngram_lookup import NgramHashLookup
+        from .quantized import QuantizedRows
+
+        self.rows._sync_for_host_access()
+        return NgramHashLookup(self.hash, QuantizedRows.from_table(self.rows.weight, format, **options),
+                               device=self.device)

@@ -1,0 +1,177 @@
+"""Serving formats for embedding rows: bf16, row-wise int8 and block-scaled fp8, read with
+:func:`gather_dequant` (``speedtorch::gather_dequant``, which dequantizes to bfloat16 inside the gather kernel).
+
+Layouts (``csrc/quant/row_formats.h``; docs/engram.md). A quantized table is ``uint8 (num_rows, row_stride)``:
+
+- ``"bf16"``: ``dim`` bfloat16 values (the table may also be a ``bfloat16 (num_rows, dim)`` tensor).
+- ``"int8_rowwise"``: FBGEMM's INT8 inference row (``IntNBitTableBatchedEmbeddingBagsCodegen``): a float16 scale, a
+  float16 bias, then ``dim`` uint8 codes; ``value = code * scale + bias``; rows padded to 16 bytes.
+- ``"fp8_e4m3_ue8m0"``: DeepSeek-V4.1's Engram row: ``dim`` float8 e4m3fn codes, then ``dim / 32`` ue8m0 bytes
+  (one power-of-two scale ``2 ** (byte - 127)`` per block of 32 elements); ``value = code * scale``.
+
+:func:`quantize_rows` writes them from a trained float table, chunk by chunk (no table-sized temporary);
+:class:`QuantizedRows` holds one with its format, saves and opens it (in shared memory for every process of a host,
+or memory-mapped from a file larger than RAM).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Union
+
+import torch
+
+from .ops import pinned_empty
+
+__all__ = ["FORMATS", "gather_dequant", "quantize_rows", "format_row_bytes", "QuantizedRows"]
+
+FORMATS = ("bf16", "int8_rowwise", "fp8_e4m3_ue8m0")
+FP8_BLOCK = 32
+_INT8_QPARAM_BYTES = 4
+_FP8_MAX = 448.0
+
+PathLike = Union[str, os.PathLike]
+
+
+def gather_dequant(table: torch.Tensor, indices: torch.Tensor, format: str, dim: int,
+                   device: Optional[Union[torch.device, str]] = None) -> torch.Tensor:
+    """Rows ``indices`` (int32/int64, any shape) of a table in ``format``, dequantized to bfloat16: shape
+    ``indices.shape + (dim,)`` on ``device`` if given, else on the indices' device.
+
+    A pinned host table read by a GPU goes through one kernel that reads the rows over UVA and dequantizes them as
+    it writes; a pageable one (a file larger than RAM mapped without page-locking) through CPU threads, pinned
+    staging and the copy engine. Bad indices raise ``IndexError`` as :func:`speedtorch.gather`'s do."""
+    return torch.ops.speedtorch.gather_dequant(table, indices, format, int(dim),
+                                               None if device is None else torch.device(device))
+
+
+def format_row_bytes(format: str, dim: int, row_alignment: int = 1) -> int:
+    """Bytes of one row of ``dim`` elements in ``format``, rounded up to a multiple of ``row_alignment``."""
+    if format not in FORMATS:
+        raise ValueError(f"unknown row format {format!r}; known: {', '.join(FORMATS)}")
+    if format == "fp8_e4m3_ue8m0" and dim % FP8_BLOCK:
+        raise ValueError(f"fp8_e4m3_ue8m0 rows have one scale per {FP8_BLOCK} elements: dim must be a multiple of "
+                         f"{FP8_BLOCK}, got {dim}")
+    raw = {"bf16": 2 * dim, "int8_rowwise": _INT8_QPARAM_BYTES + dim,
+           "fp8_e4m3_ue8m0": dim + dim // FP8_BLOCK}[format]
+    return -(-raw // row_alignment) * row_alignment
+
+
+def _ue8m0_values(exponent_bytes: torch.Tensor) -> torch.Tensor:
+    """ue8m0 bytes as the float32 powers of two they stand for (byte 0 is 2**-127, a subnormal; 255 is NaN)."""
+    e = exponent_bytes.to(torch.int32)
+    bits = torch.where(e == 0, torch.full_like(e, 0x00400000), e << 23)
+    bits = torch.where(e == 255, torch.full_like(e, 0x7FC00000), bits)
+    return bits.view(torch.float32)
+
+
+def _quantize_int8(rows: torch.Tensor, out: torch.Tensor) -> None:
+    low, high = rows.amin(1), rows.amax(1)
+    scale = ((high - low) / 255.0).clamp(max=65504.0).to(torch.float16)
+    bias = low.to(torch.float16)
+    s, b = scale.float().unsqueeze(1), bias.float().unsqueeze(1)
+    codes = torch.where(s > 0, ((rows - b) / torch.where(s > 0, s, torch.ones_like(s))).round(), torch.zeros_like(rows))
+    out[:, 0:2] = scale.view(torch.uint8).view(-1, 2)
+    out[:, 2:4] = bias.view(torch.uint8).view(-1, 2)
+    out[:, 4:4 + rows.shape[1]] = codes.clamp(0, 255).to(torch.uint8)
+
+
+def _quantize_fp8(rows: torch.Tensor, out: torch.Tensor) -> None:
+    n, dim = rows.shape
+    blocks = rows.reshape(n, dim // FP8_BLOCK, FP8_BLOCK)
+    ratio = blocks.abs().amax(2) / _FP8_MAX
+    # The smallest power of two >= ratio (ceil(log2)), exactly: frexp gives ratio = m * 2**k with m in [0.5, 1).
+    mantissa, exponent = torch.frexp(ratio)
+    exponent = exponent - (mantissa == 0.5).to(exponent.dtype)
+    exponent = torch.where(ratio > 0, exponent, torch.full_like(exponent, -127)).clamp(-127, 127)
+    scale_bytes = (exponent + 127).to(torch.uint8)
+    scale = _ue8m0_values(scale_bytes)
+    codes = (blocks / scale.unsqueeze(2)).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+    out[:, :dim] = codes.reshape(n, dim).view(torch.uint8)
+    out[:, dim:dim + dim // FP8_BLOCK] = scale_bytes
+
+
+def quantize_rows(table: torch.Tensor, format: str, *, row_alignment: int = 16, pinned: bool = True,
+                  chunk_rows: int = 1 << 16) -> torch.Tensor:
+    """A trained float table (``(num_rows, dim)``, any float dtype and device) written in ``format``, in host memory
+    (exact-size pinned memory unless ``pinned=False``), ``chunk_rows`` rows at a time.
+
+    ``"bf16"`` returns a ``bfloat16 (num_rows, dim)`` tensor; the quantized formats a ``uint8 (num_rows, stride)`` one,
+    ``stride`` = :func:`format_row_bytes` rounded up to ``row_alignment`` (16, FBGEMM's, by default: rows then start
+    16-byte aligned for the kernel's widest loads; 1 keeps DeepSeek-V4.1's unpadded 264-byte fp8 rows of dim 256).
+    int8: per row, ``scale = (max - min) / 255`` and ``bias = min`` in float16, codes rounded to nearest. fp8: per
+    block of 32, the smallest power of two ``scale >= amax / 448``, codes ``x / scale`` rounded to nearest e4m3."""
+    if table.dim() != 2 or not table.is_floating_point():
+        raise ValueError(f"quantize_rows: table must be a 2-D float tensor, got {table.dtype} of shape "
+                         f"{tuple(table.shape)}")
+    n, dim = table.shape
+    stride = format_row_bytes(format, dim, row_alignment if format != "bf16" else 1)
+    if format == "bf16":
+        out = pinned_empty(n, dim, dtype=torch.bfloat16) if pinned else torch.empty(n, dim, dtype=torch.bfloat16)
+    else:
+        out = pinned_empty(n, stride, dtype=torch.uint8) if pinned else torch.zeros(n, stride, dtype=torch.uint8)
+    with torch.no_grad():
+        for begin in range(0, n, chunk_rows):
+            rows = table[begin:begin + chunk_rows].detach().float().cpu()
+            target = out[begin:begin + rows.shape[0]]
+            if format == "bf16":
+                target.copy_(rows)
+            elif format == "int8_rowwise":
+                _quantize_int8(rows, target)
+            else:
+                _quantize_fp8(rows, target)
+    return out
+
+
+class QuantizedRows:
+    """A table in one of :data:`FORMATS` with what reading it needs (format, dim): ``gather(indices, device)``.
+
+    ``save(path)`` writes ``path`` (a ``.npy`` NumPy reads: the raw rows) and ``path + ".format.json"``;
+    ``QuantizedRows.open(path, pin=...)`` maps them back without copying: pinned (page-locked, read by the GPU over
+    UVA; on ``/dev/shm`` every process of the host that opens the file shares one copy in RAM) or, with
+    ``pin=False``, pageable (a file larger than RAM: rows are read by CPU threads as the pages fault in)."""
+
+    def __init__(self, table: torch.Tensor, format: str, dim: int):
+        format_row_bytes(format, dim)  # validates the pair
+        self.table, self.format, self.dim = table, format, int(dim)
+
+    @classmethod
+    def from_table(cls, table: torch.Tensor, format: str, **options) -> "QuantizedRows":
+        """:func:`quantize_rows` of a trained float table (options as there)."""
+        return cls(quantize_rows(table, format, **options), format, table.shape[1])
+
+    @property
+    def num_rows(self) -> int:
+        return self.table.shape[0]
+
+    def nbytes(self) -> int:
+        return self.table.numel() * self.table.element_size()
+
+    def gather(self, indices: torch.Tensor, device: Optional[Union[torch.device, str]] = None) -> torch.Tensor:
+        return gather_dequant(self.table, indices, self.format, self.dim, device)
+
+    def dequantize(self) -> torch.Tensor:
+        """Every row as bfloat16, on the CPU (for checks and small tables)."""
+        return self.gather(torch.arange(self.num_rows), "cpu")
+
+    def save(self, path: PathLike) -> None:
+        from .data import save_npy
+
+        path = os.fspath(path)
+        save_npy(self.table if self.table.dtype != torch.bfloat16 else self.table.view(torch.uint8), path)
+        with open(path + ".format.json", "w") as f:
+            json.dump({"format": self.format, "dim": self.dim}, f)
+
+    @classmethod
+    def open(cls, path: PathLike, *, pin: bool = True) -> "QuantizedRows":
+        """The rows of :meth:`save`, memory-mapped read-only (see the class)."""
+        from .data import open_npy
+
+        path = os.fspath(path)
+        with open(path + ".format.json") as f:
+            meta = json.load(f)
+        return cls(open_npy(path, "r", pin=pin), meta["format"], meta["dim"])
+
+    def __repr__(self) -> str:
+        return f"QuantizedRows({self.num_rows} rows, format={self.format!r}, dim={self.dim}, {self.nbytes()} bytes)"

@@ -1,0 +1,202 @@
+"""speedtorch::gather_dequant and the serving formats (speedtorch.quantized): rows equal a plain-torch dequantization
+bit for bit on every route (CPU, pinned table over UVA, GPU table, pageable table through staging, CUDA graph),
+the conversion from a trained table is close to it, layouts are the documented ones, bad input raises."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import speedtorch
+from speedtorch.quantized import QuantizedRows, format_row_bytes, gather_dequant, quantize_rows
+
+FORMATS = ["bf16", "int8_rowwise", "fp8_e4m3_ue8m0"]
+
+
+def ue8m0(e: torch.Tensor) -> torch.Tensor:
+    """2 ** (e - 127) in float32, built from its bits (e = 0: the subnormal 2 ** -127)."""
+    e = e.to(torch.int32)
+    bits = torch.where(e == 0, torch.full_like(e, 1 << 22), e << 23)
+    return torch.where(e == 255, torch.full_like(e, 0x7FC00000), bits).view(torch.float32)
+
+
+def reference_dequantize(table: torch.Tensor, format: str, dim: int) -> torch.Tensor:
+    """The documented layouts decoded in plain torch: each value in float32 with one rounding, then bfloat16."""
+    if format == "bf16":
+        return (table.view(torch.bfloat16) if table.dtype == torch.uint8 else table)[:, :dim].clone()
+    if format == "int8_rowwise":  # [fp16 scale][fp16 bias][dim codes]: code * scale + bias (exact in float64)
+        scale = table[:, 0:2].contiguous().view(torch.float16).double()
+        bias = table[:, 2:4].contiguous().view(torch.float16).double()
+        return (table[:, 4:4 + dim].double() * scale + bias).float().to(torch.bfloat16)
+    # [dim e4m3 codes][dim / 32 ue8m0 bytes]: code * 2 ** (byte - 127)
+    codes = table[:, :dim].contiguous().view(torch.float8_e4m3fn).float()
+    scales = ue8m0(table[:, dim:dim + dim // 32]).repeat_interleave(32, 1)
+    return (codes * scales).to(torch.bfloat16)
+
+
+def trained_table(n=300, dim=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(n, dim, generator=g) * torch.rand(n, 1, generator=g) * 3
+    table[5] = 0.0  # a row of zeros: scale 0 (int8), the smallest ue8m0 (fp8)
+    table[6] = 1e-30  # tiny values
+    return table
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_cpu_rows_equal_the_reference(format):
+    weights = trained_table()
+    table = quantize_rows(weights, format)
+    ids = torch.randint(0, 300, (7, 11))
+    out = gather_dequant(table, ids, format, 64)
+    assert out.dtype == torch.bfloat16 and out.shape == (7, 11, 64)
+    assert torch.equal(out, reference_dequantize(table, format, 64)[ids])
+    assert torch.equal(gather_dequant(table, ids.int(), format, 64), out)
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_conversion_is_close_to_the_trained_table(format):
+    weights = trained_table()
+    rows = QuantizedRows.from_table(weights, format).dequantize().float()
+    if format == "bf16":
+        torch.testing.assert_close(rows, weights.to(torch.bfloat16).float())
+    elif format == "int8_rowwise":  # half a step of 255 over the row's range (float16 scale), plus bf16 rounding
+        step = ((weights.amax(1) - weights.amin(1)) / 255).unsqueeze(1)
+        assert bool(((rows - weights).abs() <= 0.65 * step + 0.01 * weights.abs() + 1e-6).all())
+    else:  # e4m3 keeps 3 mantissa bits: within 1/16 of the block's largest value
+        block_max = weights.abs().reshape(300, 2, 32).amax(2).repeat_interleave(32, 1)
+        assert bool(((rows - weights).abs() <= block_max / 16 + 1e-30).all())
+    assert torch.equal(rows[5], torch.zeros(64))
+
+
+def test_layouts_are_the_documented_ones():
+    assert format_row_bytes("int8_rowwise", 128) == 132 and format_row_bytes("int8_rowwise", 128, 16) == 144
+    assert format_row_bytes("fp8_e4m3_ue8m0", 256) == 264  # DeepSeek-V4.1's Engram rows
+    assert quantize_rows(torch.randn(3, 256), "fp8_e4m3_ue8m0", row_alignment=1).shape == (3, 264)
+    weights = torch.tensor([[-1.0, 0.0, 2.0, 3.0]])
+    row = quantize_rows(weights, "int8_rowwise")
+    assert row.shape == (1, 16)
+    assert row[0, 0:2].view(torch.float16).item() == pytest.approx(4 / 255, rel=1e-3)  # scale first, then bias
+    assert row[0, 2:4].view(torch.float16).item() == -1.0
+    assert row[0, 4:8].tolist() == [0, 64, 191, 255]
+    fp8 = quantize_rows(torch.full((1, 32), 3.0), "fp8_e4m3_ue8m0")
+    assert fp8[0, 32].item() == 127 - 7  # 3 / 448 -> scale 2 ** -7; codes 3 * 128 = 384
+    assert fp8[0, :32].view(torch.float8_e4m3fn).float().unique().tolist() == [384.0]
+
+
+@pytest.mark.parametrize("format", ["int8_rowwise", "fp8_e4m3_ue8m0"])
+def test_unpadded_and_odd_strides(format):
+    weights = trained_table(dim=96)
+    table = quantize_rows(weights, format, row_alignment=1)  # 100 or 99 bytes a row: byte-wide loads
+    wide = torch.zeros(300, table.shape[1] + 7, dtype=torch.uint8)
+    wide[:, :table.shape[1]] = table
+    ids = torch.randint(0, 300, (50,))
+    expected = reference_dequantize(table, format, 96)[ids]
+    assert torch.equal(gather_dequant(table, ids, format, 96), expected)
+    assert torch.equal(gather_dequant(wide, ids, format, 96), expected)
+
+
+@pytest.mark.parametrize(
+    ("table", "format", "dim", "error", "message"),
+    [
+        (torch.zeros(4, 16, dtype=torch.uint8), "int4", 8, ValueError, "unknown row format 'int4'"),
+        (torch.zeros(4, 16), "int8_rowwise", 8, RuntimeError, "must be uint8"),
+        (torch.zeros(4, 16, dtype=torch.uint8), "int8_rowwise", 16, ValueError, "takes 20 bytes but the table's rows"),
+        (torch.zeros(4, 40, dtype=torch.uint8), "fp8_e4m3_ue8m0", 36, ValueError, "multiple of 32"),
+        (torch.zeros(4, 16, dtype=torch.float16), "bf16", 8, RuntimeError, "bfloat16"),
+        (torch.zeros(16, dtype=torch.uint8), "bf16", 8, RuntimeError, "2-D"),
+    ],
+)
+def test_bad_arguments(table, format, dim, error, message):
+    with pytest.raises(error, match=message):
+        gather_dequant(table, torch.tensor([0]), format, dim)
+
+
+def test_bad_indices():
+    table = quantize_rows(torch.randn(10, 32), "fp8_e4m3_ue8m0")
+    with pytest.raises(IndexError, match="holds 10 at flat position 1"):
+        gather_dequant(table, torch.tensor([3, 10]), "fp8_e4m3_ue8m0", 32)
+    with pytest.raises(IndexError, match="holds -1"):
+        gather_dequant(table, torch.tensor([-1]), "fp8_e4m3_ue8m0", 32)
+    with pytest.raises(RuntimeError, match="int64 or int32"):
+        gather_dequant(table, torch.tensor([1.0]), "fp8_e4m3_ue8m0", 32)
+
+
+def test_opcheck():
+    for format in FORMATS:
+        table = quantize_rows(torch.randn(20, 32), format, pinned=False)
+        torch.library.opcheck(torch.ops.speedtorch.gather_dequant.default,
+                              (table, torch.randint(0, 20, (3, 4)), format, 32))
+
+
+def test_saved_rows_open_mapped(tmp_path):
+    rows = QuantizedRows.from_table(trained_table(), "int8_rowwise")
+    rows.save(tmp_path / "engram.npy")
+    for pin in (False, True):
+        opened = QuantizedRows.open(tmp_path / "engram.npy", pin=pin)
+        assert (opened.format, opened.dim, opened.num_rows) == ("int8_rowwise", 64, 300)
+        ids = torch.randint(0, 300, (40,))
+        assert torch.equal(opened.gather(ids), rows.gather(ids))
+
+
+# --- GPU routes ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("format", FORMATS)
+def test_gpu_routes_equal_the_reference(format, transfer_settings):
+    weights = trained_table(n=20_000, dim=128)
+    pinned = quantize_rows(weights, format)
+    expected_all = reference_dequantize(pinned, format, 128)
+    small = torch.randint(0, 20_000, (3, 50))
+    large = torch.randint(0, 20_000, (9000,))  # sorted by row first once the table counts as spread
+    for ids in (small, large):
+        expected = expected_all[ids]
+        for index_device in ("cpu", "cuda"):
+            got = gather_dequant(pinned, ids.to(index_device), format, 128, "cuda")
+            assert got.is_cuda and torch.equal(got.cpu(), expected)
+        assert torch.equal(gather_dequant(pinned.cuda(), ids.cuda(), format, 128).cpu(), expected)  # GPU table
+        pageable = pinned.clone()  # ordinary memory: CPU threads read it, the copy engine moves the raw rows
+        assert torch.equal(gather_dequant(pageable, ids, format, 128, "cuda").cpu(), expected)
+    transfer_settings(uva_reach_bytes=0)  # every large batch sorted
+    assert torch.equal(gather_dequant(pinned, large.cuda(), format, 128).cpu(), expected_all[large])
+    transfer_settings(uva_fraction=0.5, small_transfer_bytes=0)  # half the rows through CPU threads and staging
+    for index_device in ("cpu", "cuda"):
+        got = gather_dequant(pinned, large.to(index_device), format, 128, "cuda")
+        assert torch.equal(got.cpu(), expected_all[large])
+
+
+@pytest.mark.gpu
+def test_gpu_bad_index_deferred_leaves_nan_and_raises_later(deferred_checks):
+    table = quantize_rows(torch.randn(100, 64), "fp8_e4m3_ue8m0")
+    out = gather_dequant(table, torch.tensor([4, 100, 7], device="cuda"), "fp8_e4m3_ue8m0", 64)
+    with pytest.raises(IndexError, match="holds 100 at flat position 1"):
+        speedtorch.check_index_errors()
+    assert torch.isnan(out[1].float().cpu()).all()
+    assert torch.equal(out[[0, 2]].cpu(), reference_dequantize(table, "fp8_e4m3_ue8m0", 64)[[4, 7]])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("count", [1024, 6000])
+def test_gpu_capture_and_replay(count, transfer_settings):
+    """A decode-size batch, and one large enough to be sorted by row inside the graph (the table counted as spread)."""
+    transfer_settings(uva_reach_bytes=0)
+    table = quantize_rows(trained_table(n=5000, dim=256), "fp8_e4m3_ue8m0")
+    expected_all = reference_dequantize(table, "fp8_e4m3_ue8m0", 256)
+    ids = torch.randint(0, 5000, (count,), device="cuda")
+    gather_dequant(table, ids, "fp8_e4m3_ue8m0", 256)  # warm-up outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gather_dequant(table, ids, "fp8_e4m3_ue8m0", 256)
+    for _ in range(3):
+        ids.copy_(torch.randint(0, 5000, (count,), device="cuda"))
+        graph.replay()
+        assert torch.equal(out.cpu(), expected_all[ids.cpu()])
+
+
+@pytest.mark.gpu
+def test_gpu_capture_refuses_a_pageable_table():
+    pageable = quantize_rows(torch.randn(100, 32), "fp8_e4m3_ue8m0", pinned=False)
+    ids = torch.randint(0, 100, (16,), device="cuda")
+    with pytest.raises(RuntimeError, match="pageable host memory"):  # CPU threads would read it: a replay cannot
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            gather_dequant(pageable, ids, "fp8_e4m3_ue8m0", 32)
