@@ -54,10 +54,11 @@ test-package:
 
 # The CPU path built with AddressSanitizer and UBSan; the C++ tests and the CPU Python tests run under it (the
 # sanitizer runtime is preloaded into Python; leak checks are off because Python and torch keep memory at exit).
-# test_distributed.py is left to make test: it starts dozens of Python processes whose own work (Gloo, pickling)
-# is not ours; the library calls it makes (PinnedEmbedding.create / open, the fused step) have tests of their own
-# that run here. So are the example server's process tests (test_server_robustness.py, test_server_protocol.py):
-# the server is not built here; its request reading has GoogleTest tests and a fuzz target.
+# test_distributed.py (and test_train_pipeline_distributed.py, which spawns ranks the same way) is left to make
+# test: it starts dozens of Python processes whose own work (Gloo, pickling) is not ours; the library calls it makes
+# (PinnedEmbedding.create / open, the fused step) have tests of their own that run here. So are the example server's
+# process tests (test_server_robustness.py, test_server_protocol.py): the server is not built here; its request
+# reading has GoogleTest tests and a fuzz target.
 ASAN_BUILD ?= build-asan
 sanitize: deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) -DSPEEDTORCH_CUDA=OFF \
@@ -70,8 +71,8 @@ sanitize: deps
 	  SPEEDTORCH_LIBRARY=$(abspath $(ASAN_BUILD))/libspeedtorch_ops.so \
 	  $(PYTHON) -m pytest tests/python -q -m "not gpu" -p no:cacheprovider \
 	  --ignore=tests/python/test_compile_export.py --ignore=tests/python/test_torchscript_examples.py \
-	  --ignore=tests/python/test_distributed.py --ignore=tests/python/test_server_robustness.py \
-	  --ignore=tests/python/test_server_protocol.py
+	  --ignore=tests/python/test_distributed.py --ignore=tests/python/test_train_pipeline_distributed.py \
+	  --ignore=tests/python/test_server_robustness.py --ignore=tests/python/test_server_protocol.py
 
 CXX_FOR_ASAN ?= c++
 

@@ -30,8 +30,8 @@ from .ops import (  # noqa: E402
 from .counters import reset_stats, set_stats_enabled, stats, stats_help  # noqa: E402
 
 #: ``torch.classes.speedtorch.PinnedEmbedding``: a table in exact-size pinned host memory, usable from Python,
-#: TorchScript (as a module attribute) and C++. A custom class has no docstrings: ``help(speedtorch.PinnedEmbeddingAPI)``
-#: documents its methods.
+#: TorchScript (as a module attribute) and C++. A custom class has no docstrings:
+#: ``help(speedtorch.PinnedEmbeddingAPI)`` documents its methods.
 PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
 
 from .pinned_embedding_api import PinnedEmbeddingAPI  # noqa: E402
@@ -42,6 +42,9 @@ from . import ngram, ngram_lookup, quantized  # noqa: E402  (Engram: n-gram hash
 from .ngram import ngram_hash  # noqa: E402
 from .quantized import gather_dequant  # noqa: E402
 from . import compat  # noqa: E402  (SpeedTorch 0.x's API over the ops; docs/migration.md)
+from .sparse_features import SparseFeatures  # noqa: E402
+from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402
+from .train_pipeline import TrainPipeline  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -53,6 +56,7 @@ def build_info() -> str:
 
 __all__ = [
     "ContiguousParams",
+    "HostEmbeddingBagCollection",
     "PinnedEmbedding",
     "PinnedEmbeddingAPI",
     "build_info",
@@ -74,6 +78,9 @@ __all__ = [
     "reset_stats",
     "scatter_",
     "set_deferred_index_checks",
+    "SparseFeatures",
+    "TableConfig",
+    "TrainPipeline",
     "deferred_index_checks",
     "set_stats_enabled",
     "set_transfer_config",

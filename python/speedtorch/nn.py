@@ -31,8 +31,8 @@ from .table_state import (adopt_options, checked_extra_state, copy_table_entries
                           set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "HostTableParameter", "NgramHashEmbedding", "clip_grad_norm_", "ddp_ignore_host_tables",
-           "dense_parameters", "track_table_state"]
+__all__ = ["HostEmbedding", "HostEmbeddingBagCollection", "HostTableParameter", "NgramHashEmbedding", "TableConfig",
+           "clip_grad_norm_", "ddp_ignore_host_tables", "dense_parameters", "track_table_state"]
 
 _UNSET = "__unset__"  # optimizer= not given: "adam" for a new table, the table's own (or none) for a given one
 _BAG_MODES = ("sum", "mean", "max")
@@ -145,6 +145,8 @@ class HostEmbedding(torch.nn.Module):
 
     The table is the module's ``weight``, a :class:`speedtorch.nn.HostTableParameter` (shares the table's memory;
     ``named_parameters()`` and ``state_dict()`` show it) whose ``grad`` holds the rows' gradient until the update.
+    With ``placement="hybrid"`` the parameter is a placeholder on the meta device (a tensor kept over the host rows
+    would keep the row cache from working); ``weight`` and ``state_dict()`` hand out the rows themselves.
     """
 
     # TorchScript compiles properties unless told not to; `weight` syncs placements in Python.
@@ -240,7 +242,7 @@ class HostEmbedding(torch.nn.Module):
 
     def _init_runtime_state(self) -> None:
         """The table parameter and what lives only while the module runs (not saved, pickled or copied)."""
-        param = HostTableParameter(self.table.table())
+        param = HostTableParameter(self._parameter_data())
         param._grad_shape = (self.num_embeddings, self.embedding_dim)
         object.__setattr__(self, "_table_param", param)  # a plain reference, for the code paths below
         if self._registers_weight():
@@ -255,6 +257,16 @@ class HostEmbedding(torch.nn.Module):
     def _registers_weight(self) -> bool:
         """Whether the table is one of the module's parameters (DistributedHostEmbedding's is not: see there)."""
         return True
+
+    def _parameter_data(self) -> torch.Tensor:
+        """The tensor the table parameter wraps: the table itself, except with a row cache (placement="hybrid"),
+        where a tensor kept over the host rows would make the cache stand aside for good (docs/persistence.md):
+        there it is a placeholder of the table's shape and dtype on the meta device, and ``weight`` hands out the
+        rows."""
+        if self.placement == "hybrid":
+            dtype = self.table.table().dtype  # a tensor dropped at once: the cache is not held back
+            return torch.empty(self.num_embeddings, self.embedding_dim, dtype=dtype, device="meta")
+        return self.table.table()
 
     def extra_repr(self) -> str:
         """The sizes and options printed in the module's repr."""
@@ -365,7 +377,13 @@ class HostEmbedding(torch.nn.Module):
             return self._take_prefetched()
         ids = input.to(self.device, non_blocking=True)
         unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        return unique, inverse, self.table.gather(unique, self.device)
+        try:
+            return unique, inverse, self.table.gather(unique, self.device)
+        except IndexError:  # it names a position among the distinct ids: name the caller's instead
+            named = _out_of_range_in(ids, self.num_embeddings, type(self).__name__)
+            if named is None:
+                raise
+            raise named from None
 
     def _traceable(self) -> bool:
         # What torch.compile / torch.export can hold in a graph: a lookup that hands no gradient to the module, over
@@ -528,7 +546,10 @@ class HostEmbedding(torch.nn.Module):
         _, unique, inverse, rows, *ready = self._prefetched
         self._prefetched = None
         if ready:
-            torch.cuda.current_stream(self.device).wait_event(ready[0])
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(ready[0])
+            for t in (unique, inverse, rows):  # prefetch() may have been called on another stream than this one
+                t.record_stream(current)
         if self._updated_since_prefetch:
             updated = torch.cat(self._updated_since_prefetch)
             self._updated_since_prefetch = []
@@ -537,6 +558,16 @@ class HostEmbedding(torch.nn.Module):
                 rows = rows.clone()
                 rows[stale] = self.table.gather(unique[stale], self.device)
         return unique, inverse, rows
+
+    def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
+        ones if :meth:`prefetch` was given this very tensor) and where each id's row is (``input == ids[inverse]``).
+        Backward through ``rows`` yields one gradient per distinct row, applied as ``update`` says. forward's part
+        before pooling; :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
+        unique, inverse, rows = self._rows_for(input)
+        if self.trains and torch.is_grad_enabled():
+            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        return inverse, rows
 
     # --- placement ---------------------------------------------------------------------------------------------
 
@@ -641,6 +672,8 @@ class HostEmbedding(torch.nn.Module):
         """The table parameter over the table as it is now (a hybrid table's cached rows written back; a table whose
         optimizer was re-configured has new memory: the same parameter object then points there)."""
         param = self._table_param
+        if param.is_meta:
+            return param
         table = self.table.table()
         if table.data_ptr() != param.data_ptr() or table.stride() != param.stride():
             param.data = table
@@ -649,10 +682,13 @@ class HostEmbedding(torch.nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """The table (num_embeddings x embedding_dim; shares memory), as the :class:`HostTableParameter` the module
-        registers: pinned host memory for ``"host"`` and ``"hybrid"`` (the device-resident rows written back first),
-        device memory for ``"gpu"``. Synchronize before reading it on the host while updates may be running."""
+        registers: pinned host memory for ``"host"`` and ``"hybrid"`` (the device-resident rows written back first;
+        while it is held, the row cache stands aside, so it stays exact: docs/persistence.md), device memory for
+        ``"gpu"``. Synchronize before reading it on the host while updates may be running."""
         if "_table_param" not in self.__dict__:
             raise AttributeError("weight")  # not built yet (nn.Module's attribute checks ask during __init__)
+        if self._table_param.is_meta:  # placement="hybrid": the rows, handed out as the row cache allows
+            return self.table.table()
         return self._sync_weight()
 
     def save(self, path: str) -> None:
@@ -762,6 +798,22 @@ def _options(options: Optional[dict], dtype: torch.dtype) -> dict:
     return out
 
 
+def _out_of_range_in(ids: torch.Tensor, num_rows: int, owner: str) -> Optional[IndexError]:
+    """The error for the first id of ``ids`` (the caller's input) outside ``[0, num_rows)``, named by its place in
+    ``ids``; None when every id is in range (the table's error was about something else)."""
+    flat = ids.reshape(-1)
+    bad = ((flat < 0) | (flat >= num_rows)).nonzero()
+    if bad.numel() == 0:
+        return None
+    position = int(bad[0, 0])
+    where = ""
+    if ids.dim() > 1:
+        index = ", ".join(str(int(i)) for i in torch.unravel_index(torch.tensor(position), tuple(ids.shape)))
+        where = f" (input[{index}])"
+    return IndexError(f"{owner}: the input holds {int(flat[position])} at flat position {position}{where}; every id "
+                      f"must be in [0, {num_rows}) for a table of {num_rows} rows (negative ids are not wrapped)")
+
+
 def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[torch.Tensor],
                 hot_fraction: Optional[float]) -> int:
     """How many rows the row cache of placement='hybrid' holds: cache_rows, else a share of the rows, else the
@@ -780,5 +832,6 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
                      "hot_rows (ids)")
 
 
-# Built on HostEmbedding, so imported after it (speedtorch/ngram_embedding.py imports this module).
+# Built on HostEmbedding, so imported after it (these modules import this one).
+from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402  (many tables in one module)
 from .ngram_embedding import NgramHashEmbedding  # noqa: E402

@@ -79,7 +79,8 @@ class RowwiseAdagrad(torch.optim.Optimizer):
 # --- HostEmbedding's fused optimizers as a torch.optim.Optimizer --------------------------------------------------
 
 # torch.optim's names for options the fused optimizers take in pairs, and the flags (booleans in a param group).
-_PAIRS = {"betas": ("beta1", "beta2"), "etas": ("etaminus", "etaplus"), "step_sizes": ("step_size_min", "step_size_max")}
+_PAIRS = {"betas": ("beta1", "beta2"), "etas": ("etaminus", "etaplus"),
+          "step_sizes": ("step_size_min", "step_size_max")}
 _FLAGS = ("nesterov", "amsgrad", "centered", "per_row_step", "stochastic_rounding")
 
 
@@ -105,12 +106,18 @@ def _table_style(group: dict, keys) -> dict:
 
 
 def _host_embeddings(modules):
-    from .nn import HostEmbedding
+    from .nn import HostEmbedding, HostEmbeddingBagCollection
 
     if isinstance(modules, HostEmbedding):
         return [modules]
     if isinstance(modules, torch.nn.Module):
-        return [m for m in modules.modules() if isinstance(m, HostEmbedding)]
+        found = []
+        for m in modules.modules():
+            if isinstance(m, HostEmbedding):
+                found.append(m)
+            elif isinstance(m, HostEmbeddingBagCollection):  # its groups are HostEmbeddings it holds itself
+                found.extend(m.groups)
+        return found
     out = list(modules)
     for m in out:
         if not isinstance(m, HostEmbedding):
@@ -123,10 +130,11 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
     are keyed optimizers): a standard training loop, LR schedulers, ``GradScaler`` and :class:`CombinedOptimizer`
     drive them like any other.
 
-    ``modules``: a model (every :class:`speedtorch.nn.HostEmbedding` in it that trains), a HostEmbedding, or a list of
-    them. One param group per table: ``params`` is the table's ``weight`` (its :class:`HostTableParameter`), the
-    other keys are its optimizer's hyper-parameters under torch.optim's names (``lr``, ``betas``, ``eps``,
-    ``weight_decay``, ``momentum``, ...; every option the optimizer takes, defaults included) and ``optimizer``, its
+    ``modules``: a model (every :class:`speedtorch.nn.HostEmbedding` in it that trains, and the groups of every
+    :class:`speedtorch.HostEmbeddingBagCollection`), a HostEmbedding, or a list of them. One param group per table:
+    ``params`` is the table's ``weight`` (its :class:`HostTableParameter`), the other keys are its optimizer's
+    hyper-parameters under torch.optim's names (``lr``, ``betas``, ``eps``, ``weight_decay``, ``momentum``, ...;
+    every option the optimizer takes, defaults included) and ``optimizer``, its
     name. A scheduler (or you) may change them between steps: :meth:`step` hands the changes to the table in place
     (``PinnedEmbedding.set_optimizer_options``), keeping its state and step count.
 

@@ -2,9 +2,10 @@
 
 ``speedtorch.PinnedEmbedding`` is ``torch.classes.speedtorch.PinnedEmbedding``, a TorchScript custom class
 (csrc/embedding/pinned_embedding.h): the same object in Python, TorchScript and C++. Custom classes carry no
-docstrings, so ``help(speedtorch.PinnedEmbedding)`` cannot say what its methods do: ``help(speedtorch.PinnedEmbeddingAPI)``
-does. :class:`PinnedEmbeddingAPI` is documentation only (its methods are the class's, with their signatures and
-defaults; calling them raises); tests/python/test_api_reference.py checks that it lists exactly the class's methods.
+docstrings, so ``help(speedtorch.PinnedEmbedding)`` cannot say what its methods do:
+``help(speedtorch.PinnedEmbeddingAPI)`` does. :class:`PinnedEmbeddingAPI` is documentation only (its methods are the
+class's, with their signatures and defaults; calling them raises); tests/python/test_api_reference.py checks that it
+lists exactly the class's methods.
 ``repr(table)`` says what a table is (shape, dtype, optimizer, step, pinned, mapping, sidecar, row cache).
 """
 
@@ -46,7 +47,14 @@ class PinnedEmbeddingAPI:
 
     def table(self) -> torch.Tensor:
         """The table itself (``num_rows x dim``, shares memory; rows may be strided when the optimizer state sits
-        beside them). Writes through it bypass the lock; a row cache is written back (and emptied) first."""
+        beside them). Writes through it bypass the lock. A row cache is written back (and emptied) first, and stands
+        aside while the tensor (or a view of it) lives: :meth:`host_rows_in_use`."""
+        raise _documentation_only()
+
+    def host_rows_in_use(self) -> bool:
+        """Whether a tensor that ``table()``, ``state()`` or ``scatter_()`` returned (or a view of one) is still alive:
+        meanwhile a row cache stands aside (gathers and steps use the host rows), so reads and writes through the
+        tensor stay exact; once it is dropped the cache fills again."""
         raise _documentation_only()
 
     def copy_(self, src: torch.Tensor) -> None:
@@ -122,7 +130,8 @@ class PinnedEmbeddingAPI:
         raise _documentation_only()
 
     def state(self) -> Optional[torch.Tensor]:
-        """The optimizer state, ``num_rows x state_width`` float32 (shares memory), or None without an optimizer."""
+        """The optimizer state, ``num_rows x state_width`` float32 (shares memory; handed out as ``table()`` is), or
+        None without an optimizer."""
         raise _documentation_only()
 
     def step_count(self) -> int:

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from speedtorch.nn import HostEmbedding
+from speedtorch.nn import HostEmbedding, HostTableParameter
 
 
 def trained(**kwargs):
@@ -36,7 +36,8 @@ def test_deepcopy_past_the_inline_limit(monkeypatch, placement):
     clone = copy.deepcopy(model)
     same_table(clone[0], model[0])
     assert clone[0].table.table().data_ptr() != model[0].table.table().data_ptr()  # a copy, not a share
-    assert clone[0].weight is clone[0]._parameters["weight"]
+    assert isinstance(clone[0]._parameters["weight"], HostTableParameter)
+    assert clone[0]._parameters["weight"].is_meta == (placement == "hybrid")
     assert clone[0].table.cache_slots() == model[0].table.cache_slots()
     # The copy trains on its own.
     clone[0](torch.tensor([5])).sum().backward()
