@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 from . import PinnedEmbedding
 from ._interrupt import run_interruptible
+from .ops import check_indices
 from .placement import DeviceTable, HybridTable
 from .table_parameter import HostTableParameter, add_rows_gradient, rows_gradient
 from .table_parameter import clip_grad_norm_, ddp_ignore_host_tables, dense_parameters  # noqa: F401 (re-exported)
@@ -125,6 +127,8 @@ class HostEmbedding(torch.nn.Module):
         update: ``"step"`` (gradients wait for a step) or ``"backward"`` (applied as backward reaches the rows; then
             neither GradScaler nor zero_grad can act on them).
         device: where forward's output lives (default: the current CUDA device when there is one, else the CPU).
+            ``model.to(...)``, ``.cuda()``, ``.cpu()`` and ``.half()`` / ``.float()`` / ... change the device and
+            dtype forward returns, never the table's memory or dtype (see ``_apply`` below).
         dtype: table dtype (float32, float16, bfloat16); optimizer state is float32.
         state_beside_rows: keep each row's optimizer state next to it in host memory (one page walk per row).
             False keeps it in a table of its own: gathers of many spread rows run up to 1.6x faster; on the
@@ -233,6 +237,8 @@ class HostEmbedding(torch.nn.Module):
         # Trains when the table has an optimizer and optimizer=None did not freeze it.
         self.trains = optimizer is not None and bool(self.table.optimizer())
         self._init_runtime_state()  # before the row cache: handing out the table's tensor empties a cache
+        # What forward returns its rows as: the table's dtype until a conversion (model.half(), ...) changes it.
+        self.output_dtype = self._table_param.dtype
         if placement == "hybrid" and not isinstance(self.table, HybridTable):
             if isinstance(self.table, DeviceTable):
                 raise ValueError("HostEmbedding: placement='hybrid' needs a speedtorch.PinnedEmbedding table")
@@ -244,6 +250,7 @@ class HostEmbedding(torch.nn.Module):
         """The table parameter and what lives only while the module runs (not saved, pickled or copied)."""
         param = HostTableParameter(self._parameter_data())
         param._grad_shape = (self.num_embeddings, self.embedding_dim)
+        param._owner = weakref.ref(self)  # its requires_grad_ freezes this module (model.requires_grad_(False))
         object.__setattr__(self, "_table_param", param)  # a plain reference, for the code paths below
         if self._registers_weight():
             # Straight into the dict: nn.Module.register_parameter would see the `weight` property as a clash.
@@ -278,6 +285,8 @@ class HostEmbedding(torch.nn.Module):
                 out += f", {name}={getattr(self, name)}"
         if self.include_last_offset:
             out += ", include_last_offset=True"
+        if self.output_dtype != self._table_param.dtype:
+            out += f", output_dtype={self.output_dtype}"
         return out
 
     # --- construction from pretrained rows --------------------------------------------------------------------------
@@ -306,6 +315,52 @@ class HostEmbedding(torch.nn.Module):
         return cls(rows.shape[0], rows.shape[1], padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse,
                    table=table, optimizer=None if freeze else _UNSET, **kwargs)
 
+    # --- nn.Module's conversions and other methods --------------------------------------------------------------
+    # model.to(...), .cuda(), .cpu(), .float(), .half(), .bfloat16(), .double(), .type() and .to_empty() reach this
+    # module through nn.Module._apply(fn), which converts parameters and buffers with fn. The module has neither: its
+    # rows and optimizer state stay where the placement put them (pinned host RAM; the device of placement="gpu"),
+    # in the dtype chosen at construction, because copying or re-typing a table that may be larger than any GPU is
+    # what it exists to avoid. A conversion changes what forward computes with instead: fn applied to an empty tensor
+    # of forward's device and dtype gives the new ones, forward then returns its rows there (gathered to that device,
+    # then cast), and their gradients come back through the cast to update the table in its own dtype.
+    # model.share_memory() raises unless the rows are already shared between processes (DistributedHostEmbedding):
+    # a process started afterwards would train a copy, and its updates would be lost.
+
+    #: Whether the rows already live in memory that other processes share (DistributedHostEmbedding's /dev/shm).
+    _rows_shared_between_processes = False
+
+    def _apply(self, fn, recurse=True):
+        converted = fn(torch.empty(0, dtype=self.output_dtype, device=self.device))
+        on_host = fn(torch.empty(1))
+        if on_host.device.type == "cpu" and on_host.is_shared() and not self._rows_shared_between_processes:
+            raise RuntimeError(
+                f"{type(self).__name__}: share_memory() cannot share this table: its rows live in this process's "
+                "pinned memory, so a process started afterwards would train a copy and its updates would be lost. "
+                "To train one table from several processes use speedtorch.distributed.DistributedHostEmbedding (one "
+                "copy per host, in /dev/shm)")
+        # The table parameter is the table: nn.Module._apply would convert (copy) it. It stays out of the walk.
+        param = self._parameters.pop("weight", None)
+        try:
+            out = super()._apply(fn, recurse)
+        finally:
+            if param is not None:
+                self._parameters["weight"] = param
+        self.device = converted.device
+        self.output_dtype = converted.dtype
+        return out
+
+    def requires_grad_(self, requires_grad: bool = True) -> "HostEmbedding":
+        """Freezes (``False``) or unfreezes the table, as ``requires_grad_`` does an ``nn.Embedding``'s weight: while
+        frozen (:attr:`trains` False) forward hands no gradient to it and no update reaches it.
+        ``model.requires_grad_()`` reaches it too, through the table parameter (whose own flag stays False: the fused
+        optimizer, not autograd, trains the table). A table without an optimizer stays frozen: nothing would train
+        it."""
+        self._set_trains(requires_grad)
+        return super().requires_grad_(requires_grad)
+
+    def _set_trains(self, requires_grad: bool) -> None:
+        self.trains = bool(requires_grad) and bool(self.table.optimizer())
+
     # --- forward / backward -------------------------------------------------------------------------------------
 
     def forward(self, input: torch.Tensor, offsets: Optional[torch.Tensor] = None,
@@ -333,11 +388,7 @@ class HostEmbedding(torch.nn.Module):
         offsets, per_sample_weights = _as_tensor(offsets), _as_tensor(per_sample_weights)
         if self.mode is None and (offsets is not None or per_sample_weights is not None):
             raise ValueError("HostEmbedding: offsets and per_sample_weights need mode='sum', 'mean' or 'max'")
-        unique, inverse, rows = self._rows_for(input)
-        if self.max_norm is not None:
-            rows = self._renormed(unique, rows)
-        if self.trains and torch.is_grad_enabled():
-            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        unique, inverse, rows = self._lookup(input)
         if self.mode is None:
             if rows.device.type == "cpu" and not self.scale_grad_by_freq:
                 # The same rows; its backward (index_add_ into the distinct rows) runs 2.3x faster on the CPU than
@@ -346,11 +397,22 @@ class HostEmbedding(torch.nn.Module):
             return F.embedding(inverse, rows, scale_grad_by_freq=self.scale_grad_by_freq)
         return self._bags(unique, inverse, rows, offsets, per_sample_weights)
 
+    def _lookup(self, input: torch.Tensor):
+        """(distinct ids, where each id's row is, the distinct rows): renormalised (``max_norm``), handing their
+        gradient to the module while it trains, in :attr:`output_dtype`. forward's part before pooling."""
+        unique, inverse, rows = self._rows_for(input)
+        if self.max_norm is not None:
+            rows = self._renormed(unique, rows)
+        if self.trains and torch.is_grad_enabled():
+            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        rows = rows.to(self.output_dtype)  # a no-op unless a conversion (model.half(), ...) chose another dtype
+        return unique, inverse, rows
+
     def _bags(self, unique, inverse, rows, offsets, per_sample_weights):
         if offsets is not None:
             offsets = offsets.to(self.device)
-        if per_sample_weights is not None:
-            per_sample_weights = per_sample_weights.to(self.device)
+        if per_sample_weights is not None:  # embedding_bag wants them in the rows' dtype
+            per_sample_weights = per_sample_weights.to(self.device, rows.dtype)
         padding = None
         if self.padding_idx is not None:
             # Entries of padding_idx leave their bags: they point at an extra zero row that embedding_bag skips.
@@ -396,6 +458,7 @@ class HostEmbedding(torch.nn.Module):
         ids = input.to(self.device)
         # Detached: no dense (num_embeddings x dim) gradient, even if something set the parameter's requires_grad.
         rows = torch.ops.speedtorch.gather(self._parameters["weight"].detach(), ids, self.device)
+        rows = rows.to(self.output_dtype)
         if self.mode is None:
             return rows
         flat = rows.reshape(-1, self.embedding_dim)
@@ -415,13 +478,14 @@ class HostEmbedding(torch.nn.Module):
             scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
             rows = (rows.float() * scale).to(rows.dtype)
             self.table.scatter_(unique, rows)
+        rows = rows.to(self.output_dtype)
         mode = self.mode
         if mode is None:
             return F.embedding(inverse, rows)
         if offsets is not None:
             offsets = offsets.to(self.device)
         if per_sample_weights is not None:
-            per_sample_weights = per_sample_weights.to(self.device)
+            per_sample_weights = per_sample_weights.to(self.device, rows.dtype)
         padding: Optional[int] = None
         padding_idx = self.padding_idx
         if padding_idx is not None:
@@ -497,21 +561,6 @@ class HostEmbedding(torch.nn.Module):
         changed a param group."""
         self.table.set_optimizer_options({k: float(v) for k, v in options.items()})
 
-    def _apply(self, fn, recurse=True):
-        # .to(), .cuda(), .half(), .share_memory() ... convert the rest of the module, never the table: it stays in
-        # the memory its placement chose (a copy of a 100 GB host table on the GPU is not what a model.cuda() means).
-        # A move to another device moves where forward puts its rows (a probe tensor shows where fn sends tensors).
-        param = self._parameters.pop("weight", None)
-        try:
-            out = super()._apply(fn, recurse)
-        finally:
-            if param is not None:
-                self._parameters["weight"] = param
-        moved = fn(torch.empty(0, device=self.device)).device
-        if moved != self.device and self.placement == "host" and self._registers_weight():
-            self.device = moved
-        return out
-
     # --- prefetch -------------------------------------------------------------------------------------------------
 
     def prefetch(self, next_input: torch.Tensor) -> None:
@@ -562,11 +611,10 @@ class HostEmbedding(torch.nn.Module):
     def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
         ones if :meth:`prefetch` was given this very tensor) and where each id's row is (``input == ids[inverse]``).
-        Backward through ``rows`` yields one gradient per distinct row, applied as ``update`` says. forward's part
-        before pooling; :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
-        unique, inverse, rows = self._rows_for(input)
-        if self.trains and torch.is_grad_enabled():
-            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        The rows are forward's before pooling (renormalised by ``max_norm``, in :attr:`output_dtype`); while the
+        module trains, backward through them yields one gradient per distinct row, applied as ``update`` says.
+        :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
+        _, inverse, rows = self._lookup(input)
         return inverse, rows
 
     # --- placement ---------------------------------------------------------------------------------------------
@@ -591,13 +639,12 @@ class HostEmbedding(torch.nn.Module):
         if isinstance(table, HybridTable):
             table.set_hot_rows(ids)
             return
-        ids = torch.unique(torch.as_tensor(ids).to(self.device, torch.int64))
+        ids = torch.as_tensor(ids)
+        check_indices(ids, self.num_embeddings, "HostEmbedding.set_hot_rows", "hot row ids")
+        ids = torch.unique(ids.to(self.device, torch.int64))
         if ids.numel() > table.cache_slots():
             raise ValueError(f"HostEmbedding.set_hot_rows: {ids.numel()} rows given, the cache has room for "
                              f"{table.cache_slots()}")
-        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.num_embeddings):
-            raise IndexError(f"HostEmbedding.set_hot_rows: hot row ids must be in [0, {self.num_embeddings}), got "
-                             f"{int(ids[0]) if int(ids[0]) < 0 else int(ids[-1])}")
         table.gather(ids, self.device)
 
     def _hybrid(self, what: str):
@@ -799,19 +846,14 @@ def _options(options: Optional[dict], dtype: torch.dtype) -> dict:
 
 
 def _out_of_range_in(ids: torch.Tensor, num_rows: int, owner: str) -> Optional[IndexError]:
-    """The error for the first id of ``ids`` (the caller's input) outside ``[0, num_rows)``, named by its place in
-    ``ids``; None when every id is in range (the table's error was about something else)."""
-    flat = ids.reshape(-1)
-    bad = ((flat < 0) | (flat >= num_rows)).nonzero()
-    if bad.numel() == 0:
-        return None
-    position = int(bad[0, 0])
-    where = ""
-    if ids.dim() > 1:
-        index = ", ".join(str(int(i)) for i in torch.unravel_index(torch.tensor(position), tuple(ids.shape)))
-        where = f" (input[{index}])"
-    return IndexError(f"{owner}: the input holds {int(flat[position])} at flat position {position}{where}; every id "
-                      f"must be in [0, {num_rows}) for a table of {num_rows} rows (negative ids are not wrapped)")
+    """The library's error (speedtorch.ops.check_indices) for the first id of ``ids`` (the caller's input) outside
+    ``[0, num_rows)``, named by its place in ``ids``; None when every id is in range (the table's error was about
+    something else)."""
+    try:
+        check_indices(ids, num_rows, owner, "input")
+    except IndexError as error:
+        return error
+    return None
 
 
 def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[torch.Tensor],

@@ -13,6 +13,8 @@ trained on a GPU has its gradient on the GPU), exactly what ``nn.Embedding(spars
 - ``model.zero_grad()`` / ``optimizer.zero_grad()`` drop it (``set_to_none=False`` empties it);
 - ``torch.amp.GradScaler.unscale_`` divides its values by the scale in place and records non-finite values, and
   ``GradScaler.step`` skips the update when there were any;
+- ``model.requires_grad_(False)`` freezes the table (its module stops handing it gradients), ``True`` unfreezes it;
+  the parameter's own ``requires_grad`` stays False;
 - ``torch.nn.utils.clip_grad_norm_`` raises on it, as it does on ``nn.Embedding(sparse=True)``'s gradient (torch
   has no norm of a sparse tensor): :func:`clip_grad_norm_` here takes the same arguments and handles both.
 
@@ -63,6 +65,16 @@ class HostTableParameter(torch.nn.Parameter):
     @grad.deleter
     def grad(self) -> None:
         self.__dict__["_pending_grad"] = None
+
+    def requires_grad_(self, requires_grad: bool = True) -> "HostTableParameter":
+        """Freezes (``False``) or unfreezes the HostEmbedding that owns the table, as ``requires_grad_`` freezes an
+        ``nn.Embedding``'s weight, so ``model.requires_grad_(False)`` freezes host tables too. The flag itself stays
+        False: the fused optimizer, not autograd, trains the table."""
+        owner = self.__dict__.get("_owner")
+        module = owner() if owner is not None else None
+        if module is not None:
+            module._set_trains(requires_grad)
+        return self
 
     def __deepcopy__(self, memo):
         # A copy of the tensor alone (no pending gradient); HostEmbedding copies its table itself.

@@ -1,4 +1,4 @@
-// Tests for csrc/optim/row_optimizer_math.h's stochastic rounding of 16-bit weights: only the two neighbours of a
+// Tests for csrc/core/row_optimizer_math.h's stochastic rounding of 16-bit weights: only the two neighbours of a
 // value, in proportions that make the expected value exact, reproducible from (step, row, element).
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -8,7 +8,7 @@
 #include <limits>
 #include <set>
 
-#include "optim/row_optimizer_math.h"
+#include "core/row_optimizer_math.h"
 
 namespace speedtorch {
 namespace {

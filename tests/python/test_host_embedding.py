@@ -300,3 +300,17 @@ def test_module_conversions_reach_a_model_holding_one():
     model = torch.nn.Sequential(HostEmbedding(10, 4, device="cpu"), torch.nn.Linear(4, 1))
     model.to("cpu").float()
     assert model(torch.tensor([1, 2])).shape == (2, 1)
+
+
+def test_distinct_rows_are_forwards_rows_before_pooling():
+    """distinct_rows (what HostEmbeddingBagCollection pools) renormalises by max_norm as forward does, and a frozen
+    table's rows need no gradient."""
+    ids = torch.tensor([[4, 1], [4, 7]])
+    host = HostEmbedding(10, 4, max_norm=1.0, init_std=3.0, seed=0, device="cpu", optimizer="sgd")
+    inverse, rows = host.distinct_rows(ids)
+    assert rows.requires_grad and torch.equal(rows[inverse], host(ids))
+    norms = torch.linalg.vector_norm(rows.detach(), dim=1)
+    assert bool((norms <= 1.0 + 1e-5).all()) and bool((norms > 0.99).all())
+    torch.testing.assert_close(host.weight[torch.tensor([1, 4, 7])], rows.detach())  # renormalised in the table
+    frozen = HostEmbedding(10, 4, device="cpu", optimizer=None)
+    assert not frozen.distinct_rows(ids)[1].requires_grad

@@ -46,8 +46,9 @@ def test_module_conversions_leave_the_table_alone():
     assert model.tower.weight.dtype == torch.float64
     assert model.users.weight is table and table.dtype == torch.float32
     assert model.users.table.table().data_ptr() == table.data_ptr()
-    model.float().to("cpu").share_memory()
+    model.float().to("cpu")
     assert model.users.weight is table and model.users.device == torch.device("cpu")
+    assert model.users.output_dtype == torch.float32
 
 
 def test_grad_assignment_is_checked():

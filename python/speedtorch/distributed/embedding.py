@@ -61,6 +61,9 @@ class DistributedHostEmbedding(HostEmbedding):
     would broadcast a parameter from rank 0 over the other hosts' shards. So a whole model wraps in DDP as usual.
     """
 
+    # The rows are in /dev/shm already, shared by the host's ranks: model.share_memory() has nothing to do here.
+    _rows_shared_between_processes = True
+
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int] = None,
                  max_norm: Optional[float] = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
                  sparse: bool = True, *, mode: Optional[str] = None, include_last_offset: bool = False,
