@@ -167,6 +167,11 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
         defaults = {k: v for k, v in groups[0].items() if k != "params"} if len(kinds) == 1 else {}
         super().__init__(groups, defaults)
 
+    @property
+    def host_embeddings(self) -> list:
+        """The HostEmbedding modules this optimizer steps (one per param group)."""
+        return [self._module(group) for group in self.param_groups]
+
     def _module(self, group: dict):
         return self._tables[group["params"][0]]
 
@@ -280,6 +285,20 @@ class CombinedOptimizer(torch.optim.Optimizer):
             raise RuntimeError("CombinedOptimizer.add_param_group: add the group to one of its optimizers, then build "
                                "the CombinedOptimizer again")
         super().add_param_group(param_group)
+
+
+def host_embeddings_stepped_by(optimizers) -> list:
+    """The HostEmbedding modules that ``optimizers`` (an optimizer or a list of them) step themselves: those of each
+    :class:`HostEmbeddingOptimizer`, alone or inside a :class:`CombinedOptimizer`."""
+    if isinstance(optimizers, torch.optim.Optimizer):
+        optimizers = [optimizers]
+    found = []
+    for o in optimizers:
+        if isinstance(o, HostEmbeddingOptimizer):
+            found.extend(o.host_embeddings)
+        elif isinstance(o, CombinedOptimizer):
+            found.extend(host_embeddings_stepped_by(o.optimizers))
+    return found
 
 
 def _refuse_tables_in_other_optimizers(optimizer, args, kwargs) -> None:  # noqa: ARG001 (the hook's signature)
