@@ -4,6 +4,7 @@
 
 #include <torch/version.h>
 
+#include "embedding/pinned_embedding.h"
 #include "host_answers.h"
 
 namespace speedtorch::serving {
@@ -17,6 +18,13 @@ class TorchScriptRunner final : public ModelRunner {
     const torch::Tensor items = model_.attr("items").toTensor();
     num_items_ = items.size(0);
     dim_ = items.size(1);
+    if (model_.hasattr("table_format")) {  // a serving copy (quantized_recommender.py)
+      table_format_ = model_.attr("table_format").toStringRef();
+      updatable_ = false;
+    } else {
+      table_format_ = dtype_format_name(model_.attr("users").toCustomClass<PinnedEmbedding>()->table().scalar_type());
+      updatable_ = true;
+    }
   }
 
   int64_t num_users() const override { return num_users_; }
@@ -37,6 +45,8 @@ class TorchScriptRunner final : public ModelRunner {
   void update_rows(const torch::Tensor& user_ids, const torch::Tensor& rows) override {
     model_.run_method("update_rows", user_ids.to(device_), rows);
   }
+  std::string table_format() const override { return table_format_; }
+  bool updatable() const override { return updatable_; }
 
  private:
   mutable torch::jit::Module model_;  // its methods do not change the module's structure
@@ -44,6 +54,8 @@ class TorchScriptRunner final : public ModelRunner {
   int64_t num_users_ = 0;
   int64_t num_items_ = 0;
   int64_t dim_ = 0;
+  std::string table_format_;
+  bool updatable_ = true;
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -51,6 +63,15 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 }  // namespace
+
+std::string dtype_format_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat: return "float32";
+    case torch::kHalf: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    default: return c10::toString(dtype);
+  }
+}
 
 std::unique_ptr<ModelRunner> make_torchscript_runner(torch::jit::Module model, torch::Device device) {
   return std::make_unique<TorchScriptRunner>(std::move(model), device);

@@ -176,6 +176,23 @@ TEST(RequestHandler, UpdateRefusesNumbersOutsideFloat32) {
   EXPECT_EQ(table[3][0].item<float>(), 3.4028234e38f);
 }
 
+// A model that declares a serving format (quantized_recommender.py) serves a read-only copy: /update is a 409 that
+// says why, before the model is called, and reads go on; a PinnedEmbedding model reports its table's dtype.
+TEST(RequestHandler, AServingCopyRefusesUpdatesAndStillServes) {
+  torch::jit::Module model = make_model(20, 5, 2);
+  EXPECT_EQ(RecommenderService(model, 8).table_format(), "float32");
+  model.register_attribute("table_format", c10::StringType::get(), std::string("int8_rowwise"));
+  const at::Tensor table = model.attr("users").toCustomClass<PinnedEmbedding>()->table();
+  const at::Tensor before = table.clone();
+  RecommenderService service(model, 8);
+  EXPECT_EQ(service.table_format(), "int8_rowwise");
+  const Response r = service.update(R"({"ids": [3], "rows": [[1, 2]]})");
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_NE(r.body.find("read-only int8_rowwise serving copy"), std::string::npos) << r.body;
+  EXPECT_TRUE(torch::equal(table, before));
+  EXPECT_EQ(service.lookup(R"({"ids": [3]})").status, 200);
+}
+
 // Ids above INT64_MAX were read as negative ("unknown id -1"): the answer names the id that was sent.
 TEST(RequestHandler, HugeUnsignedIdsAreNamedAsSent) {
   RecommenderService service(make_model(20, 30, 2), 8);
