@@ -54,12 +54,12 @@ test-package:
 
 # The CPU path built with AddressSanitizer and UBSan; the C++ tests and the CPU Python tests run under it (the
 # sanitizer runtime is preloaded into Python; leak checks are off because Python and torch keep memory at exit).
-# test_distributed.py is left to make test: it starts dozens of Python processes whose own work (Gloo, pickling)
-# is not ours; the library calls it makes (PinnedEmbedding.create / open, the fused step) have tests of their own
-# that run here. So are the example server's process tests (test_server_robustness.py, test_server_protocol.py,
-# test_quantized_serving.py, which also compiles a package): the server is not built here; its request reading has
-# GoogleTest tests and a fuzz target, and the operators the quantized copies use are tested here
-# (test_gather_dequant.py, test_persistence.py).
+# test_distributed.py (and test_train_pipeline_distributed.py, which spawns ranks the same way) is left to make
+# test: it starts dozens of Python processes whose own work (Gloo, pickling) is not ours; the library calls it makes
+# (PinnedEmbedding.create / open, the fused step) have tests of their own that run here. So are the example server's
+# process tests (test_server_robustness.py, test_server_protocol.py, test_quantized_serving.py, which also compiles
+# a package): the server is not built here; its request reading has GoogleTest tests and a fuzz target, and the
+# operators the quantized copies use are tested here (test_gather_dequant.py, test_persistence.py).
 ASAN_BUILD ?= build-asan
 sanitize: deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) -DSPEEDTORCH_CUDA=OFF \
@@ -72,8 +72,9 @@ sanitize: deps
 	  SPEEDTORCH_LIBRARY=$(abspath $(ASAN_BUILD))/libspeedtorch_ops.so \
 	  $(PYTHON) -m pytest tests/python -q -m "not gpu" -p no:cacheprovider \
 	  --ignore=tests/python/test_compile_export.py --ignore=tests/python/test_torchscript_examples.py \
-	  --ignore=tests/python/test_distributed.py --ignore=tests/python/test_server_robustness.py \
-	  --ignore=tests/python/test_server_protocol.py --ignore=tests/python/test_quantized_serving.py
+	  --ignore=tests/python/test_distributed.py --ignore=tests/python/test_train_pipeline_distributed.py \
+	  --ignore=tests/python/test_server_robustness.py --ignore=tests/python/test_server_protocol.py \
+	  --ignore=tests/python/test_quantized_serving.py
 
 CXX_FOR_ASAN ?= c++
 
@@ -149,7 +150,7 @@ seed-speedtorch:
 	rm -rf $(SEED_DIR)
 	$(PYTHON) -m pip install -q --no-deps --no-compile --target $(SEED_DIR) \
 	  $(SEED_WHEELS)/SpeedTorch-0.1.6-py3-none-any.whl
-	$(PYTHON) bench/seed_speedtorch.py
+	$(PYTHON) bench/seed_speedtorch.py || echo "(it imports where CuPy is installed: the GPU machine)"
 
 clean:
 	rm -rf $(BUILD)

@@ -5,11 +5,13 @@ host trained to bit-identical weights (they must).
 
     python bench/cache.py                               # GPU: 2M x 64 table, batches of 65,536 ids
     python bench/cache.py --device cpu --rows 100000    # the CPU cache (a correctness smoke run; CPU timings)
+    python bench/cache.py --json cache.json             # also as JSON (bench/report.py reads it)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -77,6 +79,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--placements", type=lambda s: s.split(","), default=["host", "hybrid", "gpu"])
+    parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
     device = torch.device(args.device)
     batches = [u.to(device) for u, _, _ in zipf_batches(args.rows, args.batch, 8, exponent=args.zipf, num_items=1)]
@@ -99,6 +102,9 @@ def main() -> int:
                 return 1
         del modules
     print(format_table(rows, ["mode", "placement", "ms/step", "vs host"]))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": args.rows, "dim": args.dim, "batch": args.batch,
+                                         "cache_fraction": args.cache_fraction, "results": rows}, indent=1))
     return 0
 
 

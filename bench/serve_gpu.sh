@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 step() { echo "=== $* ($(date +%T))"; }
 step build
-cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DPython3_EXECUTABLE="$(command -v $PY)" \
+cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DSPEEDTORCH_BUILD_EXAMPLES=ON -DPython3_EXECUTABLE="$(command -v $PY)" \
   -DCMAKE_PREFIX_PATH="$PWD/build-deps" >"$OUT/build.log" 2>&1 \
   && timeout ${BUILD_SECONDS:-420} ninja -C build speedtorch_server speedtorch_load_client >>"$OUT/build.log" 2>&1 \
   || { tail -30 "$OUT/build.log"; exit 1; }

@@ -25,6 +25,8 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
       .def("nbytes", &PinnedEmbedding::nbytes)
       .def("is_pinned", &PinnedEmbedding::is_pinned)
       .def("table", &PinnedEmbedding::table)
+      .def("host_rows_in_use", &PinnedEmbedding::host_rows_in_use,
+           "Whether a tensor from table(), state() or scatter_() is still alive (a row cache stands aside meanwhile)")
       .def("zero_", &PinnedEmbedding::zero_)
       .def("uniform_", &PinnedEmbedding::uniform_, "",
            {torch::arg("low") = -0.05, torch::arg("high") = 0.05, torch::arg("seed") = c10::IValue()})

@@ -167,6 +167,97 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
+// Row-wise Adagrad on rows of 128 x K elements with 16-byte accesses: lane l holds vectors l, l + 32, ... (elements
+// 4v .. 4v + 3 of vector v). The reduction must add the squares in the scalar kernels' order (lane l: elements
+// l, l + 32, l + 64, ..., then a butterfly over the lanes), so each lane fetches those squares from the lanes
+// holding them (element j = l + 32m sits in vector l/4 + 8m, i.e. in lane 8(m % 4) + l/4's vector m/4, at slot
+// l % 4). The sums, and so every bit of the update, are the scalar kernels'; the row moves in 16-byte accesses, as
+// the other optimizers' rows do (the scalar layout's 4-byte accesses ran the step at half the duplex copy rate).
+template <typename T, int Rows, int K>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    rowwise_adagrad_vec4_kernel(OptimizerRows t, OptimizerHyper h, int64_t global_step,
+                                const int64_t* __restrict__ rows, const float* __restrict__ grads, int64_t count,
+                                DeviceIndexError* error) {
+  using WeightVector = typename row_access::Vector<4 * sizeof(T)>::type;
+  using row_access::load_streaming;
+  using row_access::store_streaming;
+  constexpr int kLanes = 32;
+  const RowLanes pos(kLanes);
+  const int lane = pos.lane;
+  for (int64_t first = pos.first_row * Rows; first < count; first += pos.stride_rows * Rows) {
+    WeightVector* w[Rows];
+    float4* header[Rows];
+    float4 head[Rows];
+    WeightVector wv[Rows][K];
+    float4 gv[Rows][K];
+#pragma unroll
+    for (int u = 0; u < Rows; ++u) {  // every load of the rows first
+      const int64_t i = first + u;
+      w[u] = nullptr;
+      if (i >= count) continue;
+      const int64_t row = rows[i];
+      if (!row_in_table(row, i, t.num_rows, lane, error)) continue;
+      w[u] = reinterpret_cast<WeightVector*>(t.weights + row * t.weight_stride_bytes);
+      header[u] = reinterpret_cast<float4*>(t.state + row * t.state_stride_floats);
+      head[u] = load_streaming(header[u]);
+      const auto* g = reinterpret_cast<const float4*>(grads + i * t.dim);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        wv[u][k] = load_streaming(w[u] + lane + kLanes * k);
+        gv[u][k] = g[lane + kLanes * k];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < Rows; ++u) {
+      if (w[u] == nullptr) continue;  // the same for the whole warp (one row): the shuffles below are safe
+      T wt[K][4];
+      float gs[K][4];
+      float decayed[K][4];
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        memcpy(wt[k], &wv[u][k], sizeof(WeightVector));
+        gs[k][0] = gv[u][k].x;
+        gs[k][1] = gv[u][k].y;
+        gs[k][2] = gv[u][k].z;
+        gs[k][3] = gv[u][k].w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) decayed[k][e] = decayed_gradient(h, static_cast<float>(wt[k][e]), gs[k][e]);
+      }
+      // The decayed gradients move, not their squares: `part += gj * gj` then compiles to the same fused
+      // multiply-add as in the scalar kernels, rounding alike.
+      float part = 0.f;
+#pragma unroll
+      for (int m = 0; m < 4 * K; ++m) {
+        const int source = 8 * (m % 4) + lane / 4;
+        float slot[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) slot[e] = __shfl_sync(0xffffffffu, decayed[m / 4][e], source);
+        const int mine = lane % 4;
+        const float gj = mine == 0 ? slot[0] : mine == 1 ? slot[1] : mine == 2 ? slot[2] : slot[3];
+        part += gj * gj;
+      }
+      RowStep r = row_step(h, __float_as_int(head[u].x) + 1, global_step);
+      float new_accumulator = 0.f;
+      r.clr = rowwise_adagrad_scale(h, head[u].y, r.first, group_sum(part, pos, kLanes), t.dim, &new_accumulator);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          wt[k][e] = static_cast<T>(update_element(h, r, static_cast<float>(wt[k][e]), gs[k][e], nullptr, nullptr,
+                                                   nullptr));
+        }
+        WeightVector out;
+        memcpy(&out, wt[k], sizeof(out));
+        store_streaming(w[u] + lane + kLanes * k, out);
+      }
+      if (lane == 0) {
+        store_streaming(header[u], make_float4(__int_as_float(__float_as_int(head[u].x) + 1), new_accumulator,
+                                               head[u].z, head[u].w));
+      }
+    }
+  }
+}
+
 // The same update, four elements per lane with 16-byte state accesses (8-byte weight accesses for 16-bit tables).
 // Each group of lanes takes `Rows` consecutive rows and issues every load of them (weights, gradient, state, the
 // row's step count) before the first is used, then the math, then the stores: over PCIe a row costs its bytes,
@@ -271,12 +362,37 @@ void launch_rowwise(const OptimizerRows& t, const OptimizerHyper& h, int64_t glo
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+template <typename T, int Rows, int K>
+void launch_rowwise_vec4(const OptimizerRows& t, const OptimizerHyper& h, int64_t global_step, const int64_t* rows,
+                         const float* grads, int64_t count, const RowLaunch& l, DeviceIndexError* error,
+                         cudaStream_t stream) {
+  rowwise_adagrad_vec4_kernel<T, Rows, K>
+      <<<row_access::grid_for((count + Rows - 1) / Rows, 32, l.max_blocks), kThreadsPerBlock, 0, stream>>>(
+          t, h, global_step, rows, grads, count, error);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 template <typename T>
 void launch_typed(const OptimizerRows& t, const OptimizerHyper& h, int64_t global_step, const int64_t* rows,
                   const float* grads, int64_t count, const RowLaunch& l, bool allow_vec4, DeviceIndexError* error,
                   cudaStream_t stream) {
   const int64_t wbytes = 4 * static_cast<int64_t>(sizeof(T));
   constexpr int kRowwisePerLane = 8;  // rows of up to 256 elements
+  if (allow_vec4 && h.kind == OptimizerKind::kRowwiseAdagrad && t.dim % 128 == 0 && t.dim <= 512 &&
+      aligned(t.weights, wbytes) && t.weight_stride_bytes % wbytes == 0 && aligned(grads, 16) &&
+      aligned(t.state, 16) && t.state_stride_floats % 4 == 0) {
+    const int rows_in_flight = row_access::rows_in_flight_for(count, 32, l.max_blocks, std::min(l.rows_in_flight, 2));
+    switch (t.dim / 128 * 10 + rows_in_flight) {
+      case 11: return launch_rowwise_vec4<T, 1, 1>(t, h, global_step, rows, grads, count, l, error, stream);
+      case 12: return launch_rowwise_vec4<T, 2, 1>(t, h, global_step, rows, grads, count, l, error, stream);
+      case 21: return launch_rowwise_vec4<T, 1, 2>(t, h, global_step, rows, grads, count, l, error, stream);
+      case 22: return launch_rowwise_vec4<T, 2, 2>(t, h, global_step, rows, grads, count, l, error, stream);
+      case 31: return launch_rowwise_vec4<T, 1, 3>(t, h, global_step, rows, grads, count, l, error, stream);
+      case 32: return launch_rowwise_vec4<T, 2, 3>(t, h, global_step, rows, grads, count, l, error, stream);
+      case 41: return launch_rowwise_vec4<T, 1, 4>(t, h, global_step, rows, grads, count, l, error, stream);
+      default: return launch_rowwise_vec4<T, 2, 4>(t, h, global_step, rows, grads, count, l, error, stream);
+    }
+  }
   if (allow_vec4 && h.kind == OptimizerKind::kRowwiseAdagrad &&
       t.dim <= kRowwisePerLane * row_access::lanes_per_row(t.dim) && aligned(t.state, 16) &&
       t.state_stride_floats % 4 == 0) {

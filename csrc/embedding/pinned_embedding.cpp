@@ -4,8 +4,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Generator.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <mutex>
@@ -56,7 +58,7 @@ using WriteLock = std::unique_lock<TableLock>;
 at::Tensor PinnedEmbedding::gather(const at::Tensor& indices, std::optional<at::Device> device) const {
   ReadLock read(lock_);
   const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.gather");
-  if (cache_) return cache_->gather(table_, state_, indices, device, "PinnedEmbedding.gather");
+  if (RowCache* cache = usable_cache()) return cache->gather(table_, state_, indices, device, "PinnedEmbedding.gather");
   return gather_table_rows(table_, indices, device, "PinnedEmbedding.gather");
 }
 
@@ -66,7 +68,7 @@ at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor
   const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.scatter_");
   write_back_cache(true);
   scatter_table_rows(table_, indices, src, "PinnedEmbedding.scatter_");
-  return table_;
+  return hand_out(table_);
 }
 
 void PinnedEmbedding::set_transfer_option(const std::string& name, double value) {
@@ -111,9 +113,9 @@ c10::Dict<std::string, double> PinnedEmbedding::optimizer_options() const {
 }
 
 at::Tensor PinnedEmbedding::state() const {
-  ReadLock read(lock_);
+  WriteLock write(lock_);
   write_back_cache(true);  // the caller may write the rows it gets
-  return state_;
+  return hand_out(state_);
 }
 
 int64_t PinnedEmbedding::step_count() const {
@@ -122,9 +124,37 @@ int64_t PinnedEmbedding::step_count() const {
 }
 
 at::Tensor PinnedEmbedding::table() const {
-  ReadLock read(lock_);
+  WriteLock write(lock_);  // alone: no gather may fill the cache between the write-back and the hand-out
   write_back_cache(true);  // the caller may write the rows it gets
-  return table_;
+  return hand_out(table_);
+}
+
+at::Tensor PinnedEmbedding::hand_out(const at::Tensor& rows) const {
+  if (!rows.defined()) return rows;
+  handed_out_.erase(std::remove_if(handed_out_.begin(), handed_out_.end(), [](const auto& s) { return s.expired(); }),
+                    handed_out_.end());
+  at::Tensor out = at::from_blob(
+      rows.data_ptr(), rows.sizes(), rows.strides(), [keep = rows.storage()](void*) mutable { keep = c10::Storage(); },
+      rows.options());
+  handed_out_.push_back(out.storage().getWeakStorageImpl());
+  return out;
+}
+
+bool PinnedEmbedding::host_rows_in_use() const {
+  ReadLock read(lock_);
+  return std::any_of(handed_out_.begin(), handed_out_.end(), [](const auto& s) { return !s.expired(); });
+}
+
+RowCache* PinnedEmbedding::usable_cache() const {
+  if (!cache_) return nullptr;
+  if (std::any_of(handed_out_.begin(), handed_out_.end(), [](const auto& s) { return !s.expired(); })) {
+    TORCH_WARN_ONCE("PinnedEmbedding: the row cache stands aside while a tensor from table(), state() or scatter_() "
+                    "is alive (HostEmbedding.weight, a state_dict, a view of them): rows are read and updated in "
+                    "host memory, so that reads and writes through that tensor stay exact. Drop it to use the cache "
+                    "again.");
+    return nullptr;  // table() emptied the cache before handing the rows out; it stays empty until they are back
+  }
+  return cache_.get();
 }
 
 void PinnedEmbedding::set_sidecar(const std::string& path) {
@@ -256,12 +286,12 @@ void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tenso
   TORCH_CHECK(state_.defined(), "PinnedEmbedding.apply_gradients: no optimizer; call set_optimizer(kind, options) "
               "first");
   const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.apply_gradients");
-  if (cache_) {
+  if (RowCache* cache = usable_cache()) {
     // The cache sums duplicates itself, so sorted_unique has nothing to skip there; the claim is still checked, so
     // that a caller gets the same answer whatever the placement.
     if (sorted_unique) check_sorted_unique_indices(indices, table_.size(0), "PinnedEmbedding.apply_gradients");
-    cache_->apply_gradients(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
-                            "PinnedEmbedding.apply_gradients");
+    cache->apply_gradients(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
+                           "PinnedEmbedding.apply_gradients");
     ++step_;
     return;
   }

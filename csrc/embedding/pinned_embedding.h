@@ -8,7 +8,8 @@
 //
 // Threads (docs/reliability.md; proved by tests/cpp/test_concurrency.cpp under ThreadSanitizer): any number of
 // threads may call one table's methods at once. Readers (gather, save, flush, the accessors) share a lock; writers
-// (scatter_, apply_gradients, set_optimizer, set_step_count, the initialisers, set_sidecar) hold it alone
+// (scatter_, apply_gradients, set_optimizer, set_step_count, the initialisers, set_sidecar; table() and state(),
+// which hand the rows out) hold it alone
 // (embedding/table_lock.h: a waiting writer goes before new readers). So each call sees the table entirely before
 // or entirely after any other call, never a row half written, and no update is lost; a save is a consistent
 // snapshot (rows, state and step count of one moment), writers waiting until it is on disk.
@@ -27,12 +28,15 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/custom_class.h>
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "embedding/table_lock.h"
 #include "io/embedding_files.h"
@@ -53,7 +57,7 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // else on the indices' device.
   at::Tensor gather(const at::Tensor& indices, std::optional<at::Device> device) const;
   // Writes src (indices.shape + (dim,)) into those rows; duplicate indices: the last occurrence wins. Returns the
-  // table.
+  // table, as table() does.
   at::Tensor scatter_(const at::Tensor& indices, const at::Tensor& src);
 
   // This table's own transfer settings (names and meaning as transfer/transfer_policy.h's): each applies over the
@@ -79,7 +83,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // so the summing pass is skipped; checked, an error before any update when they are not.
   void apply_gradients(const at::Tensor& indices, const at::Tensor& grad, bool sorted_unique = false);
   // The optimizer's name ("" when none; canonical: optim/optimizer_config.h's canonical_optimizer_name), options,
-  // state (num_rows x state width float32; undefined when none), and the table-wide step count.
+  // state (num_rows x state width float32, shares memory, handed out as table() is; undefined when none), and the
+  // table-wide step count.
   std::string optimizer() const;
   c10::Dict<std::string, double> optimizer_options() const;  // a copy
   at::Tensor state() const;
@@ -91,8 +96,12 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   static int64_t state_width(const std::string& kind, const c10::Dict<std::string, double>& options, int64_t dim);
   bool is_pinned() const;
   // The host table itself (shares memory). Host-side reads and writes of it are not ordered after GPU work that
-  // is still running (synchronise the stream first), nor with other threads' calls (the lock is not held).
+  // is still running (synchronise the stream first), nor with other threads' calls (the lock is not held). With a
+  // row cache, while the tensor (or any view of it) is alive, the cache stands aside: see enable_cache.
   at::Tensor table() const;
+  // Whether a tensor that table(), state() or scatter_() returned (or a view of one) is still alive: the caller may
+  // read or write the host rows through it at any time. (speedtorch.placement.HybridTable asks it too.)
+  bool host_rows_in_use() const;
 
   // In-place initialisers; none needs a table-sized temporary. With a seed, the values depend only on the seed
   // (not on the thread count); without one, they come from torch's default CPU generator.
@@ -121,10 +130,11 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // docs/persistence.md for the limits). Headers are read from the mappings and checked against the meta.
   static c10::intrusive_ptr<PinnedEmbedding> open(const std::string& path, const std::string& mode);
   // A zero table (and zeroed optimizer state, each in its own file) over new files at `path`, mapped as open(path,
-  // "r+") maps them: numpy's open_memmap(mode="w+"). The files are sized, not written: tmpfs and most file systems
-  // store nothing until rows change. Refuses, before touching anything, when any of the three files exists; on
-  // failure removes only the files it made. Other processes may open() the same files to share the table (on a
-  // memory file system such as /dev/shm, their GPUs may write it too).
+  // "r+") maps them: numpy's open_memmap(mode="w+"). The files get their blocks at once (zeros, not written), so a
+  // file system without room for them is an error here, not a SIGBUS at a later write. Refuses, before touching
+  // anything, when any of the three files exists; on failure removes only the files it made. Other processes may
+  // open() the same files to share the table (on a memory file system such as /dev/shm, their GPUs may write it
+  // too).
   static c10::intrusive_ptr<PinnedEmbedding> create(const std::string& path, int64_t num_rows, int64_t dim,
                                                     c10::ScalarType dtype, const std::string& optimizer,
                                                     const c10::Dict<std::string, double>& options);
@@ -144,10 +154,13 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // Keeps copies of the most recently used rows (at least num_rows of them, least recently used evicted) and their
   // optimizer state in the memory of `device` (a GPU, or the CPU): gather and apply_gradients then read and update
   // the copies (bit for bit the host path's results), which reach the host table when evicted or flushed. Whatever
-  // reads the host rows (table(), state(), save(), flush(), snapshots, pickling) writes the cache back first, and
-  // whatever writes them (scatter_, copy_, the initialisers, set_optimizer; and table() / state(), whose tensors the
-  // caller may write) also empties it, so the host table is exact whenever it is read. Runtime only: a saved or
-  // pickled table has no cache. Enabling again replaces the cache (the old one written back first).
+  // reads the host rows (save(), flush(), snapshots, pickling) writes the cache back first, and whatever writes them
+  // (scatter_, copy_, the initialisers, set_optimizer) also empties it, so the host table is exact whenever it is
+  // read. table() and state() write the cache back and empty it too, and hand out the host rows: while the caller
+  // holds such a tensor (HostEmbedding.weight, a state_dict, any view of them; host_rows_in_use()), gather and
+  // apply_gradients use the host rows and leave the cache empty, so reads and writes through the tensor are exact
+  // at any time, as without a cache; once it is dropped the cache fills again. Runtime only: a saved or pickled
+  // table has no cache. Enabling again replaces the cache (the old one written back first).
   void enable_cache(int64_t num_rows, at::Device device);
   // Writes the cache back and drops it (nothing if there is none).
   void disable_cache();
@@ -189,6 +202,12 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // Writes the row cache back to the host rows, and with `empty` forgets its rows (before host writes); nothing
   // without a cache.
   void write_back_cache(bool empty) const;
+  // The cache, unless there is none or the host rows are handed out (host_rows_in_use()): then it stands aside.
+  RowCache* usable_cache() const;
+  // `rows` (table_ or state_) as the caller gets them: a tensor over the same memory with a storage of its own,
+  // weakly referenced in handed_out_ so that host_rows_in_use() sees whether the caller still holds it. Its storage
+  // holds `rows`' storage, so move_rows() sees it too. Needs the lock held exclusively.
+  at::Tensor hand_out(const at::Tensor& rows) const;
 
   template <typename Fill>
   void fill_by_chunks(std::optional<int64_t> seed, Fill&& fill);
@@ -204,6 +223,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   std::string files_path_;  // the path open() mapped (for flush())
   TransferOverrides transfer_overrides_;
   std::shared_ptr<RowCache> cache_;  // null without a row cache
+  // The storages of the tensors handed out (hand_out); expired ones are dropped at the next hand_out.
+  mutable std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> handed_out_;
   mutable TableLock lock_;  // guards every member above once the table is shared (see the top of this file)
 };
 

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -561,14 +562,21 @@ NpyHeader create_zero_npy(const std::string& path, c10::ScalarType dtype, c10::I
   const int fd = open_new_file(path);
   TORCH_CHECK(fd >= 0, "speedtorch: cannot create ", path, ": ", std::strerror(errno),
               errno == EEXIST ? " (remove it first, or open it with PinnedEmbedding.open)" : "");
-  const bool ok = ::write(fd, header.data(), header.size()) == static_cast<ssize_t>(header.size()) &&
-                  ::ftruncate(fd, static_cast<off_t>(h.data_offset + h.data_bytes())) == 0;
-  const int err = errno;
+  const auto bytes = static_cast<off_t>(h.data_offset + h.data_bytes());
+  int err = ::write(fd, header.data(), header.size()) == static_cast<ssize_t>(header.size()) ? 0 : errno;
+  // The blocks are allocated now, not at the first write of each page: a file system without room for the file
+  // (a small tmpfs such as a container's /dev/shm, a full disk) refuses here, where a sparse file would let a later
+  // write of a page it cannot hold kill the process with SIGBUS. (Reading a tmpfs file through a mapping allocates
+  // its pages anyway, and the meta file's hashes read them all.)
+  if (err == 0) err = ::posix_fallocate(fd, 0, bytes);
+  if (err == EOPNOTSUPP || err == EINVAL) err = ::ftruncate(fd, bytes) == 0 ? 0 : errno;  // cannot reserve: sparse
+  struct statvfs fs {};
+  const bool known_free = err == ENOSPC && ::fstatvfs(fd, &fs) == 0;
   ::close(fd);
-  if (!ok) {
+  if (err != 0) {
     ::unlink(path.c_str());
-    TORCH_CHECK(false, "speedtorch: cannot create ", path, " (", h.data_offset + h.data_bytes(), " bytes): ",
-                std::strerror(err));
+    TORCH_CHECK(false, "speedtorch: cannot create ", path, " (", bytes, " bytes): ", std::strerror(err),
+                known_free ? " (" + std::to_string(fs.f_bavail * fs.f_frsize) + " bytes free there)" : std::string());
   }
   return h;
 }

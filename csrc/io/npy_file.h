@@ -133,8 +133,9 @@ uint64_t load_npy_into(const at::Tensor& dst, const std::string& path);
 at::Tensor load_npy(const std::string& path, bool pinned);
 
 // Creates a new .npy file of zeros at `path` (which must not exist): the header, then the file extended to its full
-// size without writing the data, so file systems with holes (tmpfs, ext4) store nothing until rows are written.
-// Returns the header. For tables mapped in place (PinnedEmbedding::create).
+// size with its blocks allocated (posix_fallocate: zeros, not written), so that a file system without room for it
+// refuses here rather than the process dying of SIGBUS at a later write into the mapping. Returns the header. For
+// tables mapped in place (PinnedEmbedding::create).
 NpyHeader create_zero_npy(const std::string& path, c10::ScalarType dtype, c10::IntArrayRef shape);
 
 }  // namespace speedtorch::io

@@ -39,6 +39,9 @@ from . import ngram, ngram_lookup, quantized  # noqa: E402  (Engram: n-gram hash
 from .ngram import ngram_hash  # noqa: E402
 from .quantized import gather_dequant  # noqa: E402
 from . import compat  # noqa: E402  (SpeedTorch 0.x's API over the ops; docs/migration.md)
+from .sparse_features import SparseFeatures  # noqa: E402
+from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402
+from .train_pipeline import TrainPipeline  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -50,6 +53,7 @@ def build_info() -> str:
 
 __all__ = [
     "ContiguousParams",
+    "HostEmbeddingBagCollection",
     "PinnedEmbedding",
     "build_info",
     "check_index_errors",
@@ -70,6 +74,9 @@ __all__ = [
     "reset_stats",
     "scatter_",
     "set_deferred_index_checks",
+    "SparseFeatures",
+    "TableConfig",
+    "TrainPipeline",
     "deferred_index_checks",
     "set_stats_enabled",
     "set_transfer_config",

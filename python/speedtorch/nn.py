@@ -24,7 +24,7 @@ from .table_state import (adopt_options, checked_extra_state, copy_table_entries
                           set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "NgramHashEmbedding", "track_table_state"]
+__all__ = ["HostEmbedding", "HostEmbeddingBagCollection", "NgramHashEmbedding", "TableConfig", "track_table_state"]
 
 
 class _HostRows(torch.autograd.Function):
@@ -174,7 +174,13 @@ class HostEmbedding(torch.nn.Module):
             return self._take_prefetched()
         ids = input.to(self.device, non_blocking=True)
         unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        return unique, inverse, self.table.gather(unique, self.device)
+        try:
+            return unique, inverse, self.table.gather(unique, self.device)
+        except IndexError:  # it names a position among the distinct ids: name the caller's instead
+            named = _out_of_range_in(ids, self.num_embeddings, type(self).__name__)
+            if named is None:
+                raise
+            raise named from None
 
     def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
         if self.update == "backward":
@@ -244,7 +250,10 @@ class HostEmbedding(torch.nn.Module):
         _, unique, inverse, rows, *ready = self._prefetched
         self._prefetched = None
         if ready:
-            torch.cuda.current_stream(self.device).wait_event(ready[0])
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(ready[0])
+            for t in (unique, inverse, rows):  # prefetch() may have been called on another stream than this one
+                t.record_stream(current)
         if self._updated_since_prefetch:
             updated = torch.cat(self._updated_since_prefetch)
             self._updated_since_prefetch = []
@@ -253,6 +262,16 @@ class HostEmbedding(torch.nn.Module):
                 rows = rows.clone()
                 rows[stale] = self.table.gather(unique[stale], self.device)
         return unique, inverse, rows
+
+    def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
+        ones if :meth:`prefetch` was given this very tensor) and where each id's row is (``input == ids[inverse]``).
+        Backward through ``rows`` yields one gradient per distinct row, applied as ``update`` says. forward's part
+        before pooling; :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
+        unique, inverse, rows = self._rows_for(input)
+        if torch.is_grad_enabled():
+            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        return inverse, rows
 
     # --- placement ---------------------------------------------------------------------------------------------
 
@@ -348,8 +367,9 @@ class HostEmbedding(torch.nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """The table (num_embeddings x embedding_dim; shares memory): pinned host memory for ``"host"`` and
-        ``"hybrid"`` (the device-resident rows written back first), device memory for ``"gpu"``. Synchronize before
-        reading it on the host while updates may be running."""
+        ``"hybrid"`` (the device-resident rows written back first; while it is held, the row cache stands aside, so
+        it stays exact: docs/persistence.md), device memory for ``"gpu"``. Synchronize before reading it on the host
+        while updates may be running."""
         return self.table.table()
 
     def save(self, path: str) -> None:
@@ -378,6 +398,22 @@ class HostEmbedding(torch.nn.Module):
         return cls(table.num_rows(), table.dim(), table=table, placement=placement, **kwargs)
 
 
+def _out_of_range_in(ids: torch.Tensor, num_rows: int, owner: str) -> Optional[IndexError]:
+    """The error for the first id of ``ids`` (the caller's input) outside ``[0, num_rows)``, named by its place in
+    ``ids``; None when every id is in range (the table's error was about something else)."""
+    flat = ids.reshape(-1)
+    bad = ((flat < 0) | (flat >= num_rows)).nonzero()
+    if bad.numel() == 0:
+        return None
+    position = int(bad[0, 0])
+    where = ""
+    if ids.dim() > 1:
+        index = ", ".join(str(int(i)) for i in torch.unravel_index(torch.tensor(position), tuple(ids.shape)))
+        where = f" (input[{index}])"
+    return IndexError(f"{owner}: the input holds {int(flat[position])} at flat position {position}{where}; every id "
+                      f"must be in [0, {num_rows}) for a table of {num_rows} rows (negative ids are not wrapped)")
+
+
 def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[torch.Tensor],
                 hot_fraction: Optional[float]) -> int:
     """How many rows the row cache of placement='hybrid' holds: cache_rows, else a share of the rows, else the
@@ -396,5 +432,6 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
                      "hot_rows (ids)")
 
 
-# Built on HostEmbedding, so imported after it (speedtorch/ngram_embedding.py imports this module).
+# Built on HostEmbedding, so imported after it (these modules import this one).
+from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402  (many tables in one module)
 from .ngram_embedding import NgramHashEmbedding  # noqa: E402

@@ -142,9 +142,11 @@ class HybridTable:
     ``hot_rows``, or (``hot_rows=None``) the rows updated most often, counted on the device and re-chosen every
     ``refresh`` updates and at :meth:`update_hot_rows`. Moving rows writes the leaving ones (rows and state) back to
     the host table and gathers the arriving ones. While rows are on the device the host copies are stale:
-    :meth:`table`, :meth:`state` and :meth:`save` write them back first. After :meth:`table` / :meth:`state` the host
-    copy is the one that counts (the caller may write it, e.g. ``nn.init`` on ``HostEmbedding.weight``): the next
-    row operation gathers the hot rows from it again.
+    :meth:`table`, :meth:`state` and :meth:`save` write them back first. :meth:`table` / :meth:`state` hand out the
+    host rows, as the row cache of ``placement="hybrid"`` does (:meth:`speedtorch.PinnedEmbedding.enable_cache`),
+    and by the same mechanism: while the caller holds such a tensor (``host.host_rows_in_use()``) every row is read
+    and updated in the host table, so reads and writes through it are exact; once it is dropped, the next row
+    operation gathers the hot rows from the host table again.
 
     Each :meth:`gather` adds its hot ids to ``speedtorch.stats()["cache_hits"]`` and the others to ``cache_misses``.
     """
@@ -164,7 +166,7 @@ class HybridTable:
         self.counts = None if hot_rows is not None else torch.zeros(host.num_rows(), dtype=torch.int32,
                                                                       device=self.device)
         self._updates = 0
-        self._host_exposed = False  # table()/state() handed out the host rows: they are the authoritative copy
+        self._device_rows_stale = False  # the host rows were handed out since the device copies were made
         if hot_rows is not None:
             self.set_hot_rows(hot_rows)
 
@@ -179,7 +181,7 @@ class HybridTable:
         if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.host.num_rows()):
             raise IndexError(f"HybridTable: hot row ids must be in [0, {self.host.num_rows()})")
         self.sync_to_host()
-        self._host_exposed = False  # the host rows are current: the new hot rows are gathered from them
+        self._device_rows_stale = False  # the host rows are current: the new hot rows are gathered from them
         self.remap[self.hot_ids] = -1
         self.hot_table = self.host.gather(ids, self.device)
         self.hot_state = torch.ops.speedtorch.gather(self.host.state(), ids, self.device)
@@ -200,8 +202,8 @@ class HybridTable:
     @torch.no_grad()
     def sync_to_host(self) -> None:
         """Writes the device-resident rows and their state back to the host table (they stay on the device too),
-        unless the host copy is already the authoritative one."""
-        if self.hot_ids.numel() == 0 or self._host_exposed:
+        unless the host rows are the current ones (handed out since)."""
+        if self.hot_ids.numel() == 0 or self._device_rows_stale:
             return
         self.host.scatter_(self.hot_ids, self.hot_table)
         torch.ops.speedtorch.scatter_(self.host.state(), self.hot_ids, self.hot_state)
@@ -234,33 +236,38 @@ class HybridTable:
         return self.host.mapping()
 
     def table(self) -> torch.Tensor:
-        """The host table, with the device-resident rows written back first; writes to it are seen by later row
-        operations."""
+        """The host table, with the device-resident rows written back first; while the caller holds it, every row
+        operation uses the host rows (see the class)."""
         self.sync_to_host()
-        self._host_exposed = True
+        self._device_rows_stale = True
         return self.host.table()
 
     def state(self) -> torch.Tensor:
         self.sync_to_host()
-        self._host_exposed = True
+        self._device_rows_stale = True
         return self.host.state()
 
     @torch.no_grad()
-    def _refresh_hot_rows(self) -> None:
-        # The caller may have written the host rows handed out by table()/state(): the device copies follow them.
-        if self._host_exposed:
+    def _device_rows_usable(self) -> bool:
+        """Whether this row operation may use the device copies: not while the host rows are handed out; after
+        that, once they are gathered again from the host rows (which the caller may have written)."""
+        if self.host.host_rows_in_use():
+            self._device_rows_stale = True  # whatever changes the host rows meanwhile, the device copies miss
+            return False
+        if self._device_rows_stale:
             _sync_stream(self.device)
             if self.hot_ids.numel():
                 self.hot_table = self.host.gather(self.hot_ids, self.device)
                 self.hot_state = torch.ops.speedtorch.gather(self.host.state(), self.hot_ids, self.device)
-            self._host_exposed = False
+            self._device_rows_stale = False
+        return True
 
     def _split(self, ids: torch.Tensor):
-        self._refresh_hot_rows()
+        usable = self._device_rows_usable()
         n = self.host.num_rows()
         bad = (ids < 0) | (ids >= n)
         slots = self.remap[ids.clamp(0, n - 1)]  # clamped: a bad id must not index the remap (a device assert)
-        hot = (slots >= 0) & ~bad
+        hot = (slots >= 0) & ~bad & usable
         # One stable sort puts the cold positions first and the hot ones after; the split size and the count of
         # bad ids come back in a single sync.
         order = torch.sort(hot.to(torch.uint8), stable=True).indices
@@ -321,8 +328,7 @@ class HybridTable:
 
     def copy_(self, src: torch.Tensor) -> None:
         self.host.copy_(src)
-        self._host_exposed = False
-        if self.hot_ids.numel():
+        if self.hot_ids.numel() and not self._device_rows_stale:  # (stale ones are gathered again before use)
             self.hot_table.copy_(src[self.hot_ids.to(src.device)])
 
     def save(self, path: str) -> None:

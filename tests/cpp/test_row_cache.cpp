@@ -105,5 +105,29 @@ TEST(RowCache, ScriptedModelsUseItFromCpp) {
   EXPECT_EQ(users->cached_rows(), 0);  // table() wrote the cache back and emptied it
 }
 
+// While a tensor that table() handed out lives (here only a view of it), the cache stands aside: a write through it
+// after a step is what the next gather reads, not a cached copy, and no flush overwrites it. Dropped: cached again.
+TEST(RowCache, StandsAsideWhileTheHostRowsAreHandedOut) {
+  auto table = c10::make_intrusive<PinnedEmbedding>(100, 4, at::kFloat);
+  c10::Dict<std::string, double> options;
+  options.insert("lr", 0.5);
+  table->set_optimizer("sgd", options, true);
+  table->normal_(0.0, 1.0, 1);
+  table->enable_cache(32, at::kCPU);
+  const at::Tensor ids = at::tensor({1, 5, 7}, at::kLong);
+  EXPECT_FALSE(table->host_rows_in_use());
+  at::Tensor row5 = table->table().narrow(0, 5, 1);  // the tensor table() returned is gone; its view holds the rows
+  EXPECT_TRUE(table->host_rows_in_use());
+  table->apply_gradients(ids, at::ones({3, 4}));
+  EXPECT_EQ(table->cached_rows(), 0);
+  row5.fill_(3.0);
+  EXPECT_TRUE(at::equal(table->gather(ids, std::nullopt)[1], at::full({4}, 3.0)));
+  row5.reset();
+  EXPECT_FALSE(table->host_rows_in_use());
+  table->apply_gradients(ids, at::ones({3, 4}));
+  EXPECT_EQ(table->cached_rows(), 3);
+  EXPECT_TRUE(at::equal(table->table()[5], at::full({4}, 2.5)));  // written back: 3 - 0.5
+}
+
 }  // namespace
 }  // namespace speedtorch

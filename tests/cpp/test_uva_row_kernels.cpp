@@ -64,6 +64,39 @@ TEST(UvaRowKernels, OptimizerKernelLeavesRowsOutsideTheTableAlone) {
   }
 }
 
+// Row-wise Adagrad's vectorized kernels (16-byte accesses, the row in registers) give the scalar kernel's bits:
+// the same squares added in the same order, the same per-element update.
+TEST(UvaRowKernels, RowwiseAdagradKernelsAgreeBitForBit) {
+  if (!cuda_ready()) GTEST_SKIP() << "no CUDA device";
+  OptimizerHyper hyper;
+  hyper.kind = OptimizerKind::kRowwiseAdagrad;
+  hyper.lr = 0.1f;
+  hyper.weight_decay = 0.01f;
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t dim : {128, 256, 384, 512, 64, 100}) {
+      const int64_t rows = 3000, state_floats = kStateHeaderFloats;
+      const at::Tensor start = at::randn({rows, dim}).to(dtype).cuda();
+      const at::Tensor ids = std::get<0>(at::_unique(at::randint(0, rows, {2000}, at::kLong))).cuda();
+      const at::Tensor grads = at::randn({ids.numel(), dim}).cuda();
+      std::vector<at::Tensor> results;
+      for (const bool vec4 : {true, false}) {
+        at::Tensor weights = start.clone();
+        at::Tensor state = at::zeros({rows, state_floats}, at::TensorOptions().device(at::kCUDA));
+        const OptimizerRows table = optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()),
+                                                   state.data_ptr<float>());
+        for (int step = 1; step <= 3; ++step) {
+          launch_row_optimizer(table, hyper, step, ids.data_ptr<int64_t>(), grads.data_ptr<float>(), ids.numel(),
+                               RowLaunch{64, 2}, vec4, device_index_error_record(0),
+                               c10::cuda::getCurrentCUDAStream().stream());
+        }
+        results.push_back(at::cat({weights.to(at::kFloat), state}, 1).cpu());
+      }
+      EXPECT_TRUE(at::equal(results[0], results[1])) << dtype << " dim " << dim;
+      EXPECT_FALSE(at::equal(results[0].narrow(1, 0, dim), start.to(at::kFloat).cpu()));
+    }
+  }
+}
+
 TEST(UvaRowKernels, IndexSummaryMatchesTheHost) {
   if (!cuda_ready()) GTEST_SKIP() << "no CUDA device";
   for (const int64_t n : {1, 7, 1000, 300000}) {  // one block and many

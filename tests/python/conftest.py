@@ -4,6 +4,8 @@ skipped without CUDA; fixtures for process-wide settings, and a check that no te
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,6 +47,18 @@ def deferred_checks():
     """Deferred index checks for one test (speedtorch.deferred_index_checks)."""
     with speedtorch.deferred_index_checks(True):
         yield
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A memory file system of 1 MiB, mounted for one test (mounting needs root: the test is skipped otherwise)."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root (CAP_SYS_ADMIN)")
+    yield str(folder)
+    subprocess.run(["umount", str(folder)], check=True)
 
 
 @pytest.fixture(autouse=True)

@@ -169,14 +169,47 @@ def scenario_kill(rank, cfg):
     return {"error": None, "seconds": time.monotonic() - start}
 
 
+def _step_or_error(module, rank, step, cfg, forward=True, bad_id=False, empty=False,
+                   step_after_error=True) -> str | None:
+    """One training step of ``batch(step, rank)`` (without the forward when ``forward`` is False; with an id out of
+    range at position 5 when ``bad_id``; forwarding no id when ``empty``), step() called even when the forward raised
+    unless ``step_after_error`` is False; the first error raised, as text, or None."""
+    ids, weights = batch(step, rank, cfg["rows"], cfg["batch"], cfg["dim"])
+    if bad_id:
+        ids[5] = cfg["rows"]
+    if empty:
+        ids, weights = ids[:0], weights[:0]
+    error = None
+    try:
+        if forward:
+            (module(ids) * weights.to(DEVICE)).sum().backward()
+    except (IndexError, RuntimeError) as e:
+        error = f"{type(e).__name__}: {e}"
+    if error is not None and not step_after_error:
+        return error
+    try:
+        module.step()
+    except (IndexError, RuntimeError) as e:
+        error = error or f"{type(e).__name__}: {e}"
+    return error
+
+
 def scenario_bad_ids(rank, cfg):
+    """Step 1: rank ``bad_rank``'s batch holds an id out of range, and every rank carries on after any error it
+    raised; step 2: rank ``empty_rank`` forwards no id; step 3: rank ``skipper`` runs no forward but calls step().
+    Returns the errors, and the blocks after steps 0 to 2."""
     from speedtorch.distributed import DistributedHostEmbedding
 
-    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], device=DEVICE, shm_dir=cfg["shm_dir"])
-    ids = torch.tensor([0, 1, cfg["rows"] if rank == cfg["bad_rank"] else 2])
-    m(ids).sum().backward()
-    m.step()
-    return {}
+    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam", optimizer_options={"lr": 0.01},
+                                 device=DEVICE, shm_dir=cfg["shm_dir"])
+    m.table.copy_(initial_table(cfg["rows"], cfg["dim"]))
+    errors = [_step_or_error(m, rank, 0, cfg)]
+    errors.append(_step_or_error(m, rank, 1, cfg, bad_id=rank == cfg["bad_rank"]))
+    errors.append(_step_or_error(m, rank, 2, cfg, empty=rank == cfg.get("empty_rank")))
+    out = {"errors": errors, "blocks": blocks(m)}
+    if cfg.get("skipper") is not None:  # every rank raises in its first exchange of step 3 (and stops there)
+        errors.append(_step_or_error(m, rank, 3, cfg, forward=rank != cfg["skipper"], step_after_error=False))
+    return out
 
 
 def scenario_build(rank, cfg):
@@ -203,6 +236,50 @@ def scenario_share_rows(rank, cfg):
     shared = share_rows(mine, shm_dir=cfg["shm_dir"])
     return {"rows": shared.gather(torch.arange(cfg["rows"]), "cpu"), "pinned": shared.table.is_pinned() or
             not torch.cuda.is_available(), "format": shared.format}
+
+
+def scenario_pipeline(rank, cfg):
+    """scenario_ddp's model trained twice on the same batches, by the plain loop and by speedtorch.TrainPipeline
+    (which prefetches each next batch's rows): both results, which must be the same bits."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from speedtorch import TrainPipeline
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam",
+                                                optimizer_options={"lr": 0.01}, device=DEVICE,
+                                                shm_dir=cfg["shm_dir"], seed=0)
+            self.dense = torch.nn.Linear(cfg["dim"], 1).to(DEVICE)
+
+        def forward(self, batch):
+            ids, weights = batch
+            return (self.dense(self.emb(ids)).squeeze(-1) - weights[:, 0]).pow(2).mean()
+
+    batches = [batch(step, rank, cfg["rows"], cfg["batch"], cfg["dim"]) for step in range(cfg["steps"])]
+    out = {}
+    for way in ("plain", "pipelined"):
+        torch.manual_seed(0)
+        model = Model()
+        model.emb.table.copy_(initial_table(cfg["rows"], cfg["dim"]))
+        ddp = DistributedDataParallel(model, device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        if way == "plain":
+            for b in batches:
+                ddp(tuple(t.to(DEVICE) for t in b)).backward()
+                model.emb.step()
+                opt.step()
+                opt.zero_grad()
+        else:
+            pipeline = TrainPipeline(ddp, opt, batches, device=DEVICE, sparse_inputs=lambda b: [(model.emb, b[0])])
+            assert pipeline.host_modules == [model.emb]
+            steps = sum(1 for _ in pipeline)
+            assert steps == len(batches)
+        out[way] = blocks(model.emb)
+        out[way]["dense"] = {k: v.cpu().clone() for k, v in model.dense.state_dict().items()}
+    return out
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}

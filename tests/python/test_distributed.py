@@ -82,12 +82,17 @@ def succeeded(results: dict) -> dict:
     return results
 
 
-def reference(world: int, name: str, options: dict, steps: int, reduction: str = "mean") -> HostEmbedding:
-    """Single-process training on the concatenation of every rank's batches."""
+def reference(world: int, name: str, options: dict, steps: int, reduction: str = "mean",
+              ranks_at: dict | None = None) -> HostEmbedding:
+    """Single-process training on the concatenation of every rank's batches (at step s, those of the ranks
+    ``ranks_at[s]`` when given)."""
     ref = HostEmbedding(ROWS, DIM, optimizer=name, optimizer_options=options, device="cpu", state_beside_rows=False)
     ref.table.copy_(workers.initial_table(ROWS, DIM))
     for step in range(steps):
-        batches = [workers.batch(step, r, ROWS, BATCH, DIM) for r in range(world)]
+        batches = [workers.batch(step, r, ROWS, BATCH, DIM) for r in (ranks_at or {}).get(step, range(world))]
+        if not batches:
+            ref.step()  # nothing to apply: the step count stays, as in one process
+            continue
         out = ref(torch.cat([ids for ids, _ in batches]))
         loss = sum((part * w).sum() for part, (_, w) in zip(out.split(BATCH), batches))
         (loss / world if reduction == "mean" else loss).backward()
@@ -246,11 +251,31 @@ def test_a_killed_rank_fails_the_others_within_the_timeout(shm_dir):
         assert results[r]["seconds"] < 60, results[r]
 
 
-def test_an_out_of_range_id_is_an_index_error_on_its_rank(shm_dir):
-    cfg = dict(rows=ROWS, dim=DIM, shm_dir=shm_dir, bad_rank=1, timeout=15)
-    results = launch(2, 2, "bad_ids", cfg, deadline=120)
-    assert results[1].startswith("IndexError") and f"index {ROWS} " in results[1] and "rank 1" in results[1]
-    assert isinstance(results[0], str)  # its peer is gone: an error, not a hang
+def test_one_host_an_out_of_range_id_fails_its_rank_only_and_a_rank_may_skip_a_forward(shm_dir):
+    """One host: a forward moves no row between ranks, so a rank whose forward raised (here an id out of range, named
+    where its batch holds it) may skip that step's forward and still call step(); the others train on."""
+    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, shm_dir=shm_dir, bad_rank=1, timeout=15)
+    results = succeeded(launch(2, 2, "bad_ids", cfg, deadline=120))
+    assert results[0]["errors"] == [None, None, None]
+    error = results[1]["errors"][1]
+    assert error.startswith("IndexError") and f"input holds {ROWS} at flat position 5;" in error, error
+    assert_matches(assemble(results, "blocks"), reference(2, "adam", {"lr": 0.01}, 3, ranks_at={1: [0]}))
+
+
+def test_several_hosts_every_rank_raises_when_a_rank_fails_or_skips_a_collective(shm_dir):
+    """Two hosts: every forward is a collective. A rank whose ids fail its checks still takes part, flagging the
+    error, so every rank raises it (no rows of another step, no hang) and all may go on together; a rank with no
+    batch forwards an empty one; a rank that skips a forward makes every rank raise at the next exchange."""
+    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, shm_dir=shm_dir, bad_rank=1, empty_rank=0, skipper=1, timeout=15)
+    results = succeeded(launch(2, 1, "bad_ids", cfg, deadline=120))
+    for r in range(2):
+        ok, bad_id, ok_again, skipped = results[r]["errors"]
+        assert ok is None and ok_again is None, results[r]
+        assert skipped.startswith("RuntimeError") and "rank 1 is in step()" in skipped, skipped
+    assert results[0]["errors"][1].startswith(f"IndexError: speedtorch.distributed: rank 1's ids hold {ROWS},")
+    assert f"input holds {ROWS} at flat position 5;" in results[1]["errors"][1]
+    # Step 1 updated nothing on any rank (nor counted as a step): the table is that of steps 0 and 2.
+    assert_matches(assemble(results, "blocks"), reference(2, "adam", {"lr": 0.01}, 3, ranks_at={1: [], 2: [1]}))
 
 
 def test_ranks_that_disagree_on_the_table_all_fail(shm_dir):
@@ -265,6 +290,16 @@ def test_a_world_size_that_is_no_multiple_of_the_hosts_is_refused(shm_dir):
     results = launch(3, 2, "build", cfg, deadline=120)
     for r in range(3):
         assert "world size 3 is not a multiple of the local world size 2" in results[r], results[r]
+
+
+def test_a_shm_dir_too_small_for_the_table_is_an_error_on_every_local_rank(tiny_tmpfs):
+    """Not a SIGBUS of the rank creating the files (a container's /dev/shm is often 64 MB), nor its peers waiting."""
+    cfg = dict(shm_dir=tiny_tmpfs, kwargs=dict(num_embeddings=20_000, embedding_dim=16), timeout=15)
+    results = launch(2, 2, "build", cfg, deadline=120)
+    for r in (0, 1):
+        assert isinstance(results[r], str) and f"could not create the shared table in {tiny_tmpfs}" in results[r] \
+            and "No space left on device" in results[r], results[r]
+    assert os.listdir(tiny_tmpfs) == []  # nothing of the failed setup is left
 
 
 def test_host_shards_hold_a_host_each(shm_dir):

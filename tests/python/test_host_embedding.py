@@ -180,6 +180,28 @@ def test_bad_arguments():
         e.apply_gradients(torch.tensor([1]), torch.randn(1, 4))
 
 
+def _placements(n, d):
+    yield HostEmbedding(n, d, device="cpu")
+    yield HostEmbedding(n, d, device="cpu", placement="gpu")  # a DeviceTable, here in CPU memory
+    yield HostEmbedding(n, d, device="cpu", placement="hybrid", cache_rows=4)  # the C++ row cache
+    host = speedtorch.PinnedEmbedding(n, d, torch.float32)
+    host.set_optimizer("adam", {}, True)
+    yield HostEmbedding(n, d, device="cpu", table=HybridTable(host, "cpu", 2, hot_rows=torch.tensor([1, 3])))
+
+
+@pytest.mark.parametrize("index", range(4), ids=["host", "DeviceTable", "hybrid", "HybridTable"])
+def test_an_out_of_range_id_is_named_where_the_caller_put_it(index):
+    """Not by its position among the sorted distinct ids the table is asked for (6 and 0 here)."""
+    emb = list(_placements(10, 4))[index]
+    with pytest.raises(IndexError, match=r"input holds 12 at flat position 5 \(input\[1, 1\]\);") as e:
+        emb(torch.tensor([[5, 3, 9, 1], [0, 12, 2, 12]]))
+    assert "position 6" not in str(e.value)
+    with pytest.raises(IndexError, match=r"input holds -1 at flat position 1;"):
+        emb(torch.tensor([4, -1, 7]), torch.tensor([0]) if emb.mode else None)
+    emb(torch.tensor([[9, 0]])).sum().backward()  # the module still works
+    emb.step()
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "rmsprop"])
 def test_state_layouts_agree(optimizer):
     results = []

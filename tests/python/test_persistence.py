@@ -650,6 +650,20 @@ def test_a_read_only_mapped_table_serves_in_a_host_embedding(tmp_path):
         module.step()
 
 
+def test_create_refuses_files_that_do_not_fit(tiny_tmpfs):
+    """create() allocates the files' blocks: a file system without room for them is an error there, not a SIGBUS
+    later, at the first page written (or, on tmpfs, read through the mapping) past its room."""
+    path = str(Path(tiny_tmpfs) / "big")
+    with pytest.raises(RuntimeError, match=r"cannot create .*big\.npy \(\d+ bytes\): No space left on device "
+                                           r"\(\d+ bytes free there\)"):
+        speedtorch.PinnedEmbedding.create(path, 20_000, 16, torch.float32, "adam", {})
+    assert list(Path(tiny_tmpfs).iterdir()) == []
+    table = speedtorch.PinnedEmbedding.create(path, 1000, 16, torch.float32, "adam", {})  # 64 KB + 144 KB: fits
+    table.normal_(0.0, 1.0, 0)
+    table.apply_gradients(torch.arange(1000), torch.ones(1000, 16))
+    assert table.step_count() == 1 and torch.count_nonzero(table.state()) > 0
+
+
 def test_create_makes_zero_files_that_open_shares(tmp_path):
     """PinnedEmbedding.create: zero rows and state over new files (what the distributed table shares per host)."""
     path = str(tmp_path / "shared")

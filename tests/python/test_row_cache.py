@@ -11,12 +11,16 @@ either. The CPU sums in batch order: there, the duplicate test uses more."""
 from __future__ import annotations
 
 import io
+import os
+import tempfile
 
+import numpy as np
 import pytest
 import torch
 
 import speedtorch
 from speedtorch.nn import HostEmbedding
+from speedtorch.placement import HybridTable
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -122,17 +126,26 @@ def test_duplicates_in_one_batch_sum_like_the_host(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_flush_writes_back_and_keeps_rows_cached(device):
-    host, cached = pair(100, 4, torch.float32, "adam", {"lr": 0.1}, True, 32, device)
-    rows = cached.table()  # the host rows themselves, read below without table() (which would write back itself)
-    run_both(host, cached, batches(100, 4, 2, 20), device)
-    before = cached.cached_rows()
-    assert not torch.equal(rows, host.table())  # updates still only in the cache
-    cached.flush_cache()
-    assert cached.cached_rows() == before > 0
-    assert torch.equal(rows, host.table())  # flush_cache() itself wrote them back
-    snap = cached.table().clone()  # table() writes back and empties: the caller may write what it gets
-    assert cached.cached_rows() == 0
-    assert torch.equal(snap, host.table())
+    host, _ = pair(100, 4, torch.float32, "adam", {"lr": 0.1}, False, 32, device)
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as folder:
+        # A table over a file (tmpfs, so that GPUs may write it), and a second mapping of that file: the host rows
+        # as they are, read without asking the table (table() writes the cache back, and a tensor it hands out
+        # makes the cache stand aside).
+        cached = speedtorch.PinnedEmbedding.create(os.path.join(folder, "t"), 100, 4, torch.float32, "adam",
+                                                   {"lr": 0.1})
+        cached.copy_(host.table())
+        cached.enable_cache(32, torch.device(device))
+        rows = torch.from_numpy(np.load(os.path.join(folder, "t.npy"), mmap_mode="r+"))  # only read
+        run_both(host, cached, batches(100, 4, 2, 20), device)
+        before = cached.cached_rows()
+        assert not torch.equal(rows, host.table())  # updates still only in the cache
+        cached.flush_cache()
+        assert cached.cached_rows() == before > 0
+        assert torch.equal(rows, host.table())  # flush_cache() itself wrote them back
+        snap = cached.table().clone()  # table() writes back and empties: the caller may write what it gets
+        assert cached.cached_rows() == 0
+        assert torch.equal(snap, host.table())
+        del rows, cached
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -280,6 +293,54 @@ def test_hybrid_host_embedding_trains_like_host(device):
     other = HostEmbedding(n, d, placement="hybrid", cache_rows=16, **kwargs)
     other.load_state_dict(modules["hybrid"].state_dict())
     assert torch.equal(other.weight, ref[1])
+
+
+def _every_placement(n, d, device, init):
+    kwargs = dict(device=device, optimizer="adam", optimizer_options={"lr": 0.05})
+    host = speedtorch.PinnedEmbedding(n, d, torch.float32)
+    host.set_optimizer("adam", {"lr": 0.05}, True)
+    modules = {"host": HostEmbedding(n, d, **kwargs), "gpu": HostEmbedding(n, d, placement="gpu", **kwargs),
+               "hybrid": HostEmbedding(n, d, placement="hybrid", cache_rows=32, **kwargs),
+               "HybridTable": HostEmbedding(n, d, table=HybridTable(host, device, 8, hot_rows=torch.arange(8)),
+                                            **kwargs)}
+    for module in modules.values():
+        module.table.copy_(init)
+    return modules
+
+
+def _train(module, ids, device):
+    module(ids.to(device)).square().sum().backward()
+    module.step()
+    if device == "cuda":
+        torch.cuda.synchronize()  # before the host reads or writes the rows (HostEmbedding.weight's rule)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_kept_weight_tensor_is_the_table_in_every_placement(device):
+    """HostEmbedding.weight / table.state() (or a state_dict) kept while training: what is written through them after
+    the next gather reaches later gathers and is not overwritten by a flush, and reading them shows every update, as
+    with the host table itself; the cache comes back into use once they are dropped."""
+    n, d = 200, 4
+    init = torch.randn(n, d, generator=torch.Generator().manual_seed(21))
+    hot = torch.tensor([1, 3, 5, 40, 41])
+    results = {}
+    for name, module in _every_placement(n, d, device, init).items():
+        weight, state = module.weight, module.table.state()  # kept
+        _train(module, hot, device)  # the rows are cached now (the hybrid placements)
+        with torch.no_grad():
+            weight[hot[:3]] = 5.0  # written through the kept tensors after the gather
+            state[hot[3:]] = 0.25
+        assert torch.equal(module(hot).detach().cpu()[:3], torch.full((3, d), 5.0)), name
+        _train(module, hot, device)
+        seen = (weight.cpu().clone(), state.cpu().clone())  # what the kept tensors show: every update
+        del weight, state
+        _train(module, torch.arange(0, 60), device)
+        if name == "hybrid":
+            assert module.table.cached_rows() > 0  # dropped: the cache is in use again
+        results[name] = seen + (module.weight.cpu().clone(), module.table.state().cpu().clone())
+    for name, got in results.items():
+        for a, b in zip(got, results["host"]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)

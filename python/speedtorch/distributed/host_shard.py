@@ -55,6 +55,8 @@ def share_on_host(topology: HostTopology, host_group: dist.ProcessGroup, create,
             obj = create(folder)
         except Exception as e:  # noqa: BLE001 (every rank of the host must hear of it, or they wait forever)
             error = f"local rank 0 (rank {leader}) could not create the shared table in {shm_dir}: {e}"
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)  # nothing of a failed setup is left behind
     message = [folder if error is None else None, error]
     dist.broadcast_object_list(message, src=leader, group=host_group)
     folder, error = message

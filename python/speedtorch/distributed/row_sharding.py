@@ -17,6 +17,10 @@ Gradients travel the other way: summed per distinct row on each rank, scaled for
 (``all_to_all``), which applies the fused optimizer once per row (duplicates from several ranks summed by the op).
 A fence across the host's ranks then ends the step, so no rank reads a row in step t+1 before its update of step t
 is done. With one host, stages 1 and 3 carry nothing and are skipped: the same code with a shortcut.
+
+Each exchange (a lookup's, a step's) opens with a header from every rank to every rank (exchange_headers.py): the row
+counts, and what keeps the ranks' collectives paired; a rank that fails its checks, or is at another exchange, makes
+every rank raise instead of reading rows of another exchange.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .exchange_headers import HEADER_BYTES, LOOKUP, STEP, ExchangeHeaders
 from .topology import HostTopology
 
 __all__ = ["RowLayout", "RowSharding"]
@@ -65,12 +70,6 @@ def _bucket(ids: torch.Tensor, dest: torch.Tensor, world: int):
     return order, torch.bincount(dest, minlength=world)
 
 
-def _exchange_counts(send_counts: torch.Tensor) -> tuple[list[int], list[int]]:
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts)
-    return send_counts.tolist(), recv_counts.tolist()
-
-
 def _all_to_all(send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
     out = send.new_empty((sum(recv_counts), *send.shape[1:]))
     dist.all_to_all_single(out, send.contiguous(), recv_counts, send_counts)
@@ -87,6 +86,7 @@ class RowSharding:
         self.comm_device = comm_device  # where collectives take tensors: cpu for Gloo, the GPU for NCCL
         self.reduction = reduction
         self.host_start = layout.host_range(layout.topology.host)[0]
+        self.headers = ExchangeHeaders(layout.topology.world_size, comm_device, layout.num_rows)
         # What this rank's collectives cost since construction (bench/distributed.py reads them): bytes sent to
         # other ranks, and host seconds inside collective calls (with NCCL, the waits for split sizes and fences).
         self.bytes_sent = 0
@@ -99,22 +99,33 @@ class RowSharding:
         finally:
             self.collective_seconds += time.perf_counter() - start
 
-    def _to_owners(self, ids: torch.Tensor, *payloads: torch.Tensor, bytes_per_row: int):
-        """``ids`` (and rows of ``payloads``) bucketed by each id's owner and sent there (``all_to_all``): what this
-        rank received, in the same order, the order the sent rows took, and the split sizes both ways."""
+    def _to_owners(self, kind: int, ids: torch.Tensor, *payloads: torch.Tensor, bytes_per_row: int):
+        """``ids`` (and rows of ``payloads``) bucketed by each id's owner and sent there (``all_to_all``), in an
+        exchange of ``kind`` (its header first): what this rank received, in the same order, the order the sent rows
+        took, the split sizes both ways, and how many rows all ranks sent (0: nothing followed the header)."""
         dest = self.layout.owner_of(ids).to(self.comm_device)
         order, counts = _bucket(ids, dest, self.layout.topology.world_size)
-        send_counts, recv_counts = self._timed(_exchange_counts, counts)
+        send_counts, recv_counts, total = self._timed(self.headers.open, kind, counts)
         self._count_sent(send_counts, bytes_per_row)
-        received = [self._timed(_all_to_all, t.to(self.comm_device)[order], send_counts, recv_counts)
-                    for t in (ids, *payloads)]
-        return received, order, send_counts, recv_counts
+        if total == 0:  # every rank knows it from the headers: no rank sends anything, none takes part
+            received = [t.new_empty((0, *t.shape[1:]), device=self.comm_device) for t in (ids, *payloads)]
+        else:
+            received = [self._timed(_all_to_all, t.to(self.comm_device)[order], send_counts, recv_counts)
+                        for t in (ids, *payloads)]
+        return received, order, send_counts, recv_counts, total
+
+    def refuse_lookup(self, bad_id: int) -> None:
+        """This rank's ids for a lookup hold ``bad_id``, out of range: with several hosts it still takes part in the
+        lookup's exchange, flagging it, so that every other rank raises too (the caller raises its own error)."""
+        if self.layout.topology.num_hosts > 1:
+            empty = torch.zeros(self.layout.topology.world_size, dtype=torch.int64, device=self.comm_device)
+            self._timed(self.headers.open, LOOKUP, empty, bad_id)
 
     # --- 1. input dist: where ids go -------------------------------------------------------------------------
 
     def _input_dist(self, ids: torch.Tensor):
-        (asked,), order, send_counts, recv_counts = self._to_owners(ids, bytes_per_row=8)
-        return asked, order, send_counts, recv_counts
+        (asked,), order, send_counts, recv_counts, total = self._to_owners(LOOKUP, ids, bytes_per_row=8)
+        return asked, order, send_counts, recv_counts, total
 
     # --- 2. lookup: where rows are read ------------------------------------------------------------------------
 
@@ -123,8 +134,11 @@ class RowSharding:
 
     # --- 3. output dist: where rows go back --------------------------------------------------------------------
 
-    def _output_dist(self, served: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
-        self._count_sent(recv_counts, served.shape[1] * served.element_size(), counts_exchanged=False)
+    def _output_dist(self, served: torch.Tensor, send_counts: list[int], recv_counts: list[int],
+                     total: int) -> torch.Tensor:
+        self._count_sent(recv_counts, served.shape[1] * served.element_size(), header_sent=False)
+        if total == 0:  # no rank asked for a row (every rank knows it from the input dist's headers)
+            return served
         return self._timed(_all_to_all, served, recv_counts, send_counts)  # the reverse of the input dist
 
     def gather(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -136,9 +150,9 @@ class RowSharding:
         local_pos = local.nonzero().squeeze(1).to(device)
         remote_pos = (~local).nonzero().squeeze(1)
         rows[local_pos] = self._lookup(ids[local], device)
-        asked, order, send_counts, recv_counts = self._input_dist(ids[remote_pos])
+        asked, order, send_counts, recv_counts, total = self._input_dist(ids[remote_pos])
         served = self._lookup(asked, self.comm_device)
-        answered = self._output_dist(served, send_counts, recv_counts)
+        answered = self._output_dist(served, send_counts, recv_counts, total)
         rows[remote_pos.to(device)[order.to(device)]] = answered.to(device)
         return rows
 
@@ -148,15 +162,17 @@ class RowSharding:
         """One optimizer step: ``grad`` (rows of ``ids``, summed per id on this rank) reaches each row's owner."""
         if self.reduction == "mean":
             grad = grad / self.layout.topology.world_size  # as DDP averages dense gradients over the ranks
-        (owned_ids, owned_grad), *_ = self._to_owners(ids, grad,
-                                                       bytes_per_row=8 + grad.shape[1] * grad.element_size())
+        (owned_ids, owned_grad), _, _, _, total = self._to_owners(
+            STEP, ids, grad, bytes_per_row=8 + grad.shape[1] * grad.element_size())
+        if total == 0:
+            return  # no rank had a gradient: no step, as in one process (the step count stays)
         self.shard.apply_gradients(owned_ids - self.host_start, owned_grad)
         self.fence()
 
-    def _count_sent(self, counts: list[int], bytes_per_row: int, counts_exchanged: bool = True) -> None:
-        # What leaves this process: the counts, and the rows for every rank but itself.
+    def _count_sent(self, counts: list[int], bytes_per_row: int, header_sent: bool = True) -> None:
+        # What leaves this process: the headers, and the rows for every rank but itself.
         me = self.layout.topology.rank
-        self.bytes_sent += 8 * len(counts) * counts_exchanged + (sum(counts) - counts[me]) * bytes_per_row
+        self.bytes_sent += HEADER_BYTES * len(counts) * header_sent + (sum(counts) - counts[me]) * bytes_per_row
 
     def fence(self) -> None:
         """Returns once every rank of this host has finished its writes to the shared rows."""

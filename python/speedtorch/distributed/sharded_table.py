@@ -130,6 +130,7 @@ class ShardedHostTable:
         bad = (ids < 0) | (ids >= self._num_rows)
         if bool(bad.any()):
             first = int(bad.nonzero()[0, 0])
+            self.sharding.refuse_lookup(int(ids[first]))  # with several hosts, every rank raises with this one
             raise IndexError(f"ShardedHostTable (rank {self.layout.topology.rank}): index {int(ids[first])} at "
                              f"position {first} is out of range for a table of {self._num_rows} rows")
         return self.sharding.gather(ids, device).reshape(*indices.shape, self.dim())

@@ -1,0 +1,80 @@
+"""The header every exchange of ids, rows or gradients opens with: it keeps the ranks' collectives paired, and makes a
+failure on one rank an error on every rank.
+
+``torch.distributed`` pairs collectives by position: the n-th ``all_to_all`` of one rank meets the n-th of every
+other, whatever each rank meant by it. A rank that raised before an exchange (an id out of range that it caught) or
+skipped one (a forward it did not run) would meet another stage's exchange and read its bytes as rows, without an
+error. So each exchange starts with a fixed-size header from every rank to every rank, carrying the row counts the
+exchange needs anyway and:
+
+- the exchange's number on the sending rank and its kind (a lookup, or ``step()``): every rank checks that all
+  ranks are at the same exchange, so ranks that no longer pair up all raise ``RuntimeError``;
+- the sending rank's status: a rank whose ids failed its own checks still takes part, flagging the failure, so the
+  other ranks raise an ``IndexError`` naming it instead of waiting for, or reading, rows that will not come;
+- how many rows the sending rank sends in all, so every rank knows whether any rank has anything to send.
+
+Every rank receives the same headers (each rank sends the same fields to all, only the counts differ), so every rank
+makes the same decision.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["ExchangeHeaders", "LOOKUP", "STEP"]
+
+LOOKUP, STEP = 0, 1  # the kinds of exchange
+_KIND_NAMES = {LOOKUP: "a lookup (a forward or a prefetch)", STEP: "step()"}
+_NUMBER, _KIND, _BAD_ID, _HAS_BAD_ID, _COUNT, _TOTAL = range(6)  # the fields of a header (int64 each)
+_FIELDS = 6
+HEADER_BYTES = 8 * _FIELDS
+
+
+class ExchangeHeaders:
+    """This rank's exchanges on the default process group, numbered from 0 (every rank counts the same ones)."""
+
+    def __init__(self, world_size: int, device: torch.device, num_rows: int):
+        self.world_size, self.device, self.num_rows = world_size, device, num_rows
+        self.opened = 0
+
+    def open(self, kind: int, send_counts: torch.Tensor, bad_id: Optional[int] = None):
+        """Opens exchange number ``opened`` of ``kind``, sending ``send_counts[r]`` rows to rank r (``bad_id``: this
+        rank's ids hold that id out of range; it sends nothing, and raises its own error after this returns).
+
+        Returns the send and receive counts (lists) and how many rows all ranks send in all. Raises on every rank
+        when the ranks are not all at this exchange, and on the other ranks when any flagged a bad id."""
+        header = torch.zeros(self.world_size, _FIELDS, dtype=torch.int64, device=self.device)
+        header[:, _NUMBER] = self.opened
+        header[:, _KIND] = kind
+        if bad_id is not None:
+            header[:, _HAS_BAD_ID] = 1
+            header[:, _BAD_ID] = bad_id
+        header[:, _COUNT] = send_counts
+        header[:, _TOTAL] = send_counts.sum()
+        received = torch.empty_like(header)
+        dist.all_to_all_single(received, header)
+        self.opened += 1
+        headers = received.tolist()  # headers[r]: what rank r sent this rank
+        self._check_paired(headers)
+        flagged = [(r, h[_BAD_ID]) for r, h in enumerate(headers) if h[_HAS_BAD_ID]]
+        if flagged and bad_id is None:
+            first, value = flagged[0]
+            more = f" ({len(flagged) - 1} more rank(s) hold ids out of range)" if len(flagged) > 1 else ""
+            raise IndexError(f"speedtorch.distributed: rank {first}'s ids hold {value}, out of range for a table of "
+                             f"{self.num_rows} rows{more}; every rank raises this error in this forward (rank "
+                             f"{first}'s own error says where its input holds it)")
+        return send_counts.tolist(), [h[_COUNT] for h in headers], sum(h[_TOTAL] for h in headers)
+
+    def _check_paired(self, headers: list) -> None:
+        first = headers[0]
+        for r, h in enumerate(headers):
+            if (h[_NUMBER], h[_KIND]) != (first[_NUMBER], first[_KIND]):
+                raise RuntimeError(
+                    f"speedtorch.distributed: the ranks' collectives no longer pair up: rank {r} is in "
+                    f"{_KIND_NAMES[h[_KIND]]} (its exchange #{h[_NUMBER]}) where rank 0 is in "
+                    f"{_KIND_NAMES[first[_KIND]]} (#{first[_NUMBER]}). Every rank must call step() once per step and, "
+                    f"with several hosts, run every forward and prefetch of the table alike, in the same order "
+                    f"(docs/distributed.md); a rank with no batch forwards an empty one")

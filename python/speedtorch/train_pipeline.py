@@ -1,0 +1,216 @@
+"""``speedtorch.TrainPipeline``: the training loop that hides host-RAM tables behind the model's compute, as
+TorchRec's ``TrainPipelineSparseDist`` and FBGEMM's prefetch pipeline do, and trains exactly as the plain loop does.
+
+While step ``t`` runs on the GPU, three batches are in flight:
+
+    copy stream   batch t+2's tensors copied to the GPU (non_blocking: pinned batches copy asynchronously)
+    side stream   batch t+1's rows gathered from host RAM (``module.prefetch``), bounded to ``max_sms`` SMs
+    main stream   batch t: forward, backward, the host tables' fused updates, the dense optimizer
+
+Exactness: the gather of t+1 may read rows that step t's update then changes. Each host module records the rows its
+update writes after a prefetch and reads them again, on the main stream, when forward takes the prefetched rows
+(``HostEmbedding.prefetch``), so every forward sees the rows the plain loop would: the results are the same bits.
+(A table placed in GPU memory or a GPU row cache ("hybrid") re-reads those rows from GPU memory.)
+
+The loop it replaces, for a model whose ``forward(batch)`` returns the loss (or a tuple whose first item is it)::
+
+    for batch in batches:
+        loss = model(batch.to(device))
+        loss.backward()
+        for m in host_modules: m.step()      # HostEmbedding / HostEmbeddingBagCollection / DistributedHostEmbedding
+        optimizer.step(); optimizer.zero_grad()
+
+Which input a host module gets: ``sparse_inputs(batch)``, a list of ``(module, input)``; by default the model's own
+``sparse_inputs`` method (the model inside ``DistributedDataParallel`` too). Without one, nothing is prefetched (the
+copies still overlap). The input must be the very object forward passes to the module (prefetch matches by identity).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from .embedding_collection import HostEmbeddingBagCollection
+from .nn import HostEmbedding
+from .ops import transfer_config_override
+
+__all__ = ["TrainPipeline", "move_batch"]
+
+
+class TrainPipeline:
+    """Trains ``model`` on ``batches``, one step per :meth:`progress` (or per item when iterated).
+
+    Args:
+        model: ``model(batch)`` returns the loss, or a tuple whose first item is the loss. May be wrapped in
+            ``DistributedDataParallel`` (the dense part; host tables are not parameters, DDP leaves them alone).
+        optimizer: the dense parameters' torch optimizer, a list of optimizers (e.g. SparseAdam and Adam), or
+            None. They step after the host tables, in order.
+        batches: an iterable of batches on the CPU (pin them, e.g. ``DataLoader(pin_memory=True)``, for copies that
+            overlap) or already on ``device``: tensors, or tuples / lists / dicts / dataclasses of them, or objects
+            with ``to(device, non_blocking=...)``.
+        device: where the model computes (default: the current CUDA device, else the CPU).
+        sparse_inputs: ``batch -> [(host module, its input), ...]``, for prefetching (default: the model's
+            ``sparse_inputs`` method, if any).
+        step_host_tables: call ``step()`` of every host module the model holds (HostEmbedding, its subclasses and
+            HostEmbeddingBagCollection) each step. False when ``optimizer`` steps them itself.
+        max_sms: bound the side stream's gathers to this many SMs (the transfer option ``max_sms``), so they leave
+            the rest of the GPU to the model; None keeps the process's setting.
+        prefetch: False runs the same loop without gathering ahead (copies still overlap): the reference.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
+                 device=None, sparse_inputs: Optional[Callable[[Any], list]] = None, step_host_tables: bool = True,
+                 max_sms: Optional[int] = None, prefetch: bool = True):
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.model = model
+        self.optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) \
+            else [optimizer]
+        self.host_modules = host_modules(model)
+        inner = getattr(model, "module", model)  # DistributedDataParallel's model
+        self.sparse_inputs = sparse_inputs or getattr(inner, "sparse_inputs", None)
+        self.step_host_tables = step_host_tables
+        self.max_sms = max_sms
+        self.prefetch = prefetch
+        self.steps = 0
+        self._batches = iter(batches)
+        self._exhausted = False
+        self._staged: collections.deque = collections.deque()
+        cuda = self.device.type == "cuda"
+        self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
+        # Where the gathers of batch t+1 are started: a stream that waits for step t-1's updates and t+1's copy only,
+        # not for forward t, so they run beside batch t's forward and backward.
+        self._gather_gate = torch.cuda.Stream(self.device) if cuda else None
+
+    def __iter__(self):
+        while True:
+            try:
+                yield self.progress()
+            except StopIteration:
+                return
+
+    def progress(self):
+        """One training step on the next batch; returns what the model returned. Raises StopIteration when the
+        batches are done."""
+        self._stage(2)  # this batch and the next: copied, or being copied
+        if not self._staged:
+            raise StopIteration
+        batch = self._take()
+        before_forward = None
+        if self._gather_gate is not None:  # everything queued so far: earlier steps' updates, whoever made them
+            before_forward = torch.cuda.Event()
+            before_forward.record(torch.cuda.current_stream(self.device))
+        output = self.model(batch)
+        loss = output[0] if isinstance(output, (tuple, list)) else output
+        # Forward has taken this batch's prefetched rows: each module's prefetch slot is free for the next batch.
+        if self.prefetch and self.sparse_inputs is not None and self._staged:
+            self._start_gathers(self._staged[0], before_forward)
+        self._stage(2)  # batch t+2's copies run beside this step
+        loss.backward()
+        if self.step_host_tables:
+            for module in self.host_modules:
+                module.step()
+        for optimizer in self.optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return output
+
+    # --- the stages ------------------------------------------------------------------------------------------------
+
+    def _stage(self, count: int) -> None:
+        """Starts copying batches until ``count`` are staged (or the batches are done)."""
+        while len(self._staged) < count and not self._exhausted:
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                self._exhausted = True
+                return
+            if self._copy_stream is None:
+                self._staged.append(_Staged(move_batch(batch, self.device), None))
+                continue
+            # No wait for the main stream: earlier batches' memory returns to the copy stream's pool only once the
+            # main stream is done with it (record_stream in _wait).
+            with torch.cuda.stream(self._copy_stream):
+                moved = move_batch(batch, self.device, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(self._copy_stream)
+            self._staged.append(_Staged(moved, ready))
+
+    def _wait(self, staged: "_Staged") -> None:
+        if staged.ready is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(staged.ready)
+            _record_stream(staged.batch, current)  # made on the copy stream, used and freed on this one
+            staged.ready = None
+
+    def _take(self):
+        staged = self._staged.popleft()
+        self._wait(staged)
+        return staged.batch
+
+    def _start_gathers(self, staged: "_Staged", before_forward) -> None:
+        """Starts gathering ``staged``'s rows: each host module's prefetch, called on the gate stream, which has waited
+        for what the current stream ran before this step's forward (earlier updates: rows read now must include
+        them; this step's are read again at the next forward) and for the batch's copy, but not for the forward."""
+        bound = transfer_config_override(max_sms=self.max_sms) if self.max_sms is not None else \
+            contextlib.nullcontext()
+        gate = contextlib.nullcontext()
+        if self._gather_gate is not None:
+            self._gather_gate.wait_event(before_forward)
+            if staged.ready is not None:
+                self._gather_gate.wait_event(staged.ready)
+            _record_stream(staged.batch, self._gather_gate)
+            gate = torch.cuda.stream(self._gather_gate)
+        with gate, bound:
+            for module, features in self.sparse_inputs(staged.batch):
+                module.prefetch(features)
+
+
+@dataclasses.dataclass
+class _Staged:
+    batch: Any
+    ready: Optional[torch.cuda.Event]
+
+
+def host_modules(model: torch.nn.Module) -> list:
+    """The host-table modules ``model`` holds (HostEmbedding, its subclasses, HostEmbeddingBagCollection), in
+    ``modules()`` order."""
+    return [m for m in model.modules() if isinstance(m, (HostEmbedding, HostEmbeddingBagCollection))]
+
+
+def move_batch(batch, device: torch.device, non_blocking: bool = False):
+    """``batch`` on ``device``: tensors, objects with ``to``, and tuples / lists / dicts / dataclasses of them."""
+    if isinstance(batch, torch.Tensor) or (hasattr(batch, "to") and not isinstance(batch, type)):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, (list, tuple)):
+        moved = [move_batch(b, device, non_blocking) for b in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+    if isinstance(batch, dict):
+        return {k: move_batch(v, device, non_blocking) for k, v in batch.items()}
+    if dataclasses.is_dataclass(batch):
+        return dataclasses.replace(batch, **{f.name: move_batch(getattr(batch, f.name), device, non_blocking)
+                                             for f in dataclasses.fields(batch)})
+    return batch
+
+
+def _record_stream(batch, stream) -> None:
+    if isinstance(batch, torch.Tensor):
+        if batch.is_cuda:
+            batch.record_stream(stream)
+    elif hasattr(batch, "record_stream"):
+        batch.record_stream(stream)
+    elif isinstance(batch, (list, tuple)):
+        for b in batch:
+            _record_stream(b, stream)
+    elif isinstance(batch, dict):
+        for b in batch.values():
+            _record_stream(b, stream)
+    elif dataclasses.is_dataclass(batch):
+        for f in dataclasses.fields(batch):
+            _record_stream(getattr(batch, f.name), stream)

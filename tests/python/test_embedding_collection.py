@@ -1,0 +1,291 @@
+"""speedtorch.HostEmbeddingBagCollection: equal to one nn.EmbeddingBag per table (one-hot and multi-hot, sum and
+mean, per-sample weights, several groups), one gather and one optimizer step per group, per-table errors, per-table
+state_dict entries that survive regrouping and torch.distributed.checkpoint, placements that train alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import speedtorch
+from speedtorch import HostEmbeddingBagCollection, SparseFeatures, TableConfig
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+# Two groups: dim 8 (t0, t1, t3) and dim 4 (t2); t1 pools by mean, t3 serves two features.
+TABLES = [TableConfig("t0", 30, 8), TableConfig("t1", 17, 8, pooling="mean"), TableConfig("t2", 11, 4),
+          TableConfig("t3", 23, 8, feature_names=("f3a", "f3b"))]
+FEATURES = ["t0", "t1", "t2", "f3a", "f3b"]
+FEATURE_TABLE = ["t0", "t1", "t2", "t3", "t3"]
+
+
+def make(device, tables=TABLES, **kwargs):
+    kwargs.setdefault("optimizer", "sgd")
+    kwargs.setdefault("optimizer_options", {"lr": 0.5})
+    return HostEmbeddingBagCollection(tables, device=device, seed=0, **kwargs)
+
+
+def reference_bags(collection):
+    """One nn.EmbeddingBag per table, holding the collection's rows."""
+    bags = {}
+    for config in collection.tables:
+        bag = torch.nn.EmbeddingBag(config.num_embeddings, config.embedding_dim, mode=config.pooling)
+        with torch.no_grad():
+            bag.weight.copy_(collection.weight(config.name).cpu())
+        bags[config.name] = bag
+    return bags
+
+
+def random_bags(batch, generator, weighted=False):
+    lengths = torch.randint(0, 4, (len(FEATURES) * batch,), generator=generator)
+    rows = {c.name: c.num_embeddings for c in TABLES}
+    values = torch.cat([torch.randint(0, rows[FEATURE_TABLE[f]], (int(n),), generator=generator)
+                        for f, n in enumerate(lengths.view(len(FEATURES), batch).sum(1))])
+    weights = torch.rand(values.numel(), generator=generator) if weighted else None
+    return SparseFeatures(FEATURES, values, lengths, weights)
+
+
+def reference_output(bags, features):
+    if isinstance(features, torch.Tensor):
+        return torch.cat([bags[FEATURE_TABLE[f]](features[:, f:f + 1]) for f in range(len(FEATURES))], dim=1)
+    batch, offsets = features.batch_size, features.offsets()
+    out = []
+    for f in range(len(FEATURES)):
+        start, end = int(offsets[f * batch]), int(offsets[(f + 1) * batch])
+        weights = None if features.weights is None else features.weights[start:end]
+        out.append(bags[FEATURE_TABLE[f]](features.values[start:end], offsets[f * batch:(f + 1) * batch] - start,
+                                          per_sample_weights=weights))
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["one_hot", "bags"])
+def test_forward_and_sgd_step_equal_one_embedding_bag_per_table(device, kind):
+    collection = make(device)
+    bags = reference_bags(collection)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        if kind == "one_hot":
+            features = torch.stack([torch.randint(0, dict(t0=30, t1=17, t2=11, t3=23)[FEATURE_TABLE[f]], (6,),
+                                                  generator=gen) for f in range(len(FEATURES))], dim=1)
+        else:
+            features = random_bags(6, gen)
+        target = torch.randn(6, 8 * 4 + 4, generator=gen)
+        out = collection(features)
+        expected = reference_output(bags, features)
+        assert out.shape == (6, 36)
+        torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-6)
+        ((out - target.to(device)) ** 2).sum().backward()
+        collection.step()
+        ((expected - target) ** 2).sum().backward()
+        with torch.no_grad():
+            for bag in bags.values():
+                bag.weight -= 0.5 * bag.weight.grad
+                bag.weight.grad = None
+    for config in TABLES:
+        torch.testing.assert_close(collection.weight(config.name).cpu(), bags[config.name].weight.detach(),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_sample_weights_and_empty_bags(dtype):
+    tables = [TableConfig("a", 9, 4), TableConfig("b", 5, 4)]
+    collection = make("cpu", tables, dtype=dtype)
+    features = SparseFeatures(("a", "b"), torch.tensor([1, 8, 8, 4]), torch.tensor([0, 3, 1, 0]),
+                              torch.tensor([0.5, 2.0, -1.0, 3.0]))
+    out = collection(features)
+    assert out.dtype == dtype
+    a, b = collection.weight("a").float().clone(), collection.weight("b").float().clone()
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(out[0].float(), torch.cat([torch.zeros(4), 3.0 * b[4]]), **tol)
+    torch.testing.assert_close(out[1].float(), torch.cat([0.5 * a[1] + 2.0 * a[8] - a[8], torch.zeros(4)]), **tol)
+    grad = torch.randn(2, 8)
+    out.backward(grad.to(dtype))
+    collection.step()  # SGD, lr 0.5: each row moves by its weighted bags' gradients
+    after = lambda name, row: collection.weight(name)[row].float()  # noqa: E731
+    torch.testing.assert_close(after("a", 1), a[1] - 0.5 * 0.5 * grad[1, :4], **tol)
+    torch.testing.assert_close(after("a", 8), a[8] - 0.5 * (2.0 - 1.0) * grad[1, :4], **tol)
+    torch.testing.assert_close(after("b", 4), b[4] - 0.5 * 3.0 * grad[0, 4:], **tol)
+
+
+def test_adagrad_matches_torch_sparse_adagrad():
+    collection = make("cpu", [TableConfig("u", 40, 8), TableConfig("v", 25, 8)], optimizer="adagrad",
+                      optimizer_options={"lr": 0.1})
+    # Dense gradients: Adagrad leaves rows with a zero gradient as they are, as the lazy sparse update does.
+    bags = {name: torch.nn.EmbeddingBag(n, 8, mode="sum") for name, n in (("u", 40), ("v", 25))}
+    for name, bag in bags.items():
+        with torch.no_grad():
+            bag.weight.copy_(collection.weight(name))
+    opt = torch.optim.Adagrad([b.weight for b in bags.values()], lr=0.1)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        ids = torch.stack([torch.randint(0, 10, (16,), generator=gen), torch.randint(0, 25, (16,), generator=gen)], 1)
+        target = torch.randn(16, 16, generator=gen)
+        ((collection(ids) - target) ** 2).sum().backward()
+        collection.step()
+        opt.zero_grad()
+        out = torch.cat([bags["u"](ids[:, :1]), bags["v"](ids[:, 1:])], 1)
+        ((out - target) ** 2).sum().backward()
+        opt.step()
+    for name, bag in bags.items():
+        torch.testing.assert_close(collection.weight(name), bag.weight.detach(), rtol=1e-5, atol=1e-5)
+
+
+class _CountingTable:
+    """Forwards to a group's table, counting its gathers and optimizer steps."""
+
+    def __init__(self, table):
+        self._table, self.calls = table, {"gather": 0, "apply_gradients": 0}
+
+    def __getattr__(self, name):
+        if name in self.calls:
+            self.calls[name] += 1
+        return getattr(self._table, name)
+
+
+def test_one_gather_and_one_optimizer_step_per_group():
+    tables = [TableConfig(f"t{i}", 50 + i, 8) for i in range(26)] + [TableConfig("wide", 10, 16)]
+    collection = make("cpu", tables)
+    counters = []
+    for group in collection.groups:
+        group.table = _CountingTable(group.table)
+        counters.append(group.table.calls)
+    assert len(counters) == 2
+    ids = torch.randint(0, 10, (32, 27))
+    collection(ids).sum().backward()
+    collection.step()
+    assert counters == [{"gather": 1, "apply_gradients": 1}] * 2
+
+
+@pytest.mark.parametrize("bad", [-1, 17])
+@pytest.mark.parametrize("kind", ["one_hot", "bags"])
+def test_an_id_out_of_its_tables_range_names_the_feature(kind, bad):
+    collection = make("cpu")  # t1 has 17 rows; 17 is a row of the group (t3's), so only the per-table check sees it
+    before = collection.weight("t3").clone()
+    if kind == "one_hot":
+        features = torch.tensor([[0, 1, 2, 3, 4], [5, bad, 6, 7, 8]])
+    else:
+        features = SparseFeatures(FEATURES, torch.tensor([0, 1, bad, 2, 3, 4]), torch.tensor([1, 0, 0, 2, 1, 0, 1, 0,
+                                                                                           1, 0]))
+    with pytest.raises(IndexError, match=f"feature 't1' .*table 't1' of 17 rows"):
+        collection(features)
+    with pytest.raises(IndexError, match="feature 't1'"):
+        collection.prefetch(features)
+    assert torch.equal(collection.weight("t3"), before)
+
+
+def test_bad_inputs_say_what_is_wrong():
+    collection = make("cpu")
+    with pytest.raises(ValueError, match="has 3 columns, the collection has 5 features"):
+        collection(torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="int32/int64"):
+        collection(torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="keys .* must be the collection's features, in order"):
+        collection(SparseFeatures(("t1", "t0", "t2", "f3a", "f3b"), torch.zeros(0, dtype=torch.int64),
+                                  torch.zeros(5, dtype=torch.int64)))
+    with pytest.raises(ValueError, match="per-sample weights need sum pooling"):
+        collection(SparseFeatures(FEATURES, torch.tensor([1]), torch.tensor([0, 0, 1, 0, 0]), torch.ones(1)))
+    with pytest.raises(ValueError, match="lengths add up to 2, but there are 1 values"):
+        SparseFeatures(FEATURES, torch.tensor([1]), torch.tensor([0, 0, 2, 0, 0]))
+    with pytest.raises(ValueError, match="appears twice"):
+        HostEmbeddingBagCollection([TableConfig("a", 3, 2), TableConfig("a", 3, 2)], device="cpu")
+    with pytest.raises(ValueError, match="needs hot_fraction"):
+        HostEmbeddingBagCollection([TableConfig("a", 3, 2)], device="cpu", placement="hybrid")
+
+
+def _train(collection, steps=3, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        features = random_bags(5, gen)
+        collection(features).pow(2).sum().backward()
+        collection.step()
+
+
+def test_state_dict_is_per_table_and_loads_into_other_groupings():
+    trained = make("cpu", optimizer="adam", optimizer_options={"lr": 0.1})
+    _train(trained)
+    state = trained.state_dict()
+    assert {k.rsplit(".", 1)[0] for k in state} == {f"embedding_bags.{c.name}" for c in TABLES}
+    assert int(state["embedding_bags.t0.optimizer_step"]) == 3
+    # t0 in a group of its own here ("gpu" placement on the CPU: a device table): other groups, same tables.
+    regrouped = [TableConfig("t0", 30, 8, placement="gpu"), *TABLES[1:]]
+    other = make("cpu", regrouped, optimizer="adam", optimizer_options={"lr": 0.1})
+    assert len(other.groups) == 3
+    other.load_state_dict(torch.load(_save(state), weights_only=False))
+    for config in TABLES:
+        assert torch.equal(other.weight(config.name), trained.weight(config.name))
+    gen = torch.Generator().manual_seed(4)
+    features = random_bags(4, gen)
+    assert torch.equal(other(features), trained(features))
+
+
+def _save(state):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_loading_refuses_mismatches_before_writing_anything():
+    trained = make("cpu", optimizer="adam", optimizer_options={"lr": 0.1})
+    _train(trained)
+    state = trained.state_dict()
+    # Other options (lr 0.2, amsgrad: a wider state) and one table of another size: nothing may change, options
+    # included.
+    fresh = make("cpu", [TableConfig("t0", 31, 8), *TABLES[1:]], optimizer="adam",
+                 optimizer_options={"lr": 0.2, "amsgrad": 1})
+    before = fresh.weight("t1").clone()
+    with pytest.raises(RuntimeError, match="size mismatch for embedding_bags.t0.weight"):
+        fresh.load_state_dict(state)
+    assert torch.equal(fresh.weight("t1"), before)
+    assert fresh.groups[0].table.optimizer_options()["lr"] == 0.2
+    # Where everything fits, the checkpoint's options win and its state comes in their layout.
+    other = make("cpu", optimizer="adam", optimizer_options={"lr": 0.2, "amsgrad": 1})
+    other.load_state_dict(state)
+    assert other.groups[0].table.optimizer_options()["lr"] == 0.1
+    assert torch.equal(other.groups[0].table.state(), trained.groups[0].table.state())
+    partial = {k: v for k, v in state.items() if not k.startswith("embedding_bags.t2.")}
+    with pytest.raises(RuntimeError, match="Missing key.*embedding_bags.t2"):
+        make("cpu", optimizer="adam", optimizer_options={"lr": 0.1}).load_state_dict(partial)
+
+
+def test_distributed_checkpoint_in_one_process(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    trained = make("cpu", optimizer="rowwise_adagrad", optimizer_options={"lr": 0.1})
+    _train(trained)
+    dcp.save(trained.state_dict(), checkpoint_id=str(tmp_path))
+    fresh = make("cpu", optimizer="rowwise_adagrad", optimizer_options={"lr": 0.1})
+    state = fresh.state_dict()
+    dcp.load(state, checkpoint_id=str(tmp_path))
+    fresh.load_state_dict(state)
+    for config in TABLES:
+        assert torch.equal(fresh.weight(config.name), trained.weight(config.name))
+    assert fresh.groups[0].table.step_count() == 3
+    assert torch.equal(fresh.groups[0].table.state(), trained.groups[0].table.state())
+
+
+@pytest.mark.gpu
+def test_placements_train_alike_on_a_gpu():
+    gen = torch.Generator().manual_seed(5)
+    batches = [random_bags(8, gen) for _ in range(4)]
+    results = []
+    start = None
+    for placement in ("host", "gpu", "hybrid"):
+        collection = make("cuda", placement=placement, hot_fraction=0.3, optimizer="rowwise_adagrad",
+                          optimizer_options={"lr": 0.1})
+        # The same starting rows for every placement (a seed draws different values on the host and on a GPU).
+        if start is None:
+            start = {name: t.clone() for name, t in collection.state_dict().items()}
+        else:
+            collection.load_state_dict(start)
+        for features in batches:
+            collection(features).pow(2).sum().backward()
+            collection.step()
+        torch.cuda.synchronize()
+        results.append({c.name: collection.weight(c.name).cpu() for c in TABLES})
+    for other in results[1:]:
+        for name, rows in results[0].items():
+            assert torch.equal(other[name], rows), name

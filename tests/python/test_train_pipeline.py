@@ -1,0 +1,215 @@
+"""speedtorch.TrainPipeline: the same bits as the plain training loop (losses, dense parameters, host tables and
+their optimizer state) for a DLRM over a HostEmbeddingBagCollection (one-hot and multi-hot ids, several groups),
+for a model with a single HostEmbedding; rows gathered ahead are really used; the side stream's transfer bound is
+passed on. (DDP and the distributed table: test_train_pipeline_distributed.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import speedtorch
+from speedtorch import HostEmbeddingBagCollection, TableConfig, TrainPipeline
+from speedtorch.models import DLRM, DLRMTrain, synthetic_batches
+from speedtorch.nn import HostEmbedding
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+ROWS = [40, 7, 300, 25, 3, 90]
+DIM = 8
+
+
+def tiny_dlrm(device, placement="host", dims=None, optimizer="rowwise_adagrad", interaction="dot", update="step"):
+    dims = dims or [DIM] * len(ROWS)
+    tables = [TableConfig(f"t{i}", n, d) for i, (n, d) in enumerate(zip(ROWS, dims))]
+    torch.manual_seed(0)
+    embeddings = HostEmbeddingBagCollection(tables, optimizer=optimizer, optimizer_options={"lr": 0.05},
+                                            device=device, seed=1, init_std=0.1, placement=placement,
+                                            hot_fraction=0.2, update=update)
+    model = DLRMTrain(DLRM(embeddings, len(ROWS), DIM, bottom=(16, DIM), top=(32, 1), interaction=interaction))
+    if dims != [DIM] * len(ROWS):  # tables of two widths: the model sees them through a projection to DIM
+        model.model.embeddings = _Widen(embeddings, dims)
+    model.to(device)
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+class _Widen(torch.nn.Module):
+    """Pads every feature to DIM columns (tables of two widths, so the collection has two groups)."""
+
+    def __init__(self, collection, dims):
+        super().__init__()
+        self.collection, self.dims = collection, dims
+
+    def forward(self, sparse):
+        parts = self.collection.split(self.collection(sparse)).values()
+        return torch.cat([torch.nn.functional.pad(p, (0, DIM - p.shape[1])) for p in parts], dim=1)
+
+    def sparse_inputs(self, batch):
+        return [(self.collection, batch.sparse)]
+
+
+def plain_loop(model, optimizer, batches, device):
+    losses = []
+    for batch in batches:
+        loss, _ = model(batch.to(device))
+        loss.backward()
+        for module in speedtorch.train_pipeline.host_modules(model):
+            module.step()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return losses
+
+
+def everything(model, device) -> dict:
+    """Every tensor the training changes: dense parameters, host rows and their optimizer state."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    out = {f"param {k}": v.detach().cpu().clone() for k, v in model.named_parameters()}
+    for i, m in enumerate(speedtorch.train_pipeline.host_modules(model)):
+        for g, group in enumerate(m.groups if hasattr(m, "groups") else [m]):
+            out[f"host module {i} group {g} rows"] = group.weight.cpu().clone()
+            out[f"host module {i} group {g} state"] = group.table.state().cpu().clone()
+    return out
+
+
+def assert_same_bits(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def run_both(build, batches, device, **pipeline_args):
+    model, opt = build()
+    plain_losses = plain_loop(model, opt, batches, device)
+    expected = everything(model, device)
+    model, opt = build()
+    pipeline = TrainPipeline(model, opt, batches, device=device, **pipeline_args)
+    losses = [out[0].detach() for out in pipeline]
+    assert len(losses) == len(batches)
+    assert_same_bits({"losses": torch.stack(plain_losses).cpu()}, {"losses": torch.stack(losses).cpu()})
+    assert_same_bits(expected, everything(model, device))
+    return model, pipeline
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ids", ["one_hot", "bags"])
+def test_pipelined_dlrm_is_bit_identical_to_the_plain_loop(device, ids):
+    # Skewed ids (exponent 1.3) over small tables: consecutive batches share most rows, which each step updates
+    # after the next batch's gather has read them.
+    pooling = None if ids == "one_hot" else [1, 3, 2, 1, 4, 2]
+    batches = synthetic_batches(ROWS, 32, 5, exponent=1.3, pooling_factors=pooling, seed=2,
+                                pin_memory=device == "cuda")
+    run_both(lambda: tiny_dlrm(device), batches, device)
+
+
+def test_pipelined_two_groups_and_dcn_are_bit_identical():
+    batches = synthetic_batches(ROWS, 16, 4, exponent=1.2, seed=3)
+    run_both(lambda: tiny_dlrm("cpu", dims=[DIM, 4, DIM, 4, DIM, DIM], optimizer="adam", interaction="dcn"), batches,
+             "cpu")
+
+
+@pytest.mark.parametrize("placement,update", [("hybrid", "step"), ("host", "backward")])
+def test_pipelined_row_cache_and_updates_in_backward_are_bit_identical(placement, update):
+    """A row cache (here on the CPU) holds rows the refresh must re-read from it; updates applied inside backward
+    change rows after the next batch's gather, as step() does."""
+    batches = synthetic_batches(ROWS, 32, 4, exponent=1.3, seed=8)
+    run_both(lambda: tiny_dlrm("cpu", placement=placement, update=update), batches, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("placement,max_sms", [("gpu", None), ("hybrid", None), ("host", 8)])
+def test_pipelined_dlrm_on_gpu_placements_is_bit_identical(placement, max_sms):
+    batches = synthetic_batches(ROWS, 64, 5, exponent=1.3, seed=4, pin_memory=True)
+    run_both(lambda: tiny_dlrm("cuda", placement=placement), batches, "cuda", max_sms=max_sms)
+
+
+class UsersItems(torch.nn.Module):
+    """One HostEmbedding (users) and a torch table (items), scored by a dot product: speedtorch's recommender."""
+
+    def __init__(self, device, placement="host"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.users = HostEmbedding(200, DIM, optimizer="adam", optimizer_options={"lr": 0.05}, device=device, seed=1,
+                                   placement=placement, hot_fraction=0.1 if placement == "hybrid" else None)
+        self.items = torch.nn.Embedding(30, DIM, device=device)
+
+    def forward(self, batch):
+        users, items, labels = batch
+        logits = (self.users(users) * self.items(items)).sum(-1)
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels), logits
+
+
+def user_batches(count, pin=False):
+    gen = torch.Generator().manual_seed(5)
+    out = []
+    for _ in range(count):
+        users = torch.randint(0, 20, (48,), generator=gen)  # 20 of 200 users: batches overlap heavily
+        b = (users, torch.randint(0, 30, (48,), generator=gen), torch.randint(0, 2, (48,), generator=gen).float())
+        out.append(tuple(t.pin_memory() for t in b) if pin else b)
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_single_host_embedding_pipelines_bit_identically(device):
+    batches = user_batches(5, pin=device == "cuda")
+
+    def build():
+        model = UsersItems(device)
+        model.sparse_inputs = lambda batch: [(model.users, batch[0])]
+        return model, torch.optim.SGD(model.items.parameters(), lr=0.1)
+
+    model, opt = build()
+    for users, items, labels in batches:
+        loss, _ = model(tuple(t.to(device) for t in (users, items, labels)))
+        loss.backward()
+        model.users.step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    expected = everything(model, device)
+    model, opt = build()
+    pipeline = TrainPipeline(model, opt, batches, device=device)
+    assert pipeline.host_modules == [model.users]
+    assert sum(1 for _ in pipeline) == len(batches)
+    assert_same_bits(expected, everything(model, device))
+
+
+def test_forward_takes_the_rows_gathered_ahead(monkeypatch):
+    """After each step the collection holds the next batch's rows, and forward uses them (no gather of its own)."""
+    batches = synthetic_batches(ROWS, 16, 3, exponent=1.2, seed=6)
+    model, opt = tiny_dlrm("cpu")
+    pipeline = TrainPipeline(model, opt, batches, device="cpu")
+    collection = model.model.embeddings
+    pipeline.progress()
+    group = collection.groups[0]
+    assert collection._prefetched is not None and collection._prefetched[0] is pipeline._staged[0].batch.sparse
+    assert group._prefetched is not None
+    gathers = []
+    table = group.table
+
+    class Counting:
+        def __getattr__(self, name):
+            if name == "gather":
+                gathers.append(1)
+            return getattr(table, name)
+
+    group.table = Counting()
+    pipeline.progress()
+    # One gather: the next batch's, ahead. The stale rows refreshed at forward add one more when there are any.
+    assert 1 <= len(gathers) <= 2
+    assert pipeline.steps == 2
+
+
+def test_the_side_streams_transfer_bound_is_passed_on(monkeypatch):
+    seen = []
+    real = speedtorch.train_pipeline.transfer_config_override
+
+    def record(**options):
+        seen.append(options)
+        return real(**options)
+
+    monkeypatch.setattr(speedtorch.train_pipeline, "transfer_config_override", record)
+    batches = synthetic_batches(ROWS, 8, 3, seed=7)
+    model, opt = tiny_dlrm("cpu")
+    for _ in TrainPipeline(model, opt, batches, device="cpu", max_sms=16):
+        pass
+    assert seen == [{"max_sms": 16}] * 2  # once per batch gathered ahead: the second and the third
