@@ -28,10 +28,15 @@ at::Tensor gather_dequant_kernel(const at::Tensor& table, const at::Tensor& indi
 at::Tensor gather_dequant_meta(const at::Tensor& table, const at::Tensor& indices, c10::string_view format,
                                int64_t dim, std::optional<at::Device> device) {
   check_gather_dequant_arguments(table, indices, std::string(format), dim, kOp);
-  (void)device;
-  std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
+  (void)device;  // a meta tensor has no other device: python/speedtorch/_fake.py puts the rows where asked
+  std::vector<c10::SymInt> shape(indices.sym_sizes().begin(), indices.sym_sizes().end());
   shape.push_back(dim);
-  return at::empty(shape, at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta));
+  return at::empty_symint(shape, at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta));
+}
+
+void check_gather_dequant_arguments_kernel(const at::Tensor& table, const at::Tensor& indices,
+                                           c10::string_view format, int64_t dim) {
+  check_gather_dequant_arguments(table, indices, std::string(format), dim, kOp);
 }
 
 }  // namespace speedtorch::ops

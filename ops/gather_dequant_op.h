@@ -1,5 +1,5 @@
 // speedtorch::gather_dequant: rows of a bf16, row-wise int8 or block-scaled fp8 table, dequantized to bfloat16
-// inside the gather (layouts in csrc/quant/row_formats.h). One kernel for CPU and CUDA (a pinned host table with
+// inside the gather (layouts in csrc/core/row_formats.h). One kernel for CPU and CUDA (a pinned host table with
 // CUDA indices dispatches to CUDA, with CPU indices and device='cuda' to CPU) and a Meta kernel for shapes.
 #pragma once
 
@@ -18,6 +18,9 @@ at::Tensor gather_dequant(const at::Tensor& table, const at::Tensor& indices, co
 
 at::Tensor gather_dequant_kernel(const at::Tensor& table, const at::Tensor& indices, c10::string_view format,
                                  int64_t dim, std::optional<at::Device> device);
+// The kernel of check_gather_dequant_arguments (CompositeImplicitAutograd: metadata only, for the Python fake).
+void check_gather_dequant_arguments_kernel(const at::Tensor& table, const at::Tensor& indices,
+                                           c10::string_view format, int64_t dim);
 at::Tensor gather_dequant_meta(const at::Tensor& table, const at::Tensor& indices, c10::string_view format,
                                int64_t dim, std::optional<at::Device> device);
 

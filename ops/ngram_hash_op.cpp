@@ -28,7 +28,7 @@ at::Tensor ngram_hash_kernel(const at::Tensor& tokens, const at::Tensor& multipl
 at::Tensor ngram_hash_meta(const at::Tensor& tokens, const at::Tensor& multipliers, const at::Tensor& bucket_sizes,
                            int64_t pad_id, const std::optional<at::Tensor>& document_starts) {
   check_ngram_hash_arguments(tokens, multipliers, bucket_sizes, pad_id, document_starts, kOp);
-  return at::empty(ngram_hash_shape(tokens, multipliers), tokens.options().dtype(at::kLong).device(at::kMeta));
+  return at::empty_symint(ngram_hash_shape(tokens, multipliers), tokens.options().dtype(at::kLong).device(at::kMeta));
 }
 
 }  // namespace speedtorch::ops

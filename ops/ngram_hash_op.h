@@ -1,4 +1,4 @@
-// speedtorch::ngram_hash: the row ids of every position's hashed n-grams (csrc/engram/ngram_hash_math.h defines the
+// speedtorch::ngram_hash: the row ids of every position's hashed n-grams (csrc/core/ngram_hash_math.h defines the
 // hash). One kernel for CPU and CUDA (the route follows the tokens' device) and a Meta kernel for shapes.
 #pragma once
 

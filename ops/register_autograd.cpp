@@ -33,7 +33,8 @@ class GatherFunction : public torch::autograd::Function<GatherFunction> {
     const int64_t dim = grad.size(-1);
     at::Tensor grad_table = at::zeros({num_rows, dim}, options);
     grad_table.index_add_(0, indices.reshape({-1}).to(options.device(), at::kLong),
-                          grad.reshape({-1, dim}).to(options.device(), options.dtype().toScalarType()));
+                          // By row count, not -1: a 0-element gradient (rows of width 0) cannot resolve -1.
+                          grad.reshape({indices.numel(), dim}).to(options.device(), options.dtype().toScalarType()));
     return {grad_table, at::Tensor(), at::Tensor()};
   }
 };

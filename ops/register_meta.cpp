@@ -1,6 +1,7 @@
-// Meta kernels: shapes and dtypes only, for meta tensors in C++ and Python. Under torch.compile the Python fake
-// kernels of python/speedtorch/_fake.py take precedence, because a fake gather must also say which device its
-// output lands on, which a meta tensor cannot.
+// Meta kernels: the operators' argument checks (the CPU and CUDA kernels' own, sizes read as symbols) and output
+// shapes, for meta tensors in C++ and Python and for FakeTensorMode (torch.compile, torch.export). Only the two
+// gathers have Python fake kernels (python/speedtorch/_fake.py) that take precedence, because their rows may land
+// on another device than their inputs, which a meta tensor cannot say; those run the same checks.
 #include <torch/library.h>
 
 #include "row_ops_kernel.h"

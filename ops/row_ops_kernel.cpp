@@ -14,10 +14,14 @@ constexpr const char* kScatter = "speedtorch.scatter_";
 
 }  // namespace
 
+void check_gather_arguments_kernel(const at::Tensor& table, const at::Tensor& indices) {
+  check_gather_arguments(table, indices, kGather);
+}
+
 at::Tensor gather_meta(const at::Tensor& table, const at::Tensor& indices, std::optional<at::Device> device) {
   check_gather_arguments(table, indices, kGather);
-  (void)device;
-  return at::empty(gathered_shape(indices, table.size(1)), table.options().device(at::kMeta));
+  (void)device;  // a meta tensor has no other device: python/speedtorch/_fake.py puts the rows where asked
+  return at::empty_symint(gathered_sym_shape(indices, table), table.options().device(at::kMeta));
 }
 
 void scatter_meta(at::Tensor& table, const at::Tensor& indices, const at::Tensor& src) {

@@ -15,6 +15,10 @@ at::Tensor gather_kernel(const at::Tensor& table, const at::Tensor& indices, std
 // Kernel of scatter_rows_ (scatter_ is its composite wrapper that returns the table).
 void scatter_kernel(at::Tensor& table, const at::Tensor& indices, const at::Tensor& src);
 
+// The kernel of check_gather_arguments (CompositeImplicitAutograd: it reads metadata only, so FakeTensors and
+// symbolic sizes pass straight through it).
+void check_gather_arguments_kernel(const at::Tensor& table, const at::Tensor& indices);
+
 // Shape-only versions for the Meta key (and the shape checks the kernels above share).
 at::Tensor gather_meta(const at::Tensor& table, const at::Tensor& indices, std::optional<at::Device> device);
 void scatter_meta(at::Tensor& table, const at::Tensor& indices, const at::Tensor& src);

@@ -20,7 +20,7 @@
 #include "memory/pinned_host_buffer.h"
 #include "metrics/transfer_counters.h"
 #include "optim/row_optimizer.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -26,8 +26,8 @@
 #include <mutex>
 #include <optional>
 
-#include "cache/row_cache_slots.h"
-#include "optim/row_optimizer_math.h"
+#include "core/row_cache_slots.h"
+#include "core/row_optimizer_math.h"
 
 namespace speedtorch {
 

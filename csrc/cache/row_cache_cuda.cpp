@@ -19,7 +19,7 @@
 #include "metrics/transfer_counters.h"
 #include "optim/row_optimizer.h"
 #include "transfer/device_access.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {

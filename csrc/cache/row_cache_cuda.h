@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "cache/row_cache.h"
-#include "cache/row_cache_slots.h"
+#include "core/row_cache_slots.h"
 
 namespace speedtorch {
 

@@ -1,5 +1,5 @@
 // speedtorch::gather_dequant on CPU threads: rows of a quantized host table dequantized to bfloat16
-// (quant/row_formats.h, the code the GPU kernel runs too).
+// (core/row_formats.h, the code the GPU kernel runs too).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "cpu/row_copy_cpu.h"
-#include "quant/row_formats.h"
+#include "core/row_formats.h"
 
 namespace speedtorch {
 

@@ -2,10 +2,14 @@
 #include "cpu/index_range_check.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/stack.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "cpu/table_views.h"
 
@@ -57,22 +61,53 @@ IndexRangeViolation find_index_out_of_range(const Index* indices, int64_t count,
   return result;
 }
 
+namespace {
+
+// " (arg[i, j])": the element at flat `position` of a tensor of `shape`, for shapes of more than one dimension.
+std::string element_at(const char* arg, at::IntArrayRef shape, int64_t position) {
+  if (shape.size() < 2) return "";
+  std::vector<int64_t> index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = position % shape[d];
+    position /= shape[d];
+  }
+  return c10::str(" (", arg, at::IntArrayRef(index), ")");
+}
+
+}  // namespace
+
 template <typename Index>
 IndexSpan check_indices_in_range(const Index* indices, int64_t count, int64_t num_rows, const char* op,
-                                 const char* arg) {
+                                 const char* arg, at::IntArrayRef shape) {
   const Scan scan = scan_indices(indices, count, num_rows);
   TORCH_CHECK_INDEX(scan.first_bad < 0, op, ": ", arg, " holds ", static_cast<int64_t>(indices[scan.first_bad]),
-                    " at flat position ", scan.first_bad, "; every index must be in [0, ", num_rows,
-                    ") for a table of ", num_rows, " rows (negative indices are not wrapped)");
+                    " at flat position ", scan.first_bad, element_at(arg, shape, scan.first_bad),
+                    "; every index must be in [0, ", num_rows, ") for a table of ", num_rows,
+                    " rows (negative indices are not wrapped)");
   return scan.span;
 }
 
-IndexSpan check_index_tensor(const at::Tensor& host_indices, int64_t num_rows, const char* op) {
+IndexSpan check_index_tensor(const at::Tensor& host_indices, int64_t num_rows, const char* op, const char* arg) {
   TORCH_CHECK(host_indices.is_cpu(), op, ": internal error: indices must be on the host here, got ",
               host_indices.device());
   const at::Tensor idx = host_indices.contiguous();
   IndexSpan span;
-  with_index_type(idx, [&](const auto* p) { span = check_indices_in_range(p, idx.numel(), num_rows, op, "indices"); });
+  with_index_type(idx, [&](const auto* p) {
+    span = check_indices_in_range(p, idx.numel(), num_rows, op, arg, idx.sizes());
+  });
+  return span;
+}
+
+IndexSpan check_index_tensor_on_any_device(const at::Tensor& indices, int64_t num_rows, const char* op,
+                                           const char* arg) {
+  TORCH_CHECK(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt, op, ": ", arg,
+              " must be int64 or int32, got ", indices.scalar_type());
+  if (indices.is_cpu()) return check_index_tensor(indices, num_rows, op, arg);
+  if (indices.numel() == 0) return IndexSpan{};
+  const auto [lo, hi] = at::aminmax(indices);
+  const at::Tensor ends = at::stack({lo.to(at::kLong), hi.to(at::kLong)}).cpu();
+  const IndexSpan span{ends[0].item<int64_t>(), ends[1].item<int64_t>()};
+  if (span.min < 0 || span.max >= num_rows) check_index_tensor(indices.cpu(), num_rows, op, arg);  // throws
   return span;
 }
 
@@ -102,7 +137,9 @@ IndexSpan check_sorted_unique_index_tensor(const at::Tensor& host_indices, int64
 
 template IndexRangeViolation find_index_out_of_range<int32_t>(const int32_t*, int64_t, int64_t);
 template IndexRangeViolation find_index_out_of_range<int64_t>(const int64_t*, int64_t, int64_t);
-template IndexSpan check_indices_in_range<int32_t>(const int32_t*, int64_t, int64_t, const char*, const char*);
-template IndexSpan check_indices_in_range<int64_t>(const int64_t*, int64_t, int64_t, const char*, const char*);
+template IndexSpan check_indices_in_range<int32_t>(const int32_t*, int64_t, int64_t, const char*, const char*,
+                                                   at::IntArrayRef);
+template IndexSpan check_indices_in_range<int64_t>(const int64_t*, int64_t, int64_t, const char*, const char*,
+                                                   at::IntArrayRef);
 
 }  // namespace speedtorch

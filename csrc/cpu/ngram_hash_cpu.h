@@ -1,9 +1,9 @@
-// speedtorch::ngram_hash on CPU threads: the row ids of every position's n-grams (engram/ngram_hash_math.h).
+// speedtorch::ngram_hash on CPU threads: the row ids of every position's n-grams (core/ngram_hash_math.h).
 #pragma once
 
 #include <cstdint>
 
-#include "engram/ngram_hash_math.h"
+#include "core/ngram_hash_math.h"
 
 namespace speedtorch {
 

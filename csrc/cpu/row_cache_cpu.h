@@ -1,11 +1,11 @@
-// The row cache's operations on CPU memory (cache/row_cache.h; layout in cache/row_cache_slots.h): the same logic
+// The row cache's operations on CPU memory (cache/row_cache.h; layout in core/row_cache_slots.h): the same logic
 // as the CUDA kernels (cuda/row_cache_kernel.cu), so every path of the cache runs and is tested without a GPU.
 // Indices are valid row ids (checked by the caller).
 #pragma once
 
 #include <cstdint>
 
-#include "cache/row_cache_slots.h"
+#include "core/row_cache_slots.h"
 
 namespace speedtorch {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "optim/row_optimizer_math.h"
+#include "core/row_optimizer_math.h"
 
 namespace speedtorch {
 

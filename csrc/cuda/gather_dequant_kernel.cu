@@ -5,7 +5,7 @@
 // against 0.62 with plain ones). So each warp reads several rows at once: every lane issues its vector of each of
 // kRows rows before it uses any, with non-coherent streaming loads (ld.global.cs: each byte is read once, so it
 // should not displace anything in the caches). The raw rows land in shared memory; the warp then dequantizes
-// them element by element (quant/row_formats.h, the CPU loop's code) with coalesced 2-byte stores. bf16 rows need
+// them element by element (core/row_formats.h, the CPU loop's code) with coalesced 2-byte stores. bf16 rows need
 // no dequantization: their vectors go straight to the output.
 #include <c10/cuda/CUDAException.h>
 

@@ -1,5 +1,5 @@
 // Launcher of the GPU gather that dequantizes as it reads (speedtorch::gather_dequant; formats in
-// quant/row_formats.h). The table may be device memory or pinned host memory mapped for the GPU (UVA).
+// core/row_formats.h). The table may be device memory or pinned host memory mapped for the GPU (UVA).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -9,7 +9,7 @@
 
 #include "cuda/device_index_error.h"
 #include "cuda/row_kernels.h"
-#include "quant/row_formats.h"
+#include "core/row_formats.h"
 
 namespace speedtorch {
 

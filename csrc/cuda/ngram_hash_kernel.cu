@@ -1,5 +1,5 @@
 // GPU n-gram hash: one thread per (position, head) computes that head's row id for every order
-// (engram/ngram_hash_math.h, the same code the CPU loop runs). Each block first copies the multipliers and bucket
+// (core/ngram_hash_math.h, the same code the CPU loop runs). Each block first copies the multipliers and bucket
 // sizes into shared memory and forms the columns' offsets (their prefix sum), so the table layout needs no host
 // round trip and the kernel can be captured into a CUDA graph.
 #include <c10/cuda/CUDAException.h>

@@ -1,4 +1,4 @@
-// Launcher of the GPU n-gram hash (speedtorch::ngram_hash; the math is engram/ngram_hash_math.h).
+// Launcher of the GPU n-gram hash (speedtorch::ngram_hash; the math is core/ngram_hash_math.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "cuda/device_index_error.h"
-#include "engram/ngram_hash_math.h"
+#include "core/ngram_hash_math.h"
 
 namespace speedtorch {
 

@@ -1,4 +1,4 @@
-// Launchers of the row cache's kernels (cache/row_cache.h; layout in cache/row_cache_slots.h): the same operations
+// Launchers of the row cache's kernels (cache/row_cache.h; layout in core/row_cache_slots.h): the same operations
 // as cpu/row_cache_cpu.h, on device memory, with the host table read and written over UVA. All asynchronous on
 // `stream`; nothing waits for the GPU. Indices are valid row ids (checked by the caller).
 #pragma once
@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "cache/row_cache_slots.h"
+#include "core/row_cache_slots.h"
 
 namespace speedtorch {
 

@@ -1,5 +1,5 @@
 // Fused row optimizer kernel: one group of lanes per row reads the row's weights and state (over UVA when they
-// live in pinned host memory), applies the optimizer (optim/row_optimizer_math.h) and writes both back, in one
+// live in pinned host memory), applies the optimizer (core/row_optimizer_math.h) and writes both back, in one
 // pass. The rows come sorted, so warps running together touch nearby host pages. Row ids are checked against the
 // table here too, not only by the op before the launch: an id the caller changed after that check (pinned CPU
 // indices still being copied) must never become a write outside the table; it is flagged in the device's index

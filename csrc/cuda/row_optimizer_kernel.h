@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "cuda/row_kernels.h"
-#include "optim/row_optimizer_math.h"
+#include "core/row_optimizer_math.h"
 
 namespace speedtorch {
 

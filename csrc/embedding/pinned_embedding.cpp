@@ -14,11 +14,12 @@
 #include <shared_mutex>
 
 #include "cache/row_cache.h"
+#include "core/checked_size.h"
 #include "memory/pinned_host_buffer.h"
 #include "optim/optimizer_config.h"
 #include "optim/row_optimizer.h"
 #include "transfer/checked_row_transfer.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {
@@ -43,9 +44,9 @@ PinnedEmbedding::PinnedEmbedding(int64_t num_rows, int64_t dim, c10::ScalarType 
   TORCH_CHECK(num_rows >= 0, "PinnedEmbedding: num_rows must be >= 0, got ", num_rows);
   TORCH_CHECK(dim > 0, "PinnedEmbedding: dim must be > 0, got ", dim);
   check_dtype(dtype);
-  TORCH_CHECK(num_rows <= INT64_MAX / dim / 8, "PinnedEmbedding: ", num_rows, " x ", dim, " rows overflow");
-  const int64_t bytes = num_rows * dim * static_cast<int64_t>(c10::elementSize(dtype));
-  table_buffer_ = std::make_shared<PinnedHostBuffer>(bytes == 0 ? 1 : bytes);
+  const int64_t bytes =
+      checked_dense_bytes({num_rows, dim}, static_cast<int64_t>(c10::elementSize(dtype)), "PinnedEmbedding");
+  table_buffer_ = std::make_shared<PinnedHostBuffer>(bytes == 0 ? 1 : static_cast<std::size_t>(bytes));
   table_ = tensor_over(table_buffer_, 0, {num_rows, dim}, {dim, 1}, dtype);
 }
 
@@ -200,7 +201,10 @@ int64_t PinnedEmbedding::state_width(const std::string& kind, const c10::Dict<st
                                      int64_t dim) {
   TORCH_CHECK(dim > 0, "PinnedEmbedding.state_width: dim must be > 0, got ", dim);
   // State rows (and, side by side, whole records) stay 16-byte aligned for the kernels' vector accesses.
-  return (kStateHeaderFloats + state_slots(parse_optimizer(kind, options)) * dim + 3) / 4 * 4;
+  constexpr const char* kWhat = "PinnedEmbedding: the optimizer state's width";
+  const int64_t floats = checked_add(kStateHeaderFloats, checked_mul(state_slots(parse_optimizer(kind, options)), dim,
+                                                                     kWhat), kWhat);
+  return checked_add(floats, 3, kWhat) / 4 * 4;
 }
 
 bool PinnedEmbedding::is_pinned() const {
@@ -226,18 +230,23 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
   TORCH_CHECK(!state_beside_rows || table_buffer_->mapping() == FileMapping::kNone, "PinnedEmbedding.set_optimizer: "
               "the table is mapped from ", table_buffer_->path(), " and its rows stay there; pass "
               "state_beside_rows=False (the state gets a table of its own)");
+  // Every size is checked before anything moves: a refused optimizer leaves the table as it was.
+  constexpr const char* kWhat = "PinnedEmbedding.set_optimizer: the optimizer state's bytes";
+  const int64_t weight_bytes = checked_add(checked_mul(d, elem, kWhat), 15, kWhat) / 16 * 16;
+  const int64_t record = checked_add(weight_bytes, checked_mul(state_floats, 4, kWhat), kWhat);
+  const int64_t beside_bytes = checked_mul(n, record, kWhat);
+  const int64_t state_bytes = checked_mul(n, checked_mul(state_floats, 4, kWhat), kWhat);
   write_back_cache(true);
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kWrite);
   if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kWrite);
   if (state_beside_rows) {
-    const int64_t weight_bytes = (d * elem + 15) / 16 * 16;
-    const int64_t record = weight_bytes + state_floats * 4;
     // Pinned only once the rows are in: the old table is released as they move, so peak memory stays one table.
-    auto buffer = std::make_shared<PinnedHostBuffer>(n == 0 ? 1 : static_cast<std::size_t>(n * record), false);
+    auto buffer = std::make_shared<PinnedHostBuffer>(n == 0 ? 1 : static_cast<std::size_t>(beside_bytes), false);
     at::Tensor weights = tensor_over(buffer, 0, {n, d}, {record / elem, 1}, table_.scalar_type());
     move_rows(weights);
     buffer->pin();
-    state_ = tensor_over(buffer, weight_bytes, {n, state_floats}, {record / 4, 1}, at::kFloat);
+    // No rows, no records: the (empty) state view starts where the buffer of one byte does.
+    state_ = tensor_over(buffer, n == 0 ? 0 : weight_bytes, {n, state_floats}, {record / 4, 1}, at::kFloat);
     table_ = weights;
     table_buffer_ = std::move(buffer);
     state_buffer_.reset();
@@ -251,7 +260,7 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
       table_ = weights;
       table_buffer_ = std::move(buffer);
     }
-    state_buffer_ = std::make_shared<PinnedHostBuffer>(n == 0 ? 1 : static_cast<std::size_t>(n * state_floats * 4));
+    state_buffer_ = std::make_shared<PinnedHostBuffer>(n == 0 ? 1 : static_cast<std::size_t>(state_bytes));
     state_ = tensor_over(state_buffer_, 0, {n, state_floats}, {state_floats, 1}, at::kFloat);
   }
   optimizer_ = optimizer_name(hyper.kind);

@@ -18,7 +18,7 @@
 //   kernels), so calls are enqueued in lock order, but the kernels run later on each caller's current stream. On
 //   one stream they run in that order; kernels of different streams are not ordered by the lock (order the
 //   streams). Host-side reads and writes of the rows (CPU shares, CPU optimizer steps, initialisers, save) wait
-//   for the in-flight kernels that conflict with them (transfer/host_access_tracker.h).
+//   for the in-flight kernels that conflict with them (memory/host_access_tracker.h).
 // - With a row cache (enable_cache), the cache's own mutex also serialises the calls that use it (gathers too).
 // - Not covered: the tensors table() and state() return, and the free operators (speedtorch::gather, ...) applied
 //   to them, touch the memory without the lock; whoever uses them orders them.

@@ -16,7 +16,7 @@
 #include "io/mapped_file_guard.h"
 #include "io/npy_file.h"
 #include "optim/optimizer_config.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 
 namespace speedtorch {
 namespace {

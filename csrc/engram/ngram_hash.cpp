@@ -39,42 +39,43 @@ std::vector<int64_t> column_offsets(const at::Tensor& host_sizes, const char* op
 
 }  // namespace
 
-std::vector<int64_t> ngram_hash_shape(const at::Tensor& tokens, const at::Tensor& multipliers) {
-  return {tokens.size(0), tokens.size(1), (multipliers.size(1) - 1) * multipliers.size(0)};
+std::vector<c10::SymInt> ngram_hash_shape(const at::Tensor& tokens, const at::Tensor& multipliers) {
+  return {tokens.sym_size(0), tokens.sym_size(1), (multipliers.sym_size(1) - 1) * multipliers.sym_size(0)};
 }
 
 void check_ngram_hash_arguments(const at::Tensor& tokens, const at::Tensor& multipliers,
                                 const at::Tensor& bucket_sizes, int64_t pad_id,
                                 const std::optional<at::Tensor>& document_starts, const char* op) {
-  TORCH_CHECK(tokens.dim() == 2, op, ": tokens must be 2-D (batch, seq), got shape ", tokens.sizes());
+  // Sizes are read as SymInts: this is also the Meta kernel's check, where they may be symbols.
+  TORCH_CHECK(tokens.dim() == 2, op, ": tokens must be 2-D (batch, seq), got shape ", tokens.sym_sizes());
   TORCH_CHECK(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt, op,
               ": tokens must be int64 or int32, got ", tokens.scalar_type());
   TORCH_CHECK(multipliers.dim() == 2 && multipliers.scalar_type() == at::kLong, op,
               ": multipliers must be a 2-D int64 tensor (heads, max_order), got ", multipliers.scalar_type(),
-              " of shape ", multipliers.sizes());
-  const int64_t heads = multipliers.size(0);
-  const int64_t max_order = multipliers.size(1);
+              " of shape ", multipliers.sym_sizes());
+  const c10::SymInt heads = multipliers.sym_size(0);
+  const c10::SymInt max_order = multipliers.sym_size(1);
   TORCH_CHECK(max_order >= 2 && max_order <= kMaxNgramOrder, op, ": multipliers has ", max_order,
               " columns, the longest n-gram's tokens: it must be in [2, ", kMaxNgramOrder, "]");
   TORCH_CHECK(heads >= 1 && (max_order - 1) * heads <= kMaxNgramColumns, op, ": ", heads, " heads of ",
               max_order - 1, " orders make ", heads * (max_order - 1), " columns; there must be 1 to ",
               kMaxNgramColumns);
   TORCH_CHECK(bucket_sizes.scalar_type() == at::kLong && bucket_sizes.dim() == 2 &&
-                  bucket_sizes.size(0) == max_order - 1 && bucket_sizes.size(1) == heads,
+                  bucket_sizes.sym_size(0) == max_order - 1 && bucket_sizes.sym_size(1) == heads,
               op, ": bucket_sizes must be int64 of shape (max_order - 1, heads) = (", max_order - 1, ", ", heads,
               ") (one size per n-gram order 2..", max_order, " and head), got ", bucket_sizes.scalar_type(),
-              " of shape ", bucket_sizes.sizes());
+              " of shape ", bucket_sizes.sym_sizes());
   TORCH_CHECK_VALUE(pad_id >= 0, op, ": pad_id must be >= 0 (a token id), got ", pad_id);
-  TORCH_CHECK_VALUE(tokens.size(1) >= max_order, op, ": the sequence has ", tokens.size(1),
+  TORCH_CHECK_VALUE(tokens.sym_size(1) >= max_order, op, ": the sequence has ", tokens.sym_size(1),
                     " tokens, fewer than the longest n-gram (", max_order, "); left-pad it with pad_id to ",
                     max_order, " tokens (padding hashes exactly as the positions before a sequence do)");
   TORCH_CHECK(multipliers.device() == tokens.device() && bucket_sizes.device() == tokens.device(), op,
               ": multipliers (", multipliers.device(), ") and bucket_sizes (", bucket_sizes.device(),
               ") must be on the tokens' device (", tokens.device(), ")");
   if (document_starts.has_value()) {
-    TORCH_CHECK(document_starts->scalar_type() == at::kBool && document_starts->sizes() == tokens.sizes(), op,
-                ": document_starts must be bool of the tokens' shape ", tokens.sizes(), ", got ",
-                document_starts->scalar_type(), " of shape ", document_starts->sizes());
+    TORCH_CHECK(document_starts->scalar_type() == at::kBool && document_starts->sym_sizes() == tokens.sym_sizes(),
+                op, ": document_starts must be bool of the tokens' shape ", tokens.sym_sizes(), ", got ",
+                document_starts->scalar_type(), " of shape ", document_starts->sym_sizes());
     TORCH_CHECK(document_starts->device() == tokens.device(), op, ": document_starts is on ",
                 document_starts->device(), ", the tokens on ", tokens.device());
   }
@@ -83,7 +84,7 @@ void check_ngram_hash_arguments(const at::Tensor& tokens, const at::Tensor& mult
 at::Tensor ngram_hash(const at::Tensor& tokens, const at::Tensor& multipliers, const at::Tensor& bucket_sizes,
                       int64_t pad_id, const std::optional<at::Tensor>& document_starts, const char* op) {
   check_ngram_hash_arguments(tokens, multipliers, bucket_sizes, pad_id, document_starts, op);
-  at::Tensor out = at::empty(ngram_hash_shape(tokens, multipliers), tokens.options().dtype(at::kLong));
+  at::Tensor out = at::empty_symint(ngram_hash_shape(tokens, multipliers), tokens.options().dtype(at::kLong));
   const at::Tensor starts = document_starts.has_value() ? document_starts->contiguous() : at::Tensor();
   if (tokens.is_cuda()) {
 #ifdef SPEEDTORCH_WITH_CUDA

@@ -1,6 +1,6 @@
 // speedtorch::ngram_hash on tensors: argument checks with messages a user can act on, then the CPU loop
 // (cpu/ngram_hash_cpu.h) or the CUDA kernel (cuda/ngram_hash_kernel.h). The hash itself is defined in
-// engram/ngram_hash_math.h. `op` names the caller in error messages.
+// core/ngram_hash_math.h. `op` names the caller in error messages.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,7 +22,8 @@ at::Tensor ngram_hash(const at::Tensor& tokens, const at::Tensor& multipliers, c
 void check_ngram_hash_arguments(const at::Tensor& tokens, const at::Tensor& multipliers,
                                 const at::Tensor& bucket_sizes, int64_t pad_id,
                                 const std::optional<at::Tensor>& document_starts, const char* op);
-std::vector<int64_t> ngram_hash_shape(const at::Tensor& tokens, const at::Tensor& multipliers);
+// (batch, seq, (max_order - 1) * heads), with sizes that may be symbols (the Meta kernel).
+std::vector<c10::SymInt> ngram_hash_shape(const at::Tensor& tokens, const at::Tensor& multipliers);
 
 #ifdef SPEEDTORCH_WITH_CUDA
 // The CUDA route (ngram_hash_cuda.cpp): arguments checked as above, `out` allocated.

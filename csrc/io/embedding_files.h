@@ -2,7 +2,7 @@
 //
 //   users.npy         the rows: (num_rows, dim) in the table's dtype (bfloat16 as raw '<u2' bits)
 //   users.state.npy   the optimizer state: (num_rows, state_width) float32, each row a 4-float header (the row's
-//                     step count as int32 bits) and the optimizer's vectors (csrc/optim/row_optimizer_math.h);
+//                     step count as int32 bits) and the optimizer's vectors (csrc/core/row_optimizer_math.h);
 //                     only when there is an optimizer
 //   users.meta.json   dtype, optimizer name and options, table-wide step count, the content hash of each file, and
 //                     "meta_hash", a hash of the meta's own other members (a damaged value is an error, not a

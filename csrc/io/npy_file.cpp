@@ -19,7 +19,7 @@
 #include "io/message_text.h"
 #include "io/progress_meter.h"
 #include "memory/pinned_host_buffer.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 
 namespace speedtorch::io {
 namespace {

@@ -20,13 +20,15 @@
 #include <mutex>
 #include <optional>
 
+#include "core/checked_size.h"
+
 #ifdef SPEEDTORCH_WITH_CUDA
 #include <ATen/Context.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
 #include <torch/version.h>
 
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #endif
 
 namespace speedtorch {
@@ -322,15 +324,10 @@ PinnedHostBuffer::~PinnedHostBuffer() {
 }
 
 at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype) {
-  std::size_t count = 1;
-  for (const auto s : sizes) {
-    TORCH_CHECK(s >= 0, "speedtorch: negative dimension ", s, " in size ", sizes);
-    TORCH_CHECK(s == 0 || count <= SIZE_MAX / static_cast<std::size_t>(s), "speedtorch: size ", sizes, " overflows");
-    count *= static_cast<std::size_t>(s);
-  }
-  const std::size_t bytes = count * c10::elementSize(dtype);
+  const int64_t bytes =
+      checked_dense_bytes(sizes, static_cast<int64_t>(c10::elementSize(dtype)), "speedtorch.pinned_empty");
   // A zero-size table still gets one page so every table has a valid, pinned base pointer.
-  auto buffer = std::make_shared<PinnedHostBuffer>(bytes == 0 ? 1 : bytes);
+  auto buffer = std::make_shared<PinnedHostBuffer>(bytes == 0 ? 1 : static_cast<std::size_t>(bytes));
   return tensor_over(buffer, 0, sizes, c10::contiguous_strides(sizes), dtype);
 }
 
@@ -341,23 +338,13 @@ at::Tensor tensor_over(const std::shared_ptr<PinnedHostBuffer>& buffer, int64_t 
   TORCH_CHECK(sizes.size() == strides.size(), "speedtorch: a view needs one stride per size, got sizes ", sizes,
               " and strides ", strides);
   // The last byte the view reaches must lie in the buffer: a view past its end (a file that shrank between reading
-  // its header and mapping it) would fault on the first read there.
-  uint64_t extent = 1;  // elements, up to and including the last one
-  bool empty = false;
-  for (std::size_t d = 0; d < sizes.size(); ++d) {
-    TORCH_CHECK(sizes[d] >= 0 && strides[d] >= 0, "speedtorch: a view of host memory has non-negative sizes and "
-                "strides, got sizes ", sizes, " and strides ", strides);
-    empty = empty || sizes[d] == 0;
-    if (sizes[d] > 0) {
-      const uint64_t step = static_cast<uint64_t>(sizes[d] - 1) * static_cast<uint64_t>(strides[d]);
-      TORCH_CHECK(strides[d] == 0 || step / static_cast<uint64_t>(strides[d]) == static_cast<uint64_t>(sizes[d] - 1),
-                  "speedtorch: a view of sizes ", sizes, " and strides ", strides, " overflows");
-      extent += step;
-    }
-  }
-  const uint64_t available = (buffer->size() - static_cast<std::size_t>(offset_bytes)) / c10::elementSize(dtype);
-  TORCH_CHECK(empty || extent <= available, "speedtorch: a view of sizes ", sizes, " and strides ", strides,
-              " (", dtype, ") from byte ", offset_bytes, " reaches past the end of a buffer of ", buffer->size(),
+  // its header and mapping it) would fault on the first read there. Computed with overflow checks before from_blob
+  // computes it: torch aborts the process on sizes whose bytes overflow.
+  const int64_t extent = checked_view_extent_bytes(sizes, strides, static_cast<int64_t>(c10::elementSize(dtype)),
+                                                   "speedtorch: a view of host memory");
+  TORCH_CHECK(static_cast<std::size_t>(extent) <= buffer->size() - static_cast<std::size_t>(offset_bytes),
+              "speedtorch: a view of sizes ", sizes, " and strides ", strides, " (", dtype, ") from byte ",
+              offset_bytes, " reaches past the end of a buffer of ", buffer->size(),
               " bytes (the file is shorter than its header says?)");
   void* data = static_cast<char*>(buffer->data()) + offset_bytes;
   return at::from_blob(

@@ -60,7 +60,7 @@ class PinnedHostBuffer {
   // Page-locks and registers the memory with CUDA when a device is present (a no-op when already pinned).
   void pin();
   // Unregisters the memory from CUDA so that discard() can release it, after waiting for the GPU work still queued
-  // on it (transfer/host_access_tracker.h).
+  // on it (memory/host_access_tracker.h).
   void unpin();
   // Returns the whole pages inside [offset, offset + bytes) to the OS (they read as zero afterwards). Used to
   // release a table while it is copied into a new layout, so both never exist at full size. Needs unpin() first.

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "optim/row_optimizer_math.h"
+#include "core/row_optimizer_math.h"
 
 namespace speedtorch {
 

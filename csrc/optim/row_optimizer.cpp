@@ -5,11 +5,14 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+
+#include "core/checked_size.h"
 #include "cpu/index_range_check.h"
 #include "cpu/row_optimizer_cpu.h"
 #include "memory/pinned_host_buffer.h"
 #include "metrics/transfer_counters.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include "optim/row_optimizer_cuda.h"
 #include "transfer/device_access.h"
@@ -30,6 +33,20 @@ WeightType weight_type(c10::ScalarType t) {
 
 }  // namespace
 
+int64_t optimizer_record_stride_bytes(const at::Tensor& weights, const at::Tensor& state) {
+  const int64_t weights_stride = weights.stride(0) * weights.element_size();
+  const int64_t state_stride = state.stride(0) * state.element_size();
+  // Read from the addresses, not the storages: PinnedEmbedding's weights and state are views of one buffer, each
+  // with a storage of its own (tensor_over), so their storage pointers always differ.
+  const auto weights_at = reinterpret_cast<std::uintptr_t>(weights.data_ptr());
+  const auto state_at = reinterpret_cast<std::uintptr_t>(state.data_ptr());
+  const auto weights_bytes = static_cast<std::uintptr_t>(weights.size(1) * weights.element_size());
+  const auto state_bytes = static_cast<std::uintptr_t>(state.size(1) * state.element_size());
+  const bool beside = weights_stride == state_stride && state_at >= weights_at + weights_bytes &&
+                      state_at + state_bytes <= weights_at + static_cast<std::uintptr_t>(weights_stride);
+  return beside ? weights_stride : weights_stride + state_stride;
+}
+
 OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state, char* weights_base,
                              float* state_base) {
   return OptimizerRows{weights_base,    weights.stride(0) * weights.element_size(), weight_type(weights.scalar_type()),
@@ -37,27 +54,42 @@ OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state,
                        weights.size(0)};
 }
 
+namespace {
+
+// a * b of sizes, symbolic or not; checked against overflow when both are known (meta tensors may be huge).
+c10::SymInt sym_mul(const c10::SymInt& a, const c10::SymInt& b, const char* op) {
+  const auto x = a.maybe_as_int();
+  const auto y = b.maybe_as_int();
+  if (x && y) return c10::SymInt(checked_mul(*x, *y, op));
+  return a * b;
+}
+
+}  // namespace
+
+// Sizes are read as SymInts: under torch.compile / export with dynamic shapes this runs as the Meta kernel on
+// tensors whose sizes are symbols (numel() or size() would throw there).
 void check_row_optimizer_arguments(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                                    const at::Tensor& grad, const OptimizerHyper& hyper, const char* op) {
-  TORCH_CHECK(weights.dim() == 2 && weights.stride(1) == 1, op,
-              ": weights must be 2-D (num_rows, dim) with contiguous rows, got shape ", weights.sizes(),
-              " and strides ", weights.strides());
+  TORCH_CHECK(weights.dim() == 2 && weights.sym_stride(1) == 1, op,
+              ": weights must be 2-D (num_rows, dim) with contiguous rows, got shape ", weights.sym_sizes(),
+              " and strides ", weights.sym_strides());
   weight_type(weights.scalar_type());
-  const int64_t n = weights.size(0);
-  const int64_t d = weights.size(1);
-  const int64_t need = kStateHeaderFloats + state_slots(hyper) * d;
-  TORCH_CHECK(state.dim() == 2 && state.scalar_type() == at::kFloat && state.size(0) == n && state.stride(1) == 1 &&
-                  state.size(1) >= need,
+  const c10::SymInt& n = weights.sym_size(0);
+  const c10::SymInt& d = weights.sym_size(1);
+  const c10::SymInt need = sym_mul(state_slots(hyper), d, op) + kStateHeaderFloats;
+  TORCH_CHECK(state.dim() == 2 && state.scalar_type() == at::kFloat && state.sym_size(0) == n &&
+                  state.sym_stride(1) == 1 && state.sym_size(1) >= need,
               op, ": state must be float32 (", n, ", >= ", need, ") with contiguous rows for this optimizer, got ",
-              state.scalar_type(), " of shape ", state.sizes());
+              state.scalar_type(), " of shape ", state.sym_sizes());
   TORCH_CHECK(state.device() == weights.device(), op, ": state is on ", state.device(), " but weights are on ",
               weights.device());
   TORCH_CHECK(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt, op,
               ": indices must be int64 or int32, got ", indices.scalar_type());
   TORCH_CHECK(at::isFloatingType(grad.scalar_type()), op, ": grad must be floating point, got ",
               grad.scalar_type());
-  TORCH_CHECK(grad.dim() >= 1 && grad.size(-1) == d && grad.numel() == indices.numel() * d, op,
-              ": grad must have shape indices.shape + (", d, ",) = ", indices.numel(), " rows, got ", grad.sizes());
+  TORCH_CHECK(grad.dim() >= 1 && grad.sym_size(-1) == d && grad.sym_numel() == sym_mul(indices.sym_numel(), d, op),
+              op, ": grad must have shape indices.shape + (", d, ",) = ", indices.sym_numel(), " rows, got ",
+              grad.sym_sizes());
 }
 
 IndexSpan check_sorted_unique_indices(const at::Tensor& indices, int64_t num_rows, const char* op) {
@@ -87,7 +119,14 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
   check_host_memory_writable(state, op, "state");
   if (indices.numel() == 0) return;
   const at::Tensor flat = indices.reshape({-1});
-  const at::Tensor rows_grad = grad.reshape({-1, weights.size(1)});
+  if (weights.size(1) == 0) {
+    // Rows of no columns: nothing to update, but bad indices still raise (checked on the host: any device).
+    const at::Tensor host = flat.cpu().contiguous();
+    sorted_unique ? check_sorted_unique_index_tensor(host, weights.size(0), op)
+                  : check_index_tensor(host, weights.size(0), op);
+    return;
+  }
+  const at::Tensor rows_grad = grad.reshape({flat.numel(), weights.size(1)});
   if (weights.is_cuda() || rows_grad.is_cuda()) {
 #ifdef SPEEDTORCH_WITH_CUDA
     // A GPU kernel writes the rows and state in place: host memory GPUs may only read is refused up front.
@@ -102,7 +141,8 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
     TORCH_CHECK(false, op, ": this speedtorch library was built without CUDA");
 #endif
   }
-  const at::Tensor idx = flat.contiguous();
+  // CPU threads update the rows: indices on a GPU come to the host (CUDA indices with CPU rows and gradients).
+  const at::Tensor idx = flat.to(at::kCPU).contiguous();
   at::Tensor unique;
   at::Tensor summed;
   if (sorted_unique) {

@@ -11,7 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "cpu/index_range_check.h"
-#include "optim/row_optimizer_math.h"
+#include "core/row_optimizer_math.h"
 
 namespace speedtorch {
 
@@ -33,6 +33,11 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
 // the position. CPU indices: one pass on the host. CUDA indices: neighbours compared on the GPU, read back with the
 // first and last index (which bound the rest) in one wait; the host check words a failure. Returns the span.
 IndexSpan check_sorted_unique_indices(const at::Tensor& indices, int64_t num_rows, const char* op);
+
+// Bytes from one row's record to the next as a step walks the table (the footprint a batch spans): the weights'
+// row stride when each state row lies beside its weights row (PinnedEmbedding's state_beside_rows layout, one
+// record per row), else the sum of both strides (two tables walked together).
+int64_t optimizer_record_stride_bytes(const at::Tensor& weights, const at::Tensor& state);
 
 // The kernels' view of a table: weights and state tensors, at the addresses the kernel will use.
 OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state, char* weights_base,

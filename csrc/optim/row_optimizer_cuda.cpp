@@ -21,7 +21,7 @@
 #include "metrics/transfer_counters.h"
 #include "optim/row_optimizer.h"
 #include "transfer/device_access.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {
@@ -70,14 +70,6 @@ void step_gpu_resident_table(const at::Tensor& weights, const at::Tensor& state,
   metrics::add_optimizer_rows(metrics::OptimizerRoute::kGpuTable, batch.count());
 }
 
-// Bytes from one row's record (weights, then state) to the next: the record stride when state sits beside the
-// weights in one allocation, else both strides (two tables walked together).
-int64_t record_stride_bytes(const at::Tensor& weights, const at::Tensor& state) {
-  const int64_t weights_stride = weights.stride(0) * weights.element_size();
-  const bool side_by_side = state.storage().data() == weights.storage().data();
-  return side_by_side ? weights_stride : weights_stride + state.stride(0) * state.element_size();
-}
-
 // The split of a pinned table's distinct rows. Automatic: all rows over UVA. The vectorized kernel reached 65% of
 // the PCIe bound alone on the H100 and only 40% with a CPU share (the share's gradients must come down first, and
 // its threads contend with the kernel's traffic for host memory; bench/experiments/fused_step_variants.py). An
@@ -86,7 +78,7 @@ TransferPlan plan_optimizer_split(const TransferConfig& config, const at::Tensor
                                   const IndexSpan& span, int64_t count) {
   if (config.uva_fraction < 0) return TransferPlan{count, 0};
   const int64_t row_bytes = weights.size(1) * weights.element_size() + state.size(1) * state.element_size();
-  return plan_transfer(config, touched_bytes(weights.size(0), record_stride_bytes(weights, state), span), row_bytes,
+  return plan_transfer(config, touched_bytes(weights.size(0), optimizer_record_stride_bytes(weights, state), span), row_bytes,
                        count, at::get_num_threads());
 }
 

@@ -3,7 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "optim/row_optimizer_math.h"
+#include "core/row_optimizer_math.h"
 
 namespace speedtorch {
 

@@ -10,7 +10,7 @@
 #include "cpu/table_views.h"
 #include "memory/pinned_host_buffer.h"
 #include "transfer/checked_row_transfer.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 
 namespace speedtorch {
 namespace {
@@ -55,11 +55,13 @@ RowFormat parse_row_format(const std::string& name, const char* op) {
 RowFormat check_gather_dequant_arguments(const at::Tensor& table, const at::Tensor& indices,
                                          const std::string& format_name, int64_t dim, const char* op) {
   const RowFormat format = parse_row_format(format_name, op);
+  // Sizes are read as SymInts: this is also the Meta kernel's check (and the Python fake's), where they may be
+  // symbols.
   TORCH_CHECK(table.layout() == at::kStrided && table.dim() == 2, op, ": table must be a dense 2-D tensor (num_rows, "
               "row bytes), got ", table.dim(), "-D");
-  TORCH_CHECK(table.size(1) <= 1 || table.stride(1) == 1, op, ": table rows must be contiguous (stride(1) == 1), "
-              "got strides ", table.strides());
-  TORCH_CHECK(table.stride(0) >= 0, op, ": table must not have negative strides, got ", table.strides());
+  TORCH_CHECK(table.sym_size(1) <= 1 || table.sym_stride(1) == 1, op, ": table rows must be contiguous (stride(1) == "
+              "1), got strides ", table.sym_strides());
+  TORCH_CHECK(table.sym_stride(0) >= 0, op, ": table must not have negative strides, got ", table.sym_strides());
   TORCH_CHECK(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt, op,
               ": indices must be int64 or int32, got ", indices.scalar_type());
   TORCH_CHECK_VALUE(dim >= 1, op, ": dim must be >= 1, got ", dim);
@@ -76,7 +78,7 @@ RowFormat check_gather_dequant_arguments(const at::Tensor& table, const at::Tens
     TORCH_CHECK_VALUE(row_bytes <= kMaxQuantizedRowBytes, op, ": a ", format_name, " row of dim ", dim, " takes ",
                       row_bytes, " bytes; at most ", kMaxQuantizedRowBytes, " are supported");
   }
-  const int64_t width = table.size(1) * table.element_size();
+  const c10::SymInt width = table.sym_size(1) * static_cast<int64_t>(table.element_size());
   TORCH_CHECK_VALUE(width >= row_bytes, op, ": a ", format_name, " row of dim ", dim, " takes ", row_bytes,
                     " bytes but the table's rows have ", width, "; pass the dim the table was written with");
   return format;

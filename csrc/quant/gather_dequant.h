@@ -1,6 +1,6 @@
 // speedtorch::gather_dequant on tensors: argument checks with messages a user can act on, output allocation, and
 // the route (CPU loop, fused GPU kernel over UVA or device memory, or the staged path for a pageable table).
-// Row layouts: quant/row_formats.h. `op` names the caller in error messages.
+// Row layouts: core/row_formats.h. `op` names the caller in error messages.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "quant/row_formats.h"
+#include "core/row_formats.h"
 
 namespace speedtorch {
 

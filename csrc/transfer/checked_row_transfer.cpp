@@ -11,17 +11,19 @@
 namespace speedtorch {
 namespace {
 
+// Sizes and strides are read as SymInts: the operators' Meta kernels run these checks under torch.compile and
+// torch.export, where they may be symbols (size() and stride() would throw there).
 void check_table(const at::Tensor& table, const char* op, bool written) {
   TORCH_CHECK(table.layout() == at::kStrided, op, ": table must be a dense (strided) tensor, got layout ",
               table.layout());
-  TORCH_CHECK(table.dim() == 2, op, ": table must be 2-D (num_rows, dim), got shape ", table.sizes());
-  TORCH_CHECK(table.size(1) <= 1 || table.stride(1) == 1, op,
-              ": table rows must be contiguous (stride(1) == 1), got strides ", table.strides(),
+  TORCH_CHECK(table.dim() == 2, op, ": table must be 2-D (num_rows, dim), got shape ", table.sym_sizes());
+  TORCH_CHECK(table.sym_size(1) <= 1 || table.sym_stride(1) == 1, op,
+              ": table rows must be contiguous (stride(1) == 1), got strides ", table.sym_strides(),
               "; use a row-major table");
-  TORCH_CHECK(table.stride(0) >= 0, op, ": table must not have negative strides, got ", table.strides());
+  TORCH_CHECK(table.sym_stride(0) >= 0, op, ": table must not have negative strides, got ", table.sym_strides());
   if (written) {
-    TORCH_CHECK(table.size(0) <= 1 || table.stride(0) >= table.size(1), op,
-                ": table rows overlap in memory (strides ", table.strides(), ", shape ", table.sizes(),
+    TORCH_CHECK(table.sym_size(0) <= 1 || table.sym_stride(0) >= table.sym_size(1), op,
+                ": table rows overlap in memory (strides ", table.sym_strides(), ", shape ", table.sym_sizes(),
                 "); scatter_ needs a table whose rows are distinct");
   }
 }
@@ -72,6 +74,12 @@ std::vector<int64_t> gathered_shape(const at::Tensor& indices, int64_t dim) {
   return shape;
 }
 
+std::vector<c10::SymInt> gathered_sym_shape(const at::Tensor& indices, const at::Tensor& table) {
+  std::vector<c10::SymInt> shape(indices.sym_sizes().begin(), indices.sym_sizes().end());
+  shape.push_back(table.sym_size(1));
+  return shape;
+}
+
 void check_gather_arguments(const at::Tensor& table, const at::Tensor& indices, const char* op) {
   check_table(table, op, /*written=*/false);
   check_indices(indices, op);
@@ -81,9 +89,9 @@ void check_scatter_arguments(const at::Tensor& table, const at::Tensor& indices,
                              const char* op) {
   check_table(table, op, /*written=*/true);
   check_indices(indices, op);
-  const auto expected = gathered_shape(indices, table.size(1));
-  TORCH_CHECK(src.sizes().vec() == expected, op, ": src must have shape indices.shape + (dim,) = ",
-              at::IntArrayRef(expected), ", got ", src.sizes());
+  const auto expected = gathered_sym_shape(indices, table);
+  TORCH_CHECK(src.sym_sizes() == c10::SymIntArrayRef(expected), op, ": src must have shape indices.shape + (dim,) = ",
+              c10::SymIntArrayRef(expected), ", got ", src.sym_sizes());
   TORCH_CHECK(src.scalar_type() == table.scalar_type(), op, ": src dtype ", src.scalar_type(),
               " does not match table dtype ", table.scalar_type(), "; convert src with .to(table.dtype)");
 }
@@ -120,7 +128,8 @@ void scatter_table_rows(const at::Tensor& table, const at::Tensor& indices, cons
                 " but the table is on ", table.device(), "; put them on the same GPU");
   }
   if (table.is_cpu() && src.is_cuda()) check_host_table_reachable(table, src.device(), op);
-  if (table.is_cpu() && (src.is_cuda() || indices.is_cuda())) check_host_table_writable_by_gpu(table, op);
+  // A GPU writes a host table only when src is on one; CUDA indices with CPU rows are a CPU write (row_transfer.h).
+  if (table.is_cpu() && src.is_cuda()) check_host_table_writable_by_gpu(table, op);
   const at::Tensor flat = indices.reshape({-1}).contiguous();
   // A GPU table takes its rows on its own device.
   const at::Tensor rows =

@@ -20,11 +20,14 @@ at::Tensor gather_table_rows(const at::Tensor& table, const at::Tensor& indices,
 // table[indices[i]] = src[i] (src: indices.shape + (dim,), the table's dtype); duplicates: the last one wins.
 void scatter_table_rows(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op);
 
-// The checks that need no data (shared with the operators' Meta kernels).
+// The checks that need no data: the kernels' and the operators' Meta kernels' (one set; the Python fake kernels call
+// the Meta kernels). Sizes may be symbols.
 void check_gather_arguments(const at::Tensor& table, const at::Tensor& indices, const char* op);
 void check_scatter_arguments(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
                              const char* op);
 // indices.shape + (dim,).
 std::vector<int64_t> gathered_shape(const at::Tensor& indices, int64_t dim);
+// indices.shape + (table.size(1),), with sizes that may be symbols (the Meta kernels).
+std::vector<c10::SymInt> gathered_sym_shape(const at::Tensor& indices, const at::Tensor& table);
 
 }  // namespace speedtorch

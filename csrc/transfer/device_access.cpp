@@ -69,6 +69,9 @@ void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUD
 
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device) {
   if (indices.device() == device) return indices;
+  // Another GPU's indices: a device-to-device copy, which torch orders after the producing GPU's current stream and
+  // before `device`'s (pin_memory() only takes host tensors).
+  if (!indices.is_cpu()) return indices.to(device);
   // Host indices go through a pinned copy of our own, made now, even when the caller's tensor is pinned already:
   // the asynchronous copy reads it after this call returns, when the caller may have changed its tensor, and the
   // op checked the values it saw. The copy is PyTorch's pinned allocator's, which keeps the block until the copy

@@ -11,7 +11,7 @@
 #include "cpu/index_range_check.h"
 #include "cuda/index_summary_kernel.h"
 #include "cuda/row_kernels.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {
@@ -40,8 +40,9 @@ char* mapped_address(const at::Tensor& host, const char* op, const char* arg);
 // their events during capture is not allowed); ordering replays with host access is the replaying caller's part.
 void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUDAStream& stream);
 
-// Indices on `device`, copied asynchronously when they are on the host, through a pinned copy taken at the call
-// (so that changing the caller's tensor afterwards, pinned or not, cannot change what the kernels read).
+// Indices on `device`: as they are when already there; copied from another GPU; copied asynchronously from the
+// host through a pinned copy taken at the call (so that changing the caller's tensor afterwards, pinned or not,
+// cannot change what the kernels read).
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device);
 
 // Validates indices before anything is launched and returns their span: on the host for CPU indices; for CUDA

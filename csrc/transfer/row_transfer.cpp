@@ -8,7 +8,7 @@
 #include "cpu/table_views.h"
 #include "memory/pinned_host_buffer.h"
 #include "metrics/transfer_counters.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #ifdef SPEEDTORCH_WITH_CUDA
 #include "transfer/row_transfer_cuda.h"
 #endif

@@ -31,7 +31,7 @@
 #include "cuda/row_kernels.h"
 #include "metrics/transfer_counters.h"
 #include "transfer/device_access.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 #include "transfer/split_calibration.h"
 #include "transfer/staging_ring.h"
 #include "transfer/transfer_policy.h"

@@ -1,8 +1,11 @@
-"""Fake (meta) kernels for torch.compile / torch.export.
+"""The fake kernels of ``gather`` and ``gather_dequant`` for torch.compile / torch.export: the one thing the C++
+Meta kernels cannot say.
 
-The C++ Meta kernels (ops/register_meta.cpp) give shapes, but a fake tensor also needs its device, and a gather may
-put its rows on another device than its inputs (pinned host table -> GPU). These fake kernels say so; they take
-precedence over the Meta kernels under FakeTensorMode.
+Every operator's checks and output shapes are its C++ Meta kernel's (ops/register_meta.cpp: the checks the CPU and
+CUDA kernels run, sizes read as symbols), and FakeTensorMode uses those as they are, except for the two gathers:
+their rows may land on another device than their inputs (a pinned host table gathered to a GPU), which a meta
+tensor cannot express. So each has a fake kernel here (it replaces the Meta kernel), which runs the same C++ checks
+(``speedtorch::check_gather_arguments`` / ``check_gather_dequant_arguments``) and puts the rows where asked.
 """
 
 from __future__ import annotations
@@ -21,44 +24,15 @@ def _register_fake(name):
     return torch.library.register_fake(name, allow_override=True)
 
 
-def _rows_shape(table: torch.Tensor, indices: torch.Tensor) -> list[int]:
-    return [*indices.shape, table.shape[1]]
-
-
 @_register_fake("speedtorch::gather")
 def _gather_fake(table, indices, device=None):
-    torch._check(table.dim() == 2, lambda: f"speedtorch.gather: table must be 2-D, got {table.dim()}-D")
-    torch._check(
-        indices.dtype in (torch.int32, torch.int64),
-        lambda: f"speedtorch.gather: indices must be int64 or int32, got {indices.dtype}",
-    )
+    torch.ops.speedtorch.check_gather_arguments(table, indices)
     out_device = torch.device(device) if device is not None else indices.device
-    return table.new_empty(_rows_shape(table, indices), device=out_device)
-
-
-@_register_fake("speedtorch::scatter_rows_")
-def _scatter_rows_fake(table, indices, src):
-    torch._check(
-        list(src.shape) == _rows_shape(table, indices),
-        lambda: f"speedtorch.scatter_: src must have shape {_rows_shape(table, indices)}, got {list(src.shape)}",
-    )
-    return None
-
-
-@_register_fake("speedtorch::ngram_hash")
-def _ngram_hash_fake(tokens, multipliers, bucket_sizes, pad_id, document_starts=None):
-    torch._check(tokens.dim() == 2, lambda: f"speedtorch.ngram_hash: tokens must be 2-D, got {tokens.dim()}-D")
-    torch._check(multipliers.dim() == 2, lambda: "speedtorch.ngram_hash: multipliers must be 2-D (heads, max_order)")
-    heads, max_order = multipliers.shape
-    return tokens.new_empty((tokens.shape[0], tokens.shape[1], (max_order - 1) * heads), dtype=torch.int64)
+    return table.new_empty([*indices.shape, table.shape[1]], device=out_device)
 
 
 @_register_fake("speedtorch::gather_dequant")
 def _gather_dequant_fake(table, indices, format, dim, device=None):
-    torch._check(table.dim() == 2, lambda: f"speedtorch.gather_dequant: table must be 2-D, got {table.dim()}-D")
-    torch._check(
-        indices.dtype in (torch.int32, torch.int64),
-        lambda: f"speedtorch.gather_dequant: indices must be int64 or int32, got {indices.dtype}",
-    )
+    torch.ops.speedtorch.check_gather_dequant_arguments(table, indices, format, dim)
     out_device = torch.device(device) if device is not None else indices.device
     return table.new_empty([*indices.shape, dim], dtype=torch.bfloat16, device=out_device)

@@ -3,6 +3,7 @@ bandwidth, and ratio tables. Timing includes host work on purpose: the staged pa
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Callable
@@ -21,6 +22,15 @@ def host_memory_words() -> str:
     from . import pinned_empty
 
     return "pinned host RAM" if pinned_empty(1, 1).is_pinned() else "host RAM (not pinned: no GPU)"
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for the demos' sizes and step counts: an int >= 1 (0 rows or 0 steps have nothing to
+    measure: a zero-row table cannot be sampled, and zero steps divided the time by zero)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def median_seconds(fn: Callable[[], object], reps: int = 10, warmup: int = 3) -> float:

@@ -66,12 +66,19 @@ def _dtype_from(value, where: str, argument: str) -> torch.dtype:
                      f"NumPy dtype), got {value!r}")
 
 
-def _positive_int(value, where: str, argument: str) -> int:
+def _positive_int(value, where: str, argument: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{where}: {argument} must be an int, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{where}: {argument} must be positive, got {value}")
+    if value < minimum:
+        raise ValueError(f"{where}: {argument} must be " + ("positive" if minimum == 1 else f">= {minimum}") +
+                         f", got {value}")
     return int(value)
+
+
+def _npy_path(file_name) -> str:
+    """np.save's rule, which SpeedTorch's cupy.save followed: ``.npy`` is appended to a name without it."""
+    path = os.fspath(file_name)
+    return path if path.endswith(".npy") else path + ".npy"
 
 
 def _index_tensor(indexes, where: str, argument: str) -> torch.Tensor:
@@ -302,7 +309,8 @@ class ModelFactory:
         where = f"{self._where}.variableTransformer"
         batch = _positive_int(batchSize, where, "batchSize")
         positives = batch * _positive_int(posPerBatch, where, "posPerBatch")
-        negatives = 0 if negPerBatch is None else batch * _positive_int(negPerBatch, where, "negPerBatch")
+        # 0 negatives is an empty block, as in SpeedTorch (which tests negPerBatch against None).
+        negatives = 0 if negPerBatch is None else batch * _positive_int(negPerBatch, where, "negPerBatch", 0)
         if positives + negatives > self.weight.shape[0]:
             raise ValueError(f"{where}: batchSize * (posPerBatch + negPerBatch) = {positives + negatives} rows, but "
                              f"the model variable holds {self.weight.shape[0]}")
@@ -341,10 +349,11 @@ class ModelFactory:
     # --- files and views -----------------------------------------------------------------------------------------
 
     def saveCupy(self, saveFileName) -> None:
-        """Writes the collection to a ``.npy`` file NumPy reads (streamed, atomic)."""
+        """Writes the collection to a ``.npy`` file NumPy reads (streamed, atomic); ``.npy`` is appended to a name
+        without it, as ``np.save`` does."""
         collection = self._require_collection("saveCupy")
         _wait_for_stream(self.weight.device)
-        _data.save_npy(collection, saveFileName)
+        _data.save_npy(collection, _npy_path(saveFileName))
 
     def loadCupy(self, loadFileName) -> None:
         """Reads a ``.npy`` file of ``total_classes x embed_dimension`` into the collection (streamed; floating
@@ -695,10 +704,11 @@ class DataGadget:
         scatter_(rows, ids, dataObject.detach().reshape(ids.numel(), rows.shape[1]).to(rows.dtype))
 
     def saveCupy(self, saveFileName) -> None:
-        """Writes the data to a ``.npy`` file (streamed, atomic)."""
+        """Writes the data to a ``.npy`` file (streamed, atomic); ``.npy`` is appended to a name without it, as
+        ``np.save`` does."""
         self._rows("saveCupy")
         _wait_for_stream(self.device)
-        _data.save_npy(self.data, saveFileName)
+        _data.save_npy(self.data, _npy_path(saveFileName))
 
     def loadCupy(self, loadFileName) -> None:
         """Replaces the data with a ``.npy`` file's (any shape)."""

@@ -4,7 +4,7 @@
 
 Each position's n-grams (the token there and the 1 .. N-1 tokens before it) are hashed by several heads into rows of
 one table: column ``(n - 2) * heads + h`` of the output is the row of order ``n``, head ``h``. docs/engram.md states
-the hash; ``csrc/engram/ngram_hash_math.h`` is its code.
+the hash; ``csrc/core/ngram_hash_math.h`` is its code.
 """
 
 from __future__ import annotations

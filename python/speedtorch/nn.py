@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from . import PinnedEmbedding
+from .ops import check_indices
 from .placement import DeviceTable, HybridTable
 from .table_state import (adopt_options, checked_extra_state, copy_table_entries, entry_shapes, load_table_entries,
                           set_table_extra_state, table_entries, table_extra_state)
@@ -58,6 +59,8 @@ class HostEmbedding(torch.nn.Module):
             0/1), e.g. ``{"lr": 1e-3, "weight_decay": 0.0}``; ``per_row_step=1`` for per-row bias correction.
         update: ``"step"`` (gradients wait for :meth:`step`) or ``"backward"`` (applied as backward reaches the rows).
         device: where forward's output lives (default: the current CUDA device when there is one, else the CPU).
+            ``model.to(...)``, ``.cuda()``, ``.cpu()`` and ``.half()`` / ``.float()`` / ... change the device and
+            dtype forward returns, never the table's memory or dtype (see ``_apply`` below).
         dtype: table dtype (float32, float16, bfloat16); optimizer state is float32.
         state_beside_rows: keep each row's optimizer state next to it in host memory (one page walk per row).
             False keeps it in a table of its own: gathers of many spread rows run up to 1.6x faster; on the
@@ -137,7 +140,10 @@ class HostEmbedding(torch.nn.Module):
             self.table.enable_cache(_cache_size(num_embeddings, cache_rows, hot_rows, hot_fraction), self.device)
             if hot_rows is not None:
                 self.set_hot_rows(hot_rows)
-        # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input.
+        # What forward returns its rows as: the table's dtype until a conversion (model.half(), ...) changes it.
+        self.output_dtype = self.table.table().dtype
+        # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input
+        # (requires_grad_(False) on this module clears it: the table is then frozen).
         self._anchor = torch.zeros(0, requires_grad=True)
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._prefetched = None
@@ -145,8 +151,43 @@ class HostEmbedding(torch.nn.Module):
         self._side_stream = None
 
     def extra_repr(self) -> str:
+        converted = "" if self.output_dtype == self.table.table().dtype else f", output_dtype={self.output_dtype}"
         return (f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode}, optimizer={self.table.optimizer()}, "
-                f"update={self.update}, device={self.device}, placement={self.placement}")
+                f"update={self.update}, device={self.device}, placement={self.placement}{converted}")
+
+    # --- nn.Module's conversions and other methods --------------------------------------------------------------
+    # model.to(...), .cuda(), .cpu(), .float(), .half(), .bfloat16(), .double(), .type() and .to_empty() reach this
+    # module through nn.Module._apply(fn), which converts parameters and buffers with fn. The module has neither: its
+    # rows and optimizer state stay where the placement put them (pinned host RAM; the device of placement="gpu"),
+    # in the dtype chosen at construction, because copying or re-typing a table that may be larger than any GPU is
+    # what it exists to avoid. A conversion changes what forward computes with instead: fn applied to an empty tensor
+    # of forward's device and dtype gives the new ones, forward then returns its rows there (gathered to that device,
+    # then cast), and their gradients come back through the cast to update the table in its own dtype.
+    # model.share_memory() raises unless the rows are already shared between processes (DistributedHostEmbedding):
+    # a process started afterwards would train a copy, and its updates would be lost.
+
+    #: Whether the rows already live in memory that other processes share (DistributedHostEmbedding's /dev/shm).
+    _rows_shared_between_processes = False
+
+    def _apply(self, fn, recurse=True):
+        converted = fn(torch.empty(0, dtype=self.output_dtype, device=self.device))
+        on_host = fn(torch.empty(1))
+        if on_host.device.type == "cpu" and on_host.is_shared() and not self._rows_shared_between_processes:
+            raise RuntimeError(
+                f"{type(self).__name__}: share_memory() cannot share this table: its rows live in this process's "
+                "pinned memory, so a process started afterwards would train a copy and its updates would be lost. "
+                "To train one table from several processes use speedtorch.distributed.DistributedHostEmbedding (one "
+                "copy per host, in /dev/shm)")
+        self.device = converted.device
+        self.output_dtype = converted.dtype
+        return super()._apply(fn, recurse)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "HostEmbedding":
+        """Freezes (``False``) or unfreezes the table: while frozen, forward's rows need no gradient and no update
+        reaches the table. Call it on this module: ``model.requires_grad_()`` walks ``model.parameters()``, and the
+        table is not a parameter (so that DDP and the dense optimizer leave it alone)."""
+        self._anchor.requires_grad_(requires_grad)
+        return super().requires_grad_(requires_grad)
 
     # --- forward / backward -------------------------------------------------------------------------------------
 
@@ -157,6 +198,7 @@ class HostEmbedding(torch.nn.Module):
         unique, inverse, rows = self._rows_for(input)
         if torch.is_grad_enabled():
             rows = _HostRows.apply(self._anchor, self, unique, rows)
+        rows = rows.to(self.output_dtype)  # a no-op unless a conversion (model.half(), ...) chose another dtype
         if self.mode is None:
             if rows.device.type == "cpu":
                 # The same rows; its backward (index_add_ into the distinct rows) runs 2.3x faster on the CPU than
@@ -213,7 +255,8 @@ class HostEmbedding(torch.nn.Module):
         self._apply_gradients(unique, grad, sorted_unique=one_backward)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
-        """Drops gradients not yet applied by :meth:`step`."""
+        """Drops gradients not yet applied by :meth:`step`. ``model.zero_grad()`` on a model holding this module does
+        not call it (nn.Module's walks the parameters): :meth:`step` consumes the gradients it applies."""
         self._pending.clear()
 
     # --- prefetch -------------------------------------------------------------------------------------------------
@@ -295,13 +338,12 @@ class HostEmbedding(torch.nn.Module):
         if isinstance(table, HybridTable):
             table.set_hot_rows(ids)
             return
-        ids = torch.unique(torch.as_tensor(ids).to(self.device, torch.int64))
+        ids = torch.as_tensor(ids)
+        check_indices(ids, self.num_embeddings, "HostEmbedding.set_hot_rows", "hot row ids")
+        ids = torch.unique(ids.to(self.device, torch.int64))
         if ids.numel() > table.cache_slots():
             raise ValueError(f"HostEmbedding.set_hot_rows: {ids.numel()} rows given, the cache has room for "
                              f"{table.cache_slots()}")
-        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.num_embeddings):
-            raise IndexError(f"HostEmbedding.set_hot_rows: hot row ids must be in [0, {self.num_embeddings}), got "
-                             f"{int(ids[0]) if int(ids[0]) < 0 else int(ids[-1])}")
         table.gather(ids, self.device)
 
     def _hybrid(self, what: str):
@@ -399,19 +441,14 @@ class HostEmbedding(torch.nn.Module):
 
 
 def _out_of_range_in(ids: torch.Tensor, num_rows: int, owner: str) -> Optional[IndexError]:
-    """The error for the first id of ``ids`` (the caller's input) outside ``[0, num_rows)``, named by its place in
-    ``ids``; None when every id is in range (the table's error was about something else)."""
-    flat = ids.reshape(-1)
-    bad = ((flat < 0) | (flat >= num_rows)).nonzero()
-    if bad.numel() == 0:
-        return None
-    position = int(bad[0, 0])
-    where = ""
-    if ids.dim() > 1:
-        index = ", ".join(str(int(i)) for i in torch.unravel_index(torch.tensor(position), tuple(ids.shape)))
-        where = f" (input[{index}])"
-    return IndexError(f"{owner}: the input holds {int(flat[position])} at flat position {position}{where}; every id "
-                      f"must be in [0, {num_rows}) for a table of {num_rows} rows (negative ids are not wrapped)")
+    """The library's error (speedtorch.ops.check_indices) for the first id of ``ids`` (the caller's input) outside
+    ``[0, num_rows)``, named by its place in ``ids``; None when every id is in range (the table's error was about
+    something else)."""
+    try:
+        check_indices(ids, num_rows, owner, "input")
+    except IndexError as error:
+        return error
+    return None
 
 
 def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[torch.Tensor],

@@ -19,6 +19,7 @@ __all__ = [
     "set_deferred_index_checks",
     "deferred_index_checks",
     "check_index_errors",
+    "check_indices",
 ]
 
 def gather(table: torch.Tensor, indices: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
@@ -39,6 +40,14 @@ def scatter_(table: torch.Tensor, indices: torch.Tensor, src: torch.Tensor) -> t
     into a pinned host table are partly asynchronous: synchronize the stream before reading the table on the host.
     """
     return torch.ops.speedtorch.scatter_(table, indices, src)
+
+
+def check_indices(indices: torch.Tensor, num_rows: int, op: str = "speedtorch.check_indices",
+                  arg: str = "indices") -> None:
+    """Raises ``IndexError`` naming ``op``, ``arg``, the value and its flat position when an index (int32/int64, any
+    shape, any device) is outside ``[0, num_rows)``: the rule and the words of every row operator, for code that
+    checks ids before handing them on. CUDA indices are reduced on their GPU; this waits for its current stream."""
+    torch.ops.speedtorch.check_indices(indices, int(num_rows), op, arg)
 
 
 def pinned_empty(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 
 from . import PinnedEmbedding
 from .counters import record_cache_lookups
+from .ops import check_indices
 
 __all__ = ["DeviceTable", "HybridTable"]
 
@@ -175,11 +176,10 @@ class HybridTable:
     @torch.no_grad()
     def set_hot_rows(self, ids: torch.Tensor) -> None:
         """Makes ``ids`` (distinct row ids, at most ``num_hot`` of them) the device-resident rows."""
+        check_indices(ids, self.host.num_rows(), "HybridTable.set_hot_rows", "hot row ids")
         ids = torch.unique(ids.to(self.device, torch.int64))
         if ids.numel() > self.num_hot:
             raise ValueError(f"HybridTable: {ids.numel()} hot rows given, room for {self.num_hot}")
-        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.host.num_rows()):
-            raise IndexError(f"HybridTable: hot row ids must be in [0, {self.host.num_rows()})")
         self.sync_to_host()
         self._device_rows_stale = False  # the host rows are current: the new hot rows are gathered from them
         self.remap[self.hot_ids] = -1
@@ -273,9 +273,7 @@ class HybridTable:
         order = torch.sort(hot.to(torch.uint8), stable=True).indices
         num_hot, num_bad = torch.stack([hot.sum(), bad.sum()]).tolist()
         if num_bad:
-            first = int(bad.nonzero()[0, 0])
-            raise IndexError(f"HybridTable: index {int(ids[first])} at position {first} is out of range for a "
-                             f"table of {n} rows")
+            check_indices(ids, n, "HybridTable")  # the library's rule words the error
         cold_count = ids.numel() - num_hot
         return order[cold_count:], order[:cold_count], slots
 

@@ -1,7 +1,7 @@
 """Serving formats for embedding rows: bf16, row-wise int8 and block-scaled fp8, read with
 :func:`gather_dequant` (``speedtorch::gather_dequant``, which dequantizes to bfloat16 inside the gather kernel).
 
-Layouts (``csrc/quant/row_formats.h``; docs/engram.md). A quantized table is ``uint8 (num_rows, row_stride)``:
+Layouts (``csrc/core/row_formats.h``; docs/engram.md). A quantized table is ``uint8 (num_rows, row_stride)``:
 
 - ``"bf16"``: ``dim`` bfloat16 values (the table may also be a ``bfloat16 (num_rows, dim)`` tensor).
 - ``"int8_rowwise"``: FBGEMM's INT8 inference row (``IntNBitTableBatchedEmbeddingBagsCodegen``): a float16 scale, a

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from .benchmarking import format_table, host_memory_words
+from .benchmarking import format_table, host_memory_words, positive_int
 from .recommender import make_way, zipf_batches
 
 #: Steps each way runs in its turn before the other takes over.
@@ -67,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m speedtorch demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=__doc__ + f" Sizes default to what suits the hardware ({'a GPU' if gpu else 'no GPU'} here).")
-    parser.add_argument("--rows", type=int, default=4_000_000 if gpu else 200_000, help="user table rows")
-    parser.add_argument("--dim", type=int, default=128 if gpu else 32, help="embedding width")
-    parser.add_argument("--items", type=int, default=100_000 if gpu else 10_000, help="item table rows (on the "
+    parser.add_argument("--rows", type=positive_int, default=4_000_000 if gpu else 200_000, help="user table rows")
+    parser.add_argument("--dim", type=positive_int, default=128 if gpu else 32, help="embedding width")
+    parser.add_argument("--items", type=positive_int, default=100_000 if gpu else 10_000, help="item table rows (on the "
                         "compute device)")
-    parser.add_argument("--batch", type=int, default=65_536 if gpu else 4_096, help="interactions per step")
-    parser.add_argument("--steps", type=int, default=200 if gpu else 100, help="timed steps per way")
+    parser.add_argument("--batch", type=positive_int, default=65_536 if gpu else 4_096, help="interactions per step")
+    parser.add_argument("--steps", type=positive_int, default=200 if gpu else 100, help="timed steps per way")
     parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
     parser.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU is present")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -10,7 +10,7 @@ import time
 import torch
 
 from . import PinnedEmbedding
-from .benchmarking import format_table, host_memory_words
+from .benchmarking import format_table, host_memory_words, positive_int
 
 
 def _progress(iterable, desc: str, enabled: bool):
@@ -39,10 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m speedtorch transfer-demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=__doc__ + f" Sizes default to what suits the hardware ({'a GPU' if has_gpu else 'no GPU'} here).")
-    parser.add_argument("--rows", type=int, default=4_000_000 if has_gpu else 1_000_000, help="table rows")
-    parser.add_argument("--dim", type=int, default=128 if has_gpu else 64, help="row width (float32)")
-    parser.add_argument("--batch", type=int, default=65_536 if has_gpu else 16_384, help="distinct rows per step")
-    parser.add_argument("--steps", type=int, default=50, help="timed steps per way")
+    parser.add_argument("--rows", type=positive_int, default=4_000_000 if has_gpu else 1_000_000, help="table rows")
+    parser.add_argument("--dim", type=positive_int, default=128 if has_gpu else 64, help="row width (float32)")
+    parser.add_argument("--batch", type=positive_int, default=65_536 if has_gpu else 16_384, help="distinct rows per step")
+    parser.add_argument("--steps", type=positive_int, default=50, help="timed steps per way")
     parser.add_argument("--cpu", action="store_true", help="stay on the CPU even when a GPU is present")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 // Tests for ops/gather_dequant_op.h (speedtorch::gather_dequant through the dispatcher) and the row layouts of
-// csrc/quant/row_formats.h, on rows written by hand.
+// csrc/core/row_formats.h, on rows written by hand.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

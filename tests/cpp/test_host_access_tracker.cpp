@@ -1,4 +1,4 @@
-// Tests for csrc/transfer/host_access_tracker: the record of UVA accesses stays as large as the work in flight.
+// Tests for csrc/memory/host_access_tracker: the record of UVA accesses stays as large as the work in flight.
 // They need a GPU (UVA accesses are CUDA events) and skip without one.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 
 #include "memory/pinned_host_buffer.h"
 #include "row_ops.h"
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 
 namespace speedtorch {
 namespace {

@@ -1,5 +1,5 @@
 // Tests for ops/ngram_hash_op.h (speedtorch::ngram_hash through the dispatcher, as C++ callers use it) and the hash
-// of csrc/engram/ngram_hash_math.h, on values worked out by hand.
+// of csrc/core/ngram_hash_math.h, on values worked out by hand.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

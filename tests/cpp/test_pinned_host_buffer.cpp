@@ -82,6 +82,24 @@ TEST(PinnedEmpty, ZeroRowsAndNegativeSizes) {
   EXPECT_THROW(pinned_empty({-1, 8}, at::kFloat), c10::Error);
 }
 
+TEST(PinnedEmpty, SizesWhoseBytesOverflowAreRefused) {
+  // 2^62 floats are 2^64 bytes: the count used to wrap to 0 and torch's from_blob then aborted the process.
+  EXPECT_THROW(pinned_empty({int64_t{1} << 62}, at::kFloat), c10::Error);
+  EXPECT_THROW(pinned_empty({int64_t{1} << 31, int64_t{1} << 31, 4}, at::kFloat), c10::Error);
+  // A zero-size dimension makes no bytes, but the other sizes must still multiply out.
+  EXPECT_EQ(pinned_empty({0, int64_t{1} << 40}, at::kFloat).numel(), 0);
+}
+
+TEST(TensorOver, ViewsMustFitTheirBuffer) {
+  auto buffer = std::make_shared<PinnedHostBuffer>(64);
+  EXPECT_EQ(tensor_over(buffer, 0, {4, 4}, {4, 1}, at::kFloat).numel(), 16);
+  EXPECT_EQ(tensor_over(buffer, 64, {0, 4}, {4, 1}, at::kFloat).numel(), 0);
+  EXPECT_THROW(tensor_over(buffer, 4, {4, 4}, {4, 1}, at::kFloat), c10::Error);   // one float past the end
+  EXPECT_THROW(tensor_over(buffer, 0, {2, 4}, {16, 1}, at::kFloat), c10::Error);  // strided past the end
+  EXPECT_THROW(tensor_over(buffer, 0, {int64_t{1} << 62, 2}, {2, 1}, at::kFloat), c10::Error);  // overflows
+  EXPECT_THROW(tensor_over(buffer, 128, {0}, {1}, at::kFloat), c10::Error);  // offset outside
+}
+
 class ReadOnlyMappings : public speedtorch::testing::TempDirTest {
  protected:
   std::string file_of(std::size_t bytes) {

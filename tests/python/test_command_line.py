@@ -71,6 +71,16 @@ def test_demo_help_shows_the_resolved_defaults(demo, cpu_rows, no_gpu, capsys):
     assert "no GPU here" in out
 
 
+@pytest.mark.parametrize("demo", [train_demo, transfer_demo])
+@pytest.mark.parametrize("argument", ["--rows", "--steps", "--batch", "--dim"])
+def test_demos_refuse_sizes_below_one(demo, argument, capsys):
+    """`demo --rows 0` failed deep in the library and `--steps 0` divided by zero: argparse refuses them now."""
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main([argument, "0", "--no-progress", "--cpu"])
+    assert exit_info.value.code == 2
+    assert f"argument {argument}: must be >= 1, got 0" in capsys.readouterr().err
+
+
 def _host_memory_words() -> str:
     return "pinned host RAM" if speedtorch.pinned_empty(1, 1).is_pinned() else "host RAM (not pinned: no GPU)"
 

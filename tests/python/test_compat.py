@@ -540,6 +540,29 @@ def test_variable_transformer():
     assert torch.equal(switcher.variableTransformer(5, 4), torch.arange(20).view(5, 4))
     with pytest.raises(ValueError, match="21 rows.*holds 20"):
         switcher.variableTransformer(7, 3)
+    # No negatives: an empty block, as SpeedTorch returns (it tests negPerBatch against None, not its truth).
+    pos, neg = switcher.variableTransformer(4, 2, 0)
+    assert torch.equal(pos, torch.arange(8).view(4, 2)) and neg.shape == (4, 0) and neg.dtype == torch.int64
+    switcher.zerosInit()
+    switcher.beforeForwardPass(pos, neg)  # and the swap takes it
+    switcher.afterOptimizerStep(pos, neg)
+    with pytest.raises(ValueError, match="negPerBatch must be >= 0, got -1"):
+        switcher.variableTransformer(4, 2, -1)
+
+
+def test_save_cupy_appends_npy_as_numpy_save_does(tmp_path):
+    """SpeedTorch saved through cupy.save, which, as np.save, appends .npy to a name without it."""
+    switcher = SpeedTorch.ModelFactory(torch.nn.Embedding(4, 3), 10, 3)
+    switcher.normalDistributionInit(0.0, 1.0)
+    switcher.saveCupy(tmp_path / "mf2")
+    switcher.saveCupy(str(tmp_path / "mf3.npy"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mf2.npy", "mf3.npy"]
+    np.testing.assert_array_equal(np.load(tmp_path / "mf2.npy"), switcher.getNumpyVersion())
+    np.save(tmp_path / "d.npy", np.ones((5, 2), dtype=np.float32))
+    gadget = SpeedTorch.DataGadget(tmp_path / "d.npy")
+    gadget.gadgetInit()
+    gadget.saveCupy(tmp_path / "d2")
+    np.testing.assert_array_equal(np.load(tmp_path / "d2.npy"), np.ones((5, 2), dtype=np.float32))
 
 
 # --- bad input -------------------------------------------------------------------------------------------------------

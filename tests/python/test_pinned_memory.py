@@ -32,6 +32,30 @@ def test_pinned_empty_rejects_negative_sizes():
         speedtorch.pinned_empty(-1, 8)
 
 
+@pytest.mark.parametrize("size, dtype", [((2**62,), torch.float32), ((2**31, 2**31, 4), torch.float32),
+                                         ((2**61, 2), torch.float16), ((2, 2**62), torch.int8)])
+def test_pinned_empty_refuses_sizes_that_overflow(size, dtype):
+    """Bytes past 64 bits used to wrap (or reach torch's from_blob, which aborts the process): a clear error."""
+    with pytest.raises(RuntimeError, match="overflow"):
+        speedtorch.pinned_empty(*size, dtype=dtype)
+
+
+def test_embedding_sizes_that_overflow_are_refused():
+    """Rows x dim x itemsize and the optimizer state's width and bytes are all checked (they used to wrap: a negative
+    state width, or a view outside its buffer)."""
+    with pytest.raises(RuntimeError, match="overflow"):
+        speedtorch.PinnedEmbedding(2**40, 2**30, torch.float32)
+    with pytest.raises(RuntimeError, match="overflow"):
+        speedtorch.PinnedEmbedding.state_width("adam", {}, 2**62)
+    with pytest.raises(RuntimeError, match="overflow"):
+        speedtorch.PinnedEmbedding(0, 2**61, torch.float32)  # no rows, but a row of 2^63 bytes
+    wide = speedtorch.PinnedEmbedding(0, 2**60, torch.float16)  # rows of 2^61 bytes; Adam's state: 2^63 bytes a row
+    for beside in (True, False):
+        with pytest.raises(RuntimeError, match="overflow"):
+            wide.set_optimizer("adam", {}, beside)
+    assert wide.optimizer() == "" and wide.table().shape == (0, 2**60)  # refused before anything changed
+
+
 def test_pinned_when_cuda_present():
     t = speedtorch.pinned_empty(10, 4)
     assert t.is_pinned() == (torch.cuda.is_available() and "cuda=none" not in speedtorch.build_info())

@@ -158,10 +158,68 @@ def test_opcheck_scatter(op):
     torch.library.opcheck(getattr(torch.ops.speedtorch, op).default, (table, indices, torch.randn(6, 8)))
 
 
+@pytest.mark.parametrize("sorted_unique", [False, True])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_opcheck_row_optimizer_step(sorted_unique, index_dtype):
+    """Schema, fake / Meta kernel, autograd registration and dispatch, with static and dynamic shapes (the Meta
+    kernel called numel() on symbolic shapes, which fails the dynamic-shape check)."""
+    n, d = 20, 8
+    weights = random_table(n, d)
+    state = torch.zeros(n, speedtorch.PinnedEmbedding.state_width("adam", {}, d))
+    indices = (torch.randperm(n)[:6].sort().values if sorted_unique else torch.randint(0, n, (2, 3))).to(index_dtype)
+    grad = torch.randn(*indices.shape, d)
+    torch.library.opcheck(torch.ops.speedtorch.row_optimizer_step_.default,
+                          (weights, state, indices, grad, "adam", {"lr": 0.01}, 1, sorted_unique))
+
+
 def test_gradcheck_gather():
     table = torch.randn(12, 5, dtype=torch.float64, requires_grad=True)
     indices = torch.tensor([[0, 3, 3], [11, 0, 7]])  # duplicates: their gradients add up
     assert torch.autograd.gradcheck(lambda t: speedtorch.gather(t, indices), (table,))
+
+
+def test_rows_of_zero_width():
+    """gather and its backward on a table of 0 columns (the backward reshaped the gradient with -1: an error)."""
+    table = torch.empty(6, 0, requires_grad=True)
+    indices = torch.tensor([[0, 5], [5, 2]])
+    out = speedtorch.gather(table, indices)
+    assert out.shape == (2, 2, 0)
+    out.sum().backward()
+    assert table.grad.shape == (6, 0)
+    speedtorch.scatter_(table.detach(), indices, torch.empty(2, 2, 0))
+
+
+def test_one_index_rule_for_the_operators_and_the_python_layers():
+    """speedtorch.ops.check_indices is the operators' rule (C++), and the Python layers that check ids themselves
+    (the placements' hot rows and splits, the distributed table) call it: the same words, value and position
+    everywhere (they each had their own wording, and set_hot_rows named a position in the sorted distinct ids)."""
+    from speedtorch.nn import HostEmbedding
+    from speedtorch.placement import HybridTable
+
+    ids = torch.tensor([3, 9, 1, 12, 0])
+    rule = r"holds 12 at flat position 3; every index must be in \[0, 10\) for a table of 10 rows"
+    with pytest.raises(IndexError, match="speedtorch.gather: indices " + rule):
+        speedtorch.gather(random_table(10, 4), ids)
+    for index_dtype in INDEX_DTYPES:
+        with pytest.raises(IndexError, match="my_op: ids " + rule):
+            speedtorch.ops.check_indices(ids.to(index_dtype), 10, "my_op", "ids")
+    with pytest.raises(IndexError, match=r"my_op: ids holds 12 at flat position 3 \(ids\[1, 1\]\); every index"):
+        speedtorch.ops.check_indices(ids[:4].reshape(2, 2), 10, "my_op", "ids")  # the element, for shaped ids
+    speedtorch.ops.check_indices(torch.tensor([[0, 9], [4, 4]]), 10)  # in range: nothing
+    speedtorch.ops.check_indices(torch.empty(0, dtype=torch.int64), 0)
+    with pytest.raises(RuntimeError, match="must be int64 or int32"):
+        speedtorch.ops.check_indices(torch.tensor([1.0]), 10)
+
+    host = speedtorch.PinnedEmbedding(10, 4, torch.float32)
+    host.set_optimizer("sgd", {"lr": 0.1}, True)
+    hybrid = HybridTable(host, "cpu", 4)
+    with pytest.raises(IndexError, match="HybridTable: indices " + rule):
+        hybrid.gather(ids)
+    with pytest.raises(IndexError, match="HybridTable.set_hot_rows: hot row ids " + rule):
+        hybrid.set_hot_rows(ids)
+    cached = HostEmbedding(10, 4, device="cpu", placement="hybrid", cache_rows=8)
+    with pytest.raises(IndexError, match="HostEmbedding.set_hot_rows: hot row ids " + rule):
+        cached.set_hot_rows(ids)
 
 
 def test_meta_tensors():

@@ -4,6 +4,12 @@ kernels and CPU access."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import shutil
+import threading
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import last_wins_reference, random_table
@@ -231,6 +237,84 @@ def test_mismatched_gpus_for_gpu_table():
         speedtorch.gather(table, torch.tensor([1], device="cuda:1"))
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_cuda_indices_on_another_gpu_than_the_rows(fraction, transfer_settings):
+    """Indices on GPU 1, rows on GPU 0, table in pinned host memory: the indices reached pin_memory() ("cannot pin
+    'torch.cuda.LongTensor'"). They are copied between the GPUs now, for gather, scatter_ and the optimizer step."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    force_split(transfer_settings, fraction)
+    table = random_table(300, 16, pinned=True)
+    expected = table.clone()
+    indices = torch.randint(0, 300, (64,))
+    out = speedtorch.gather(table, indices.to("cuda:1"), device="cuda:0")
+    assert out.device == torch.device("cuda", 0)
+    torch.testing.assert_close(out.cpu(), expected[indices], rtol=0, atol=0)
+
+    rows = torch.randperm(300)[:40]
+    src = torch.randn(40, 16)
+    speedtorch.scatter_(table, rows.to("cuda:1"), src.to("cuda:0"))
+    torch.cuda.synchronize(0)
+    expected[rows] = src
+    torch.testing.assert_close(table, expected, rtol=0, atol=0)
+
+    emb = speedtorch.PinnedEmbedding(300, 16, torch.float32)
+    emb.copy_(expected)
+    emb.set_optimizer("sgd", {"lr": 0.5}, True)
+    reference = speedtorch.PinnedEmbedding(300, 16, torch.float32)
+    reference.copy_(expected)
+    reference.set_optimizer("sgd", {"lr": 0.5}, True)
+    grad = torch.randn(64, 16)
+    for sorted_unique, ids in ((False, indices), (True, torch.unique(indices))):
+        g = grad[: ids.numel()]
+        emb.apply_gradients(ids.to("cuda:1"), g.to("cuda:0"), sorted_unique)
+        reference.apply_gradients(ids, g, sorted_unique)  # the CPU route
+    torch.cuda.synchronize(0)
+    torch.testing.assert_close(emb.table(), reference.table(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(emb.gather(indices.to("cuda:1"), torch.device("cuda:0")).cpu(),
+                               reference.table()[indices], rtol=1e-6, atol=1e-6)
+
+
+def test_cpu_rows_with_cuda_indices_write_a_table_gpus_only_read(tmp_path):
+    """A file table opened 'r+' outside tmpfs is registered read-only for GPUs. CPU rows with CUDA indices are
+    written by CPU threads, yet scatter_ refused them as a GPU write (and the optimizer's CPU route handed CUDA
+    indices to a host-only check)."""
+    spare = Path(speedtorch.library_path()).parent / f"speedtorch-test-{os.getpid()}"  # the build folder: on disk
+    try:
+        _write_a_table_gpus_only_read((tmp_path, spare))
+    finally:
+        shutil.rmtree(spare, ignore_errors=True)
+
+
+def _write_a_table_gpus_only_read(folders) -> None:
+    table = random_table(50, 8)
+    ids = torch.tensor([4, 0, 7, 4], device="cuda")
+    for folder in folders:  # the first outside tmpfs
+        folder.mkdir(exist_ok=True)
+        path = folder / "t.npy"
+        speedtorch.data.save_npy(table, path)
+        mapped = speedtorch.data.open_npy(path, "r+")
+        try:
+            speedtorch.scatter_(mapped, ids, torch.zeros(4, 8, device="cuda"))
+        except RuntimeError as error:
+            assert "GPUs may only read" in str(error)
+            break
+    else:
+        pytest.skip("no folder outside tmpfs: GPUs may write every 'r+' mapping here")
+    src = torch.randn(4, 8)
+    speedtorch.scatter_(mapped, ids, src)
+    table[[0, 7, 4]] = src[[1, 2, 3]]  # the last of the repeated id wins
+    torch.testing.assert_close(mapped, table, rtol=0, atol=0)
+    state = torch.zeros(50, speedtorch.PinnedEmbedding.state_width("sgd", {}, 8))
+    grad = torch.randn(4, 8)
+    torch.ops.speedtorch.row_optimizer_step_(mapped, state, ids, grad, "sgd", {"lr": 1.0}, 1)
+    table.index_add_(0, ids.cpu(), -grad)
+    torch.testing.assert_close(mapped, table, rtol=1e-6, atol=1e-6)
+    del mapped
+    reread = speedtorch.data.load_npy(path, pinned=False)
+    torch.testing.assert_close(reread, table, rtol=1e-6, atol=1e-6)  # the writes reached the file
+
+
 def test_opcheck_on_gpu():
     # opcheck clones its inputs into pageable memory, so it can only exercise GPU-resident tables here; the pinned
     # host table with CUDA rows is covered by the tests above and its fake kernel by the next test.
@@ -271,20 +355,68 @@ def _keep_stream_busy() -> None:
     torch.cuda._sleep(1_000_000_000)
 
 
+class StreamGate:
+    """Holds the current CUDA stream at the point of construction until open_after() has been called and its delay
+    has passed, with nothing else deciding when: the stream waits (the driver's cuStreamWaitValue32) for a flag in
+    pinned host memory, and a host thread blocked in read() on a timerfd writes the flag when the timer fires. That
+    thread holds no GIL, so the gate opens even while the calling thread is blocked in C++ (as in `del table`,
+    which waits for the GPU)."""
+
+    def __init__(self):
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        cuda = ctypes.CDLL("libcuda.so.1")
+        self._flag = torch.zeros(2, dtype=torch.int32).pin_memory()  # read() writes 8 bytes: the expiration count
+        self._timer = self._libc.timerfd_create(1, 0)  # CLOCK_MONOTONIC
+        assert self._timer >= 0, f"timerfd_create: errno {ctypes.get_errno()}"
+        self._set_timer(60.0)  # a safety net: should the code under test wait for the stream, it still ends
+        self._writer = threading.Thread(target=self._libc.read,
+                                        args=(self._timer, ctypes.c_void_p(self._flag.data_ptr()), ctypes.c_size_t(8)))
+        self._writer.start()
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        # cuStreamWaitValue32_v2(stream, address, value, CU_STREAM_WAIT_VALUE_GEQ): pinned memory allocated by
+        # cudaHostAlloc (Tensor.pin_memory) has the same address on the GPU.
+        result = cuda.cuStreamWaitValue32_v2(stream, ctypes.c_uint64(self._flag.data_ptr()), ctypes.c_uint32(1),
+                                             ctypes.c_uint(0))
+        if result != 0:
+            self.open_after(0.0)
+            pytest.fail(f"cuStreamWaitValue32_v2 failed with CUresult {result}")
+
+    def _set_timer(self, seconds: float) -> None:
+        whole = int(seconds)
+        spec = (ctypes.c_long * 4)(0, 0, whole, int((seconds - whole) * 1e9) or (0 if whole else 1))
+        assert self._libc.timerfd_settime(self._timer, 0, spec, None) == 0, f"errno {ctypes.get_errno()}"
+
+    def open_after(self, seconds: float) -> None:
+        """Re-arms the timer: the gate opens `seconds` from now (a no-op once it is open)."""
+        self._set_timer(seconds)
+
+    def close(self) -> None:
+        self.open_after(0.0)
+        self._writer.join()
+        os.close(self._timer)
+
+
 def test_freeing_a_table_waits_for_its_queued_scatter(transfer_settings):
     """A temporary pinned table dropped right after a scatter_ from the GPU was unmapped under the queued kernel
-    (issue 13): releasing the memory now waits for the kernels still using it."""
+    (issue 13): releasing the memory now waits for the kernels still using it. Decided without timing: the kernel
+    is held behind a gate that opens only after `del` has started (a timer armed just before it, which the waiting
+    `del` does not depend on), so a `del` that returns before the kernel ran is always seen (it was seen only when
+    a sleep outlasted the calls before, which compute-sanitizer's slower launches broke)."""
     force_split(transfer_settings, 1.0)
     table = speedtorch.pinned_empty(2000, 64)
     indices = torch.randint(0, 2000, (1000,))  # CPU indices: validated on the host, so nothing waits for the stream
     src = torch.randn(1000, 64, device="cuda")
     torch.cuda.synchronize()
     stream = torch.cuda.current_stream()
-    _keep_stream_busy()
-    speedtorch.scatter_(table, indices, src)
-    assert not stream.query(), "the scatter kernel should still be queued behind the sleep"
-    del table
-    assert stream.query(), "freeing the table returned before the kernel writing it had finished"
+    gate = StreamGate()
+    try:
+        speedtorch.scatter_(table, indices, src)
+        assert not stream.query(), "the scatter kernel should still be queued behind the gate"
+        gate.open_after(0.2)
+        del table
+        assert stream.query(), "freeing the table returned before the kernel writing it had finished"
+    finally:
+        gate.close()
     torch.cuda.synchronize()  # the context is intact
 
 

@@ -147,6 +147,34 @@ def test_bad_arguments():
     assert torch.count_nonzero(state) == 0  # nothing was touched
 
 
+@pytest.mark.parametrize("beside", [True, False])
+def test_a_table_of_zero_rows_takes_an_optimizer(beside):
+    """set_optimizer on 0 rows placed the state at its offset inside a 1-byte buffer ("view offset 32 outside a
+    buffer of 1 bytes")."""
+    emb = speedtorch.PinnedEmbedding(0, 8, torch.float32)
+    emb.set_optimizer("adam", {"lr": 0.1}, beside)
+    width = speedtorch.PinnedEmbedding.state_width("adam", {}, 8)
+    assert emb.table().shape == (0, 8) and emb.state().shape == (0, width)
+    emb.apply_gradients(torch.empty(0, dtype=torch.int64), torch.empty(0, 8), False)
+    assert emb.step_count() == 1 and emb.gather(torch.empty(0, dtype=torch.int64), None).shape == (0, 8)
+    with pytest.raises(IndexError, match="holds 0 at flat position 0"):
+        emb.apply_gradients(torch.tensor([0]), torch.randn(1, 8), False)
+    users = speedtorch.nn.HostEmbedding(0, 8, device="cpu", state_beside_rows=beside)  # it failed the same way
+    users(torch.empty(0, dtype=torch.int64)).sum().backward()
+    users.step()
+
+
+def test_rows_of_zero_width_take_an_optimizer_step():
+    """A table of 0 columns: the step (and gather's backward, in test_row_ops.py) reshaped the gradient with -1,
+    which a 0-element tensor cannot resolve."""
+    weights, state = torch.empty(5, 0), torch.zeros(5, 4)
+    for sorted_unique in (False, True):
+        torch.ops.speedtorch.row_optimizer_step_(weights, state, torch.tensor([1, 3]), torch.empty(2, 0), "adam",
+                                                 {"lr": 0.1}, 1, sorted_unique)
+    with pytest.raises(IndexError, match="holds 5"):
+        torch.ops.speedtorch.row_optimizer_step_(weights, state, torch.tensor([5]), torch.empty(1, 0), "adam", {}, 1)
+
+
 def test_vec4_kernel_choice_is_a_transfer_setting():
     assert speedtorch.transfer_config()["optimizer_vec4"] == 1.0  # on unless the environment said otherwise
     with speedtorch.transfer_config_override(optimizer_vec4=0):

@@ -35,6 +35,9 @@ class DistributedHostEmbedding(HostEmbedding):
     whatever the world size.
     """
 
+    # The rows are in /dev/shm already, shared by the host's ranks: model.share_memory() has nothing to do here.
+    _rows_shared_between_processes = True
+
     def __init__(self, num_embeddings: int, embedding_dim: int, *, mode: Optional[str] = None,
                  optimizer: str = "adam", optimizer_options: Optional[dict] = None,
                  device: Optional[torch.device | str] = None, dtype: torch.dtype = torch.float32,

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .. import PinnedEmbedding
+from ..ops import check_indices
 from .host_shard import open_host_shard
 from .row_sharding import RowLayout, RowSharding
 from .topology import HostTopology
@@ -131,8 +132,7 @@ class ShardedHostTable:
         if bool(bad.any()):
             first = int(bad.nonzero()[0, 0])
             self.sharding.refuse_lookup(int(ids[first]))  # with several hosts, every rank raises with this one
-            raise IndexError(f"ShardedHostTable (rank {self.layout.topology.rank}): index {int(ids[first])} at "
-                             f"position {first} is out of range for a table of {self._num_rows} rows")
+            check_indices(ids, self._num_rows, f"ShardedHostTable (rank {self.layout.topology.rank})")  # words it
         return self.sharding.gather(ids, device).reshape(*indices.shape, self.dim())
 
     def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor) -> None:

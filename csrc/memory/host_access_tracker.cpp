@@ -1,5 +1,5 @@
 // Pending UVA accesses per pinned allocation (see host_access_tracker.h).
-#include "transfer/host_access_tracker.h"
+#include "memory/host_access_tracker.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "optim/row_optimizer_math.h"  // SPEEDTORCH_HOST_DEVICE
+#include "core/row_optimizer_math.h"  // SPEEDTORCH_HOST_DEVICE
 
 namespace speedtorch {
 
