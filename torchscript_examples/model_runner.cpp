@@ -10,6 +10,20 @@
 namespace speedtorch::serving {
 namespace {
 
+// The rows /health names: a serving copy's format, else the dtype of the PinnedEmbedding a model keeps its users in,
+// else "unknown" (the server needs only the methods model_runner.h names, not a `users` attribute).
+std::string scripted_table_format(const torch::jit::Module& model) {
+  if (model.hasattr("table_format")) return model.attr("table_format").toStringRef();
+  if (model.hasattr("users")) {
+    const c10::IValue users = model.attr("users");
+    if (users.isCustomClass() &&
+        users.type().get() == c10::getCustomClassType<c10::intrusive_ptr<PinnedEmbedding>>().get()) {
+      return dtype_format_name(users.toCustomClass<PinnedEmbedding>()->table().scalar_type());
+    }
+  }
+  return "unknown";
+}
+
 class TorchScriptRunner final : public ModelRunner {
  public:
   TorchScriptRunner(torch::jit::Module model, torch::Device device) : model_(std::move(model)), device_(device) {
@@ -18,13 +32,8 @@ class TorchScriptRunner final : public ModelRunner {
     const torch::Tensor items = model_.attr("items").toTensor();
     num_items_ = items.size(0);
     dim_ = items.size(1);
-    if (model_.hasattr("table_format")) {  // a serving copy (quantized_recommender.py)
-      table_format_ = model_.attr("table_format").toStringRef();
-      updatable_ = false;
-    } else {
-      table_format_ = dtype_format_name(model_.attr("users").toCustomClass<PinnedEmbedding>()->table().scalar_type());
-      updatable_ = true;
-    }
+    updatable_ = !model_.hasattr("table_format");  // a serving copy (quantized_recommender.py) is read-only
+    table_format_ = scripted_table_format(model_);
   }
 
   int64_t num_users() const override { return num_users_; }

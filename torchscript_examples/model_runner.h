@@ -37,7 +37,8 @@ class ModelRunner {
   virtual void update_rows(const torch::Tensor& user_ids, const torch::Tensor& rows) = 0;
 
   // The user table's rows: "float32", "float16" or "bfloat16" for a PinnedEmbedding (updatable), or the format of a
-  // read-only serving copy (quantized_recommender.py): "fp16", "bf16", "int8_rowwise" or "fp8_e4m3_ue8m0".
+  // read-only serving copy (quantized_recommender.py): "fp16", "bf16", "int8_rowwise" or "fp8_e4m3_ue8m0";
+  // "unknown" for a scripted model that keeps its rows otherwise.
   virtual std::string table_format() const = 0;
   // Whether update_rows may be called: false for a serving copy (the service answers /update with 409).
   virtual bool updatable() const = 0;

@@ -6,7 +6,10 @@ user table to each serving format (quantized_recommender.py) and prints, against
 - the rows' error (relative RMS over every row, and the largest absolute error of one value);
 - scores: the largest absolute error over random (user, item) pairs;
 - top-k: the share of /topk requests (random users) whose answer is the float32 model's: the same best item (top-1),
-  the same k items in the same order, and the same k items in any order (the target for int8: >= 99%);
+  the same k items in the same order, and the same k items in any order (the target for int8: >= 99%); the mean
+  recall@k (the share of the float32 model's k best items the answer holds); and the largest score loss: how much
+  lower, under the float32 model, the answer's i-th item scores than the float32 model's i-th best item (what the
+  items a copy swaps cost: near-ties cost about the score error);
 - with --server, the same requests are sent to speedtorch_server serving each model (answers compared between the
   servers), and the server's resident memory after every row has been read once (VmRSS: host RAM it holds); the
   float32 model is served without the Adam state its table keeps for training (which no server reads).
@@ -102,6 +105,18 @@ def answers_from_server(server: load_test.Server, top_users: list[int], pairs, k
     return tops, torch.tensor(scores)
 
 
+def top_k_agreement(model, top_users: list[int], tops: list[list[int]], fp32_tops: list[list[int]]):
+    """(mean recall@k, largest score loss) of a copy's top-k answers against the float32 model's, scored by the
+    float32 model: recall@k is the share of the float32 k best items an answer holds; the score loss of an answer
+    is max over ranks i of (float32 score of its i-th best item - float32 score of the answer's i-th item)."""
+    recall, loss = 0.0, 0.0
+    for user, got, best in zip(top_users, tops, fp32_tops):
+        recall += len(set(got) & set(best)) / len(best)
+        scores = model.score(torch.full((len(got) + len(best),), user), torch.tensor(got + best)).detach()
+        loss = max(loss, float((scores[len(got):] - scores[:len(got)]).max()))
+    return recall / len(tops), loss
+
+
 def resident_bytes_after_reading_every_row(server: load_test.Server, users: int, chunk: int = 4096) -> int:
     """The server's VmRSS after /lookup has read every row once (a mapped table is resident once touched)."""
     host, port = server.url[len("http://"):].rsplit(":", 1)
@@ -164,9 +179,11 @@ def main() -> int:
     k = args.k
     print(f"{'format':<16} {'table bytes':>12} {'of fp32':>8} {'server RSS':>11} {'RAM saved':>10} "
           f"{'row rel RMS':>11} {'max |row err|':>13} {'max |score err|':>15} {'top-1 same':>10} "
-          f"{f'top-{k} same':>11} {f'top-{k} set':>10}")
+          f"{f'top-{k} same':>11} {f'top-{k} set':>10} {f'recall@{k}':>10} {'max score loss':>14}")
 
     def line(name, nbytes, rss, rel, largest, score_err, tops):
+        recall, score_loss = top_k_agreement(model, top_users, tops, fp32_tops)
+
         def share(same):
             return f"{100 * sum(same(a, b) for a, b in zip(tops, fp32_tops)) / len(tops):.2f}%"
 
@@ -174,7 +191,8 @@ def main() -> int:
         saved = f"{(fp32_rss - rss) / 2**20:.1f} MiB" if rss is not None else "-"
         print(f"{name:<16} {nbytes:>12} {nbytes / fp32_bytes:>8.3f} {rss_text:>11} {saved:>10} {rel:>11.2e} "
               f"{largest:>13.2e} {score_err:>15.2e} {share(lambda a, b: a[:1] == b[:1]):>10} "
-              f"{share(lambda a, b: a == b):>11} {share(lambda a, b: set(a) == set(b)):>10}")
+              f"{share(lambda a, b: a == b):>11} {share(lambda a, b: set(a) == set(b)):>10} {100 * recall:>9.2f}% "
+              f"{score_loss:>14.2e}")
 
     line("float32", fp32_bytes, fp32_rss, 0.0, 0.0, 0.0, fp32_tops)
     for fmt, copy in copies.items():

@@ -193,6 +193,35 @@ TEST(RequestHandler, AServingCopyRefusesUpdatesAndStillServes) {
   EXPECT_EQ(service.lookup(R"({"ids": [3]})").status, 200);
 }
 
+// The server needs a model's methods, not a PinnedEmbedding: a model keeping its rows in a tensor (no `users`
+// attribute) was refused once /health named the table's format ("Tried to cast IValue to custom class").
+TEST(RequestHandler, AModelWithoutAPinnedEmbeddingServesWithAnUnknownFormat) {
+  torch::jit::Module m("Recommender");
+  const at::Tensor rows = torch::randn({20, 3});
+  m.register_parameter("rows", rows, false);
+  m.register_parameter("items", torch::randn({5, 3}), false);
+  m.define(R"(
+    def num_users(self) -> int:
+        return self.rows.size(0)
+    def lookup(self, ids: Tensor) -> Tensor:
+        return self.rows[ids]
+    def score(self, users: Tensor, items: Tensor) -> Tensor:
+        return (self.rows[users] * self.items[items]).sum(-1)
+    def top_k(self, user: int, k: int) -> Tuple[Tensor, Tensor]:
+        top = torch.topk(self.items @ self.rows[user], k)
+        return top.indices, top.values
+    def update_rows(self, ids: Tensor, rows: Tensor) -> None:
+        self.rows[ids] = rows
+  )");
+  RecommenderService service(m, 8);
+  EXPECT_EQ(service.table_format(), "unknown");
+  const Response r = service.lookup(R"({"ids": [4]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["rows"][0][1].get<float>(), rows[4][1].item<float>());
+  EXPECT_EQ(service.update(R"({"ids": [4], "rows": [[1, 2, 3]]})").status, 200);
+  EXPECT_EQ(rows[4][2].item<float>(), 3.0f);
+}
+
 // Ids above INT64_MAX were read as negative ("unknown id -1"): the answer names the id that was sent.
 TEST(RequestHandler, HugeUnsignedIdsAreNamedAsSent) {
   RecommenderService service(make_model(20, 30, 2), 8);
