@@ -23,6 +23,7 @@ from speedtorch.quantized import QuantizedRows
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "torchscript_examples"))
 import load_test  # noqa: E402
+import quantized_accuracy  # noqa: E402
 import quantized_recommender  # noqa: E402
 import recommender_aoti  # noqa: E402
 import recommender_model  # noqa: E402
@@ -121,6 +122,20 @@ def test_relative_table_paths_resolve_as_sidecars_do(trained, tmp_path, monkeypa
     speedtorch.jit_save(copy, tmp_path / "model.pt")
     ids = torch.arange(USERS)
     assert torch.equal(torch.jit.load(str(tmp_path / "model.pt")).lookup(ids), copy.lookup(ids))
+
+
+def test_top_k_agreement_counts_recall_and_the_score_a_swap_loses():
+    # quantized_accuracy.py's figures, on a model whose scores are the item ids: against a float32 top 3 of
+    # [9, 8, 7], the answer [9, 7, 8] holds all three (recall 1) and loses 8 - 7 = 1 at rank 2; [9, 8, 5] holds two
+    # and loses 7 - 5 = 2 at rank 3, the largest loss.
+    class ScoresAreItemIds:
+        def score(self, users, items):
+            return items.float()
+
+    recall, loss = quantized_accuracy.top_k_agreement(ScoresAreItemIds(), [0, 1], [[9, 7, 8], [9, 8, 5]],
+                                                      [[9, 8, 7], [9, 8, 7]])
+    assert recall == pytest.approx((1 + 2 / 3) / 2) and loss == 2.0
+    assert quantized_accuracy.top_k_agreement(ScoresAreItemIds(), [0], [[9, 8]], [[9, 8]]) == (1.0, 0.0)
 
 
 def test_server_serves_the_copy_checked_by_the_load_test_and_refuses_updates(trained, int8_copy):
