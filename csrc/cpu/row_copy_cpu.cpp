@@ -39,6 +39,8 @@ inline int64_t grain_rows(int64_t row_bytes) {
 template <typename Index>
 void gather_rows_cpu(const HostRows& table, const Index* indices, int64_t count, char* out) {
   const int64_t rb = table.row_bytes;
+  // Rows of zero width have no storage: memcpy of 0 bytes from a null pointer is still undefined behaviour.
+  if (count == 0 || rb == 0) return;
   at::parallel_for(0, count, grain_rows(rb), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (i + kPrefetchDistance < end) {
@@ -53,6 +55,7 @@ template <typename Index>
 void scatter_rows_cpu(const HostRows& table, const Index* indices, int64_t count, const char* src,
                       const uint8_t* keep) {
   const int64_t rb = table.row_bytes;
+  if (count == 0 || rb == 0) return;  // as in gather_rows_cpu
   auto row = [&](int64_t i) { return table.base + static_cast<int64_t>(indices[i]) * table.row_stride_bytes; };
   const int64_t grain = grain_rows(rb);
   if (keep != nullptr) {
