@@ -110,6 +110,9 @@ class DeviceTable:
     def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor, sorted_unique: bool = False) -> None:
         if self._state is None:
             raise RuntimeError("DeviceTable.apply_gradients: no optimizer; call set_optimizer(kind, options) first")
+        # The table stays where it was built while a module's forward may have moved (model.cuda() on a table
+        # built on the CPU): its gradients come back to the table's device.
+        indices, grad = indices.to(self._table.device), grad.to(self._table.device)
         torch.ops.speedtorch.row_optimizer_step_(self._table, self._state, indices, grad, self._optimizer,
                                                  self._options, self._step + 1, sorted_unique)
         self._step += 1

@@ -4,6 +4,8 @@ state_dict entries that survive regrouping and torch.distributed.checkpoint, pla
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -278,7 +280,7 @@ def test_placements_train_alike_on_a_gpu():
                           optimizer_options={"lr": 0.1})
         # The same starting rows for every placement (a seed draws different values on the host and on a GPU).
         if start is None:
-            start = {name: t.clone() for name, t in collection.state_dict().items()}
+            start = copy.deepcopy(collection.state_dict())  # tensors and the optimizers' settings
         else:
             collection.load_state_dict(start)
         for features in batches:
