@@ -57,8 +57,9 @@ test-package:
 # test_distributed.py (and test_train_pipeline_distributed.py, which spawns ranks the same way) is left to make
 # test: it starts dozens of Python processes whose own work (Gloo, pickling) is not ours; the library calls it makes
 # (PinnedEmbedding.create / open, the fused step) have tests of their own that run here. So are the example server's
-# process tests (test_server_robustness.py, test_server_protocol.py): the server is not built here; its request
-# reading has GoogleTest tests and a fuzz target.
+# process tests (test_server_robustness.py, test_server_protocol.py, test_quantized_serving.py, which also compiles
+# a package): the server is not built here; its request reading has GoogleTest tests and a fuzz target, and the
+# operators the quantized copies use are tested here (test_gather_dequant.py, test_persistence.py).
 ASAN_BUILD ?= build-asan
 sanitize: deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) -DSPEEDTORCH_CUDA=OFF \
@@ -72,7 +73,8 @@ sanitize: deps
 	  $(PYTHON) -m pytest tests/python -q -m "not gpu" -p no:cacheprovider \
 	  --ignore=tests/python/test_compile_export.py --ignore=tests/python/test_torchscript_examples.py \
 	  --ignore=tests/python/test_distributed.py --ignore=tests/python/test_train_pipeline_distributed.py \
-	  --ignore=tests/python/test_server_robustness.py --ignore=tests/python/test_server_protocol.py
+	  --ignore=tests/python/test_server_robustness.py --ignore=tests/python/test_server_protocol.py \
+	  --ignore=tests/python/test_quantized_serving.py
 
 CXX_FOR_ASAN ?= c++
 

@@ -9,9 +9,11 @@
 #include <tuple>
 #include <vector>
 
+#include "embedding/embedding_pickle.h"
 #include "io/content_hash.h"
 #include "io/embedding_files.h"
 #include "io/npy_file.h"
+#include "io/write_cancellation.h"
 #include "memory/pinned_host_buffer.h"
 #include "optim/optimizer_config.h"
 
@@ -20,6 +22,13 @@ namespace {
 
 std::string save_npy_op(const at::Tensor& tensor, const std::string& path) {
   return io::hash_to_hex(io::save_npy(tensor, path));
+}
+
+std::string content_hash_op(const at::Tensor& tensor) {
+  TORCH_CHECK(tensor.device().is_cpu(), "speedtorch.content_hash: the tensor must be in host memory, got one on ",
+              tensor.device());
+  // 2-D tensors (tables) are hashed a chunk at a time when strided, never copied whole.
+  return tensor.dim() == 2 ? io::content_hash_of_rows(tensor) : io::content_hash_of(tensor.contiguous());
 }
 
 at::Tensor load_npy_op(const std::string& path, bool pinned) { return io::load_npy(path, pinned); }
@@ -78,6 +87,12 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
   // `tensor` (any shape, device, strides) to a .npy file, streamed in chunks, atomically; returns the data's
   // content hash (16 hex digits).
   m.def("save_npy(Tensor tensor, str path) -> str", &save_npy_op);
+  // The content hash save_npy returns for `tensor` (a host tensor: its bytes in C order), without writing anything:
+  // tells a mapped file from another save of the same shape (the quantized serving model of torchscript_examples/).
+  m.def("content_hash(Tensor tensor) -> str", &content_hash_op);
+  // A path of a file saved beside a model as the loader takes it: absolute as it is, relative under
+  // $SPEEDTORCH_SIDECAR_DIR when set, else relative to the current directory (PinnedEmbedding's sidecar rule).
+  m.def("resolve_sidecar_path(str path) -> str", &speedtorch::resolve_sidecar_path);
   // A new tensor holding a .npy file, read straight into exact-size pinned memory (pinned=True) or ordinary memory.
   m.def("load_npy(str path, bool pinned=True) -> Tensor", &load_npy_op);
   // A .npy file into an existing tensor of its shape (any device, strides; floating types convert).
@@ -96,4 +111,7 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
   // Those files into existing tensors (any device), checking the content hashes when verify.
   m.def("load_embedding_files_(Tensor(a!) table, Tensor(b!)? state, str path, bool verify=True) -> ()",
         &load_embedding_files_op);
+  // Stops every file write in progress at its next chunk, committing nothing (io/write_cancellation.h): what a
+  // KeyboardInterrupt during a save calls.
+  m.def("cancel_writes() -> ()", [] { speedtorch::io::cancel_writes_in_progress(); });
 }

@@ -40,6 +40,11 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
            "One optimizer step on the rows indices name (duplicates' gradients summed; sorted_unique=True: indices "
            "are strictly increasing, checked, and the summing pass is skipped)",
            {torch::arg("indices"), torch::arg("grad"), torch::arg("sorted_unique") = false})
+      .def("set_optimizer_options", &PinnedEmbedding::set_optimizer_options,
+           "Changes the optimizer's hyper-parameters in place (all options given; state and step count kept)",
+           {torch::arg("options")})
+      .def_static("optimizer_defaults", &PinnedEmbedding::optimizer_defaults,
+                  "Every option an optimizer accepts, with its default value")
       .def("optimizer", &PinnedEmbedding::optimizer)
       .def("optimizer_options", &PinnedEmbedding::optimizer_options)
       .def("state", &PinnedEmbedding::state)
@@ -75,6 +80,12 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
            {torch::arg("name"), torch::arg("value")})
       .def("transfer_options", &PinnedEmbedding::transfer_options)
       .def("clear_transfer_options", &PinnedEmbedding::clear_transfer_options)
+      // torch.export keeps a table it finds on a module as the real object (a constant of the exported program)
+      // instead of flattening it into fake tensors: its rows are the table itself, not inputs to trace.
+      .def("tracing_mode", [](const c10::intrusive_ptr<PinnedEmbedding>&) { return std::string("real"); })
+      // Python's repr() and str() of a table (ScriptObject routes both magic methods to the class's own).
+      .def("__repr__", &PinnedEmbedding::repr)
+      .def("__str__", &PinnedEmbedding::repr)
       .def_pickle(
           [](const c10::intrusive_ptr<PinnedEmbedding>& self) { return speedtorch::pickle_embedding(self); },
           [](speedtorch::PickledEmbedding state) { return speedtorch::unpickle_embedding(std::move(state)); });

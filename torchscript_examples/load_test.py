@@ -11,8 +11,14 @@ Two kinds of client:
   measures the client itself against a trivial endpoint.
 
     python torchscript_examples/load_test.py --server build/torchscript_examples/speedtorch_server --model model.pt \
-        [--package model.pt2 --table users.npy] [--load-client build/torchscript_examples/speedtorch_load_client \
-        --clients 64 --seconds 10 --update-every 50 --ceiling]
+        [--package model.pt2 --table users.npy] [--quantized model_int8.pt [--quantized-package model_int8.pt2]] \
+        [--load-client build/torchscript_examples/speedtorch_load_client --clients 64 --seconds 10 \
+        --update-every 50 --ceiling]
+
+--quantized also serves a serving copy of the model (quantized_recommender.py: a float16, bf16, int8 or fp8 user
+table), and --quantized-package its AOTInductor package over the copy's table file; their answers are checked
+against the copy run in Python (the library's own dequantizing gather), and their runs send no /update (the copy is
+read-only). quantized_accuracy.py compares the copy's answers with the float32 model's.
 """
 
 from __future__ import annotations
@@ -151,10 +157,10 @@ def side_by_side(results: dict[str, dict]) -> str:
     """A table of the runs' figures, with each run's throughput as a ratio to the first's."""
     names = list(results)
     first = results[names[0]]["req/s"]
-    lines = [f"{'server':<18} {'requests':>8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s ratio':>11} {'wrong':>5}"]
+    lines = [f"{'server':<26} {'requests':>8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s ratio':>11} {'wrong':>5}"]
     for name in names:
         r = results[name]
-        lines.append(f"{name:<18} {r['requests']:>8} {r['req/s']:>9.1f} {r['p50 ms']:>8.2f} {r['p99 ms']:>8.2f} "
+        lines.append(f"{name:<26} {r['requests']:>8} {r['req/s']:>9.1f} {r['p50 ms']:>8.2f} {r['p99 ms']:>8.2f} "
                      f"{r['req/s'] / first:>10.2f}x {len(r['failures']):>5}")
     return "\n".join(lines)
 
@@ -194,6 +200,10 @@ def main() -> int:
     parser.add_argument("--model", required=True, help="the scripted model: served, and the reference answers")
     parser.add_argument("--package", help="its AOTInductor package (recommender_aoti.py), served too")
     parser.add_argument("--table", help="the package's user table files (recommender_aoti.py --table)")
+    parser.add_argument("--quantized", help="a serving copy of the model (quantized_recommender.py), served too and "
+                        "checked against itself run in Python; its runs send no /update (the copy is read-only)")
+    parser.add_argument("--quantized-package", help="the serving copy's AOTInductor package (recommender_aoti.py "
+                        "--model COPY.pt), served too, over the copy's table file")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=500, help="per client")
     parser.add_argument("--threads", type=int, default=8, help="server threads")
@@ -218,31 +228,43 @@ def main() -> int:
     args = parser.parse_args()
     if bool(args.package) != bool(args.table):
         parser.error("--package and --table go together")
+    if args.quantized_package and not args.quantized:
+        parser.error("--quantized-package needs --quantized (the serving copy it was compiled from)")
     model = torch.jit.load(args.model)
-    served = {"torchscript": (args.model, None)}
+    # name: (served file, its table files, the reference model, whether /updates are sent)
+    served = {"torchscript": (args.model, None, model, True)}
     if args.package:
-        served["aoti"] = (args.package, args.table)
+        served["aoti"] = (args.package, args.table, model, True)
+    if args.quantized:
+        copy = torch.jit.load(args.quantized)
+        served[f"torchscript {copy.table_format}"] = (args.quantized, None, copy, False)
+        if args.quantized_package:
+            table = torch.ops.speedtorch.resolve_sidecar_path(copy.table_path)
+            served[f"aoti {copy.table_format}"] = (args.quantized_package, table, copy, False)
     results = {}
-    expected = None
-    if args.load_client:
-        # The rows every server starts with (a package's table files hold the scripted model's table).
-        expected = Path(tempfile.mkdtemp()) / "table.f32"
-        model.users.table().contiguous().numpy().tofile(expected)
+    expected_rows: dict[int, Path] = {}  # the rows every server of one reference starts with, for the load client
     users, dim = model.num_users(), model.items.shape[1]
     extra = args.server_args.split()
-    for name, (path, table) in served.items():
+    for name, (path, table, reference, updates) in served.items():
+        if args.load_client and id(reference) not in expected_rows:
+            expected_rows[id(reference)] = Path(tempfile.mkdtemp()) / "table.f32"
+            rows = reference.users.table() if reference is model else reference.lookup(torch.arange(users))
+            rows.float().contiguous().numpy().tofile(expected_rows[id(reference)])
         with Server(args.server, path, args.threads, device=args.device, table=table, extra=extra) as server:
             if args.load_client:
+                expected = expected_rows[id(reference)]
                 if args.ceiling and not results:  # once: it measures the client and the server's event loop
                     results[f"{name} ceiling"] = run_load_client(
                         args.load_client, server, expected, users, dim, args.clients, args.requests, args.seconds,
                         args.protocol, 0, args.warmup, path="/v2/health/ready")
                 results[name] = run_load_client(args.load_client, server, expected, users, dim, args.clients,
-                                                args.requests, args.seconds, args.protocol, args.update_every,
-                                                args.warmup, keep_alive=not args.no_keep_alive)
+                                                args.requests, args.seconds, args.protocol,
+                                                args.update_every if updates else 0, args.warmup,
+                                                keep_alive=not args.no_keep_alive)
             else:
-                warmup = run(server, model, args.clients, args.warmup, seed=1000) if args.warmup else {"failures": []}
-                results[name] = run(server, model, args.clients, args.requests)
+                warmup = (run(server, reference, args.clients, args.warmup, seed=1000) if args.warmup
+                          else {"failures": []})
+                results[name] = run(server, reference, args.clients, args.requests)
                 results[name]["failures"] += warmup["failures"]
         for failure in results[name]["failures"][:10]:
             print(f"{name}: wrong answer: {failure}", file=sys.stderr)
@@ -250,6 +272,8 @@ def main() -> int:
     how = (f"C++ load client{' (no keep-alive)' if args.no_keep_alive else ''}, {args.protocol} lookups" + (f", /update every {args.update_every}" if
                                                            args.update_every else "")) if args.load_client else \
         "Python clients, lookup/topk/score"
+    if args.load_client and args.update_every and args.quantized:
+        how += " (none to the read-only serving copies)"
     kept = "" if args.load_client and args.no_keep_alive else "keep-alive "
     print(f"device {args.device}, {args.clients} {kept}clients x {amount}, {how}, {args.threads} server "
           f"threads, load average {load_average()}")

@@ -4,10 +4,25 @@
 
 #include <torch/version.h>
 
+#include "embedding/pinned_embedding.h"
 #include "host_answers.h"
 
 namespace speedtorch::serving {
 namespace {
+
+// The rows /health names: a serving copy's format, else the dtype of the PinnedEmbedding a model keeps its users in,
+// else "unknown" (the server needs only the methods model_runner.h names, not a `users` attribute).
+std::string scripted_table_format(const torch::jit::Module& model) {
+  if (model.hasattr("table_format")) return model.attr("table_format").toStringRef();
+  if (model.hasattr("users")) {
+    const c10::IValue users = model.attr("users");
+    if (users.isCustomClass() &&
+        users.type().get() == c10::getCustomClassType<c10::intrusive_ptr<PinnedEmbedding>>().get()) {
+      return dtype_format_name(users.toCustomClass<PinnedEmbedding>()->table().scalar_type());
+    }
+  }
+  return "unknown";
+}
 
 class TorchScriptRunner final : public ModelRunner {
  public:
@@ -17,6 +32,8 @@ class TorchScriptRunner final : public ModelRunner {
     const torch::Tensor items = model_.attr("items").toTensor();
     num_items_ = items.size(0);
     dim_ = items.size(1);
+    updatable_ = !model_.hasattr("table_format");  // a serving copy (quantized_recommender.py) is read-only
+    table_format_ = scripted_table_format(model_);
   }
 
   int64_t num_users() const override { return num_users_; }
@@ -37,6 +54,8 @@ class TorchScriptRunner final : public ModelRunner {
   void update_rows(const torch::Tensor& user_ids, const torch::Tensor& rows) override {
     model_.run_method("update_rows", user_ids.to(device_), rows);
   }
+  std::string table_format() const override { return table_format_; }
+  bool updatable() const override { return updatable_; }
 
  private:
   mutable torch::jit::Module model_;  // its methods do not change the module's structure
@@ -44,6 +63,8 @@ class TorchScriptRunner final : public ModelRunner {
   int64_t num_users_ = 0;
   int64_t num_items_ = 0;
   int64_t dim_ = 0;
+  std::string table_format_;
+  bool updatable_ = true;
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -51,6 +72,15 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 }  // namespace
+
+std::string dtype_format_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat: return "float32";
+    case torch::kHalf: return "float16";
+    case torch::kBFloat16: return "bfloat16";
+    default: return c10::toString(dtype);
+  }
+}
 
 std::unique_ptr<ModelRunner> make_torchscript_runner(torch::jit::Module model, torch::Device device) {
   return std::make_unique<TorchScriptRunner>(std::move(model), device);

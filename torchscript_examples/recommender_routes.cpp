@@ -133,7 +133,8 @@ void RecommenderRoutes::operator()(HttpRequest&& request, Responder responder) {
   if (path == "/health") {
     if (allow("GET")) {
       responder.respond({200, "application/json", {},
-                         "{\"status\": \"ok\", \"users\": " + std::to_string(service_.num_users()) + "}"});
+                         json{{"status", "ok"}, {"users", service_.num_users()}, {"table", service_.table_format()}}
+                             .dump()});
     }
   } else if (path == "/v2/health/live" || path == "/v2/health/ready") {
     if (allow("GET")) responder.respond({200, "application/json", {}, ""});

@@ -103,6 +103,7 @@ RecommenderService::RecommenderService(std::unique_ptr<ModelRunner> model, int64
   num_users_ = model_->num_users();
   num_items_ = model_->num_items();
   dim_ = model_->dim();
+  table_format_ = model_->table_format();
 }
 
 bool RecommenderService::read_lookup(const std::string& body, torch::Tensor& ids, Response& failure) const {
@@ -203,6 +204,10 @@ bool RecommenderService::check_ids(const std::vector<int64_t>& ids, int64_t limi
 }
 
 Response RecommenderService::update(const std::string& body) {
+  if (!model_->updatable()) {
+    return error(409, "the user table is a read-only " + model_->table_format() + " serving copy: update the "
+                      "float32 model's table and convert it again (torchscript_examples/quantized_recommender.py)");
+  }
   json request;
   Response failure;
   if (!parse(body, request, failure)) return failure;

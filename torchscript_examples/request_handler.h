@@ -42,13 +42,16 @@ class RecommenderService {
   Response top_k(const std::string& body) const;
   // POST /score {"users": [int], "items": [int]}  -> {"scores": [float, ...]}
   Response score(const std::string& body) const;
-  // POST /update {"ids": [int], "rows": [[float]]} -> {"updated": n}
+  // POST /update {"ids": [int], "rows": [[float]]} -> {"updated": n}; 409 when the table is a read-only serving copy
+  // (quantized_recommender.py: updates go to the float32 table, which is converted again).
   Response update(const std::string& body);
 
   int64_t num_users() const { return num_users_; }
   int64_t num_items() const { return num_items_; }
   int64_t dim() const { return dim_; }
   int64_t max_batch() const { return max_batch_; }
+  // The user table's row format (ModelRunner::table_format).
+  const std::string& table_format() const { return table_format_; }
 
   // lookup() and score() in three steps, for the dynamic batcher (request_batcher.h), which runs the middle one
   // for many requests at once: read a request (false and `failure` set when it is refused), run the model on ids
@@ -69,6 +72,7 @@ class RecommenderService {
   int64_t num_users_;
   int64_t num_items_;
   int64_t dim_;
+  std::string table_format_;
 };
 
 }  // namespace speedtorch::serving

@@ -176,6 +176,52 @@ TEST(RequestHandler, UpdateRefusesNumbersOutsideFloat32) {
   EXPECT_EQ(table[3][0].item<float>(), 3.4028234e38f);
 }
 
+// A model that declares a serving format (quantized_recommender.py) serves a read-only copy: /update is a 409 that
+// says why, before the model is called, and reads go on; a PinnedEmbedding model reports its table's dtype.
+TEST(RequestHandler, AServingCopyRefusesUpdatesAndStillServes) {
+  torch::jit::Module model = make_model(20, 5, 2);
+  EXPECT_EQ(RecommenderService(model, 8).table_format(), "float32");
+  model.register_attribute("table_format", c10::StringType::get(), std::string("int8_rowwise"));
+  const at::Tensor table = model.attr("users").toCustomClass<PinnedEmbedding>()->table();
+  const at::Tensor before = table.clone();
+  RecommenderService service(model, 8);
+  EXPECT_EQ(service.table_format(), "int8_rowwise");
+  const Response r = service.update(R"({"ids": [3], "rows": [[1, 2]]})");
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_NE(r.body.find("read-only int8_rowwise serving copy"), std::string::npos) << r.body;
+  EXPECT_TRUE(torch::equal(table, before));
+  EXPECT_EQ(service.lookup(R"({"ids": [3]})").status, 200);
+}
+
+// The server needs a model's methods, not a PinnedEmbedding: a model keeping its rows in a tensor (no `users`
+// attribute) was refused once /health named the table's format ("Tried to cast IValue to custom class").
+TEST(RequestHandler, AModelWithoutAPinnedEmbeddingServesWithAnUnknownFormat) {
+  torch::jit::Module m("Recommender");
+  const at::Tensor rows = torch::randn({20, 3});
+  m.register_parameter("rows", rows, false);
+  m.register_parameter("items", torch::randn({5, 3}), false);
+  m.define(R"(
+    def num_users(self) -> int:
+        return self.rows.size(0)
+    def lookup(self, ids: Tensor) -> Tensor:
+        return self.rows[ids]
+    def score(self, users: Tensor, items: Tensor) -> Tensor:
+        return (self.rows[users] * self.items[items]).sum(-1)
+    def top_k(self, user: int, k: int) -> Tuple[Tensor, Tensor]:
+        top = torch.topk(self.items @ self.rows[user], k)
+        return top.indices, top.values
+    def update_rows(self, ids: Tensor, rows: Tensor) -> None:
+        self.rows[ids] = rows
+  )");
+  RecommenderService service(m, 8);
+  EXPECT_EQ(service.table_format(), "unknown");
+  const Response r = service.lookup(R"({"ids": [4]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["rows"][0][1].get<float>(), rows[4][1].item<float>());
+  EXPECT_EQ(service.update(R"({"ids": [4], "rows": [[1, 2, 3]]})").status, 200);
+  EXPECT_EQ(rows[4][2].item<float>(), 3.0f);
+}
+
 // Ids above INT64_MAX were read as negative ("unknown id -1"): the answer names the id that was sent.
 TEST(RequestHandler, HugeUnsignedIdsAreNamedAsSent) {
   RecommenderService service(make_model(20, 30, 2), 8);

@@ -14,10 +14,21 @@
 // Row-wise Adam (FBGEMM's PARTIAL_ROWWISE_ADAM) keeps Adam's first moment per element but its second moment as one
 // float per row (in the header, where row-wise Adagrad keeps its sum): beta2-weighted means of the row's mean
 // squared gradient. The loops call rowwise_adam_denominator() once per row, then update_element() per element.
+//
+// 16-bit tables: an update smaller than half the spacing of float16/bfloat16 values around a weight is lost when the
+// result is rounded to nearest (bfloat16 keeps 8 bits: 1.0 - 1e-4 rounds back to 1.0). With stochastic_rounding
+// the result rounds up or down with the probabilities that make its expected value exact (as FBGEMM's 16-bit
+// tables do): rounded_weight() below, its random bits a hash of (global step, row, element), the same on the CPU
+// and the GPU.
 #pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define SPEEDTORCH_HOST_DEVICE __host__ __device__ __forceinline__
@@ -86,6 +97,8 @@ struct OptimizerHyper {
   float step_size_max = 50.f;
   // Bias correction from each row's own step count instead of the table-wide step.
   bool per_row_step = false;
+  // float16/bfloat16 weights rounded stochastically after each update (rounded_weight()); float32 tables ignore it.
+  bool stochastic_rounding = false;
 };
 
 // State vectors per row for a configuration.
@@ -285,6 +298,103 @@ SPEEDTORCH_HOST_DEVICE float update_element_of_kind(Kind kind, const OptimizerHy
 SPEEDTORCH_HOST_DEVICE float update_element(const OptimizerHyper& h, const RowStep& r, float w, float g, float* s0,
                                             float* s1, float* s2) {
   return update_element_of_kind(h.kind, h, r, w, g, s0, s1, s2);
+}
+
+// 32 random bits for element j of `row` at `global_step` (murmur3's finaliser over the three, in 32-bit arithmetic
+// so that CPU loops vectorise it): reproducible, independent of thread and block layout, identical on CPU and GPU.
+SPEEDTORCH_HOST_DEVICE uint32_t mix_bits(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85EBCA6Bu;
+  x ^= x >> 13;
+  x *= 0xC2B2AE35u;
+  x ^= x >> 16;
+  return x;
+}
+
+SPEEDTORCH_HOST_DEVICE uint32_t rounding_bits(int64_t global_step, int64_t row, int64_t j) {
+  const uint32_t r = mix_bits(static_cast<uint32_t>(row) * 0x9E3779B1u + static_cast<uint32_t>(row >> 32) +
+                              static_cast<uint32_t>(global_step) * 0xC2B2AE3Du);
+  return mix_bits(r ^ (static_cast<uint32_t>(j) * 0x85EBCA77u));
+}
+
+SPEEDTORCH_HOST_DEVICE uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+#endif
+}
+
+SPEEDTORCH_HOST_DEVICE float bits_float(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float x;
+  std::memcpy(&x, &b, sizeof(x));
+  return x;
+#endif
+}
+
+// x rounded to T (c10::Half or c10::BFloat16) up or down in magnitude, the far neighbour with probability
+// (distance to the near one) / (spacing), so that the expected result is x. Non-finite values and values T
+// represents exactly stay as they are; float16's largest value never rounds up to infinity. The general case; the
+// specialisations below take the common ranges with bit arithmetic and the same result.
+template <typename T>
+SPEEDTORCH_HOST_DEVICE T round_stochastic_general(float x, uint32_t random_bits) {
+  const T nearest(x);
+  const float n = static_cast<float>(nearest);
+  if (n == x || !((n - n) == 0.f)) return nearest;  // exact, NaN or infinite
+  // Sign and magnitude: one step of the bit pattern moves the magnitude by one spacing, up (+1) or down (-1).
+  const bool x_beyond = fabsf(x) > fabsf(n);
+  const T other(static_cast<uint16_t>(x_beyond ? nearest.x + 1 : nearest.x - 1), T::from_bits());
+  const float o = static_cast<float>(other);
+  const float low = x_beyond ? fabsf(n) : fabsf(o);
+  const float high = x_beyond ? fabsf(o) : fabsf(n);
+  const float p_high = (fabsf(x) - low) / (high - low);  // 0 when high is infinite
+  const float u = static_cast<float>(random_bits >> 8) * (1.f / 16777216.f);  // uniform in [0, 1), 24 bits
+  const bool take_high = u < p_high;
+  return take_high == x_beyond ? other : nearest;
+}
+
+template <typename T>
+SPEEDTORCH_HOST_DEVICE T round_stochastic(float x, uint32_t random_bits) {
+  return round_stochastic_general<T>(x, random_bits);
+}
+
+// bfloat16 keeps float32's top 16 bits: adding 16 random bits below them and truncating rounds the magnitude up
+// with the probability the dropped bits give (NaNs aside, whose payload must not carry into the sign).
+template <>
+SPEEDTORCH_HOST_DEVICE c10::BFloat16 round_stochastic<c10::BFloat16>(float x, uint32_t random_bits) {
+  const uint32_t b = float_bits(x);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return c10::BFloat16(x);
+  return c10::BFloat16(static_cast<uint16_t>((b + (random_bits >> 16)) >> 16), c10::BFloat16::from_bits());
+}
+
+// float16's normal range below its largest value, [2^-14, 65504): it keeps 10 of float32's 23 mantissa bits, so the
+// same addition and truncation of 13 bits gives a float32 value float16 holds exactly. Elsewhere (subnormals,
+// the top of the range, non-finite values) the general case.
+template <>
+SPEEDTORCH_HOST_DEVICE c10::Half round_stochastic<c10::Half>(float x, uint32_t random_bits) {
+  const uint32_t b = float_bits(x);
+  const uint32_t magnitude = b & 0x7FFFFFFFu;
+  if (magnitude >= 0x38800000u && magnitude < 0x477FE000u) {
+    return c10::Half(bits_float((b + (random_bits >> 19)) & ~0x1FFFu));
+  }
+  return round_stochastic_general<c10::Half>(x, random_bits);
+}
+
+// The value a kernel stores for an updated weight w of element j of `row`: w itself in a float32 table; in a 16-bit
+// table rounded to nearest, or stochastically (round_stochastic) when the optimizer asks for it.
+template <typename T>
+SPEEDTORCH_HOST_DEVICE T rounded_weight(const OptimizerHyper& h, float w, int64_t global_step, int64_t row,
+                                        int64_t j) {
+  if constexpr (std::is_same_v<T, float>) {
+    return w;
+  } else {
+    return h.stochastic_rounding ? round_stochastic<T>(w, rounding_bits(global_step, row, j)) : static_cast<T>(w);
+  }
 }
 
 }  // namespace speedtorch

@@ -45,6 +45,19 @@ void update_row_elements(const OptimizerHyper h, const RowStep r, T* __restrict 
   }
 }
 
+// The same, each updated 16-bit weight rounded stochastically (rounded_weight: a hash of step, row and element).
+template <OptimizerKind K, typename T>
+void update_row_elements_rounded(const OptimizerHyper h, const RowStep r, T* __restrict w, const float* __restrict g,
+                                 float* __restrict s0, float* __restrict s1, float* __restrict s2, int64_t dim,
+                                 int64_t global_step, int64_t row) {
+  const std::integral_constant<OptimizerKind, K> kind;
+  for (int64_t j = 0; j < dim; ++j) {
+    w[j] = rounded_weight<T>(
+        h, update_element_of_kind(kind, h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j), global_step,
+        row, j);
+  }
+}
+
 template <OptimizerKind K, typename T>
 void update_rows(const OptimizerRows& t, const OptimizerHyper& h, int64_t global_step, const int64_t* rows,
                  const float* grads, int64_t begin, int64_t end) {
@@ -89,7 +102,11 @@ void update_rows(const OptimizerRows& t, const OptimizerHyper& h, int64_t global
         r.denom = rowwise_adam_denominator(h, r, *row_scalar, sum_squares, dim, row_scalar);
       }
     }
-    update_row_elements<K>(h, r, w, g, s0, s1, s2, dim);
+    if (!h.stochastic_rounding) {  // two loops, so that the common one stays branch-free (vectorised)
+      update_row_elements<K>(h, r, w, g, s0, s1, s2, dim);
+    } else {
+      update_row_elements_rounded<K>(h, r, w, g, s0, s1, s2, dim, global_step, row);
+    }
   }
 }
 

@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     float* s1 = s0 + t.dim;
     float* s2 = s1 + t.dim;
     for (int64_t j = pos.lane; j < t.dim; j += lanes) {
-      w[j] = static_cast<T>(update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j));
+      w[j] = rounded_weight<T>(h, update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j),
+                               global_step, row, j);
     }
   }
 }
@@ -115,6 +116,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     int32_t k[Rows];
     T wv[Rows][PerLane];
     float gv[Rows][PerLane];
+    int64_t row_id[Rows];  // for stochastic rounding's random bits
 #pragma unroll
     for (int u = 0; u < Rows; ++u) {  // every load of the rows first
       const int64_t i = first + u;
@@ -122,6 +124,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       if (i >= count) continue;
       const int64_t row = rows[i];
       if (!row_in_table(row, i, t.num_rows, pos.lane, error)) continue;
+      row_id[u] = row;
       w[u] = reinterpret_cast<T*>(t.weights + row * t.weight_stride_bytes);
       header[u] = reinterpret_cast<float4*>(t.state + row * t.state_stride_floats);
       head[u] = load_streaming(header[u]);
@@ -156,8 +159,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         const int64_t j = pos.lane + static_cast<int64_t>(m) * lanes;
         if (j < t.dim) {
           store_streaming(w[u] + j,
-                          static_cast<T>(update_element(h, r, static_cast<float>(wv[u][m]), gv[u][m], nullptr,
-                                                        nullptr, nullptr)));
+                          rounded_weight<T>(h, update_element(h, r, static_cast<float>(wv[u][m]), gv[u][m], nullptr,
+                                                              nullptr, nullptr),
+                                            global_step, row_id[u], j));
         }
       }
       if (pos.lane == 0) {  // every lane read the header in the first loop, before any lane got here
@@ -190,6 +194,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     float4 head[Rows];
     WeightVector wv[Rows][K];
     float4 gv[Rows][K];
+    int64_t row_id[Rows];  // for stochastic rounding's random bits
 #pragma unroll
     for (int u = 0; u < Rows; ++u) {  // every load of the rows first
       const int64_t i = first + u;
@@ -197,6 +202,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       if (i >= count) continue;
       const int64_t row = rows[i];
       if (!row_in_table(row, i, t.num_rows, lane, error)) continue;
+      row_id[u] = row;
       w[u] = reinterpret_cast<WeightVector*>(t.weights + row * t.weight_stride_bytes);
       header[u] = reinterpret_cast<float4*>(t.state + row * t.state_stride_floats);
       head[u] = load_streaming(header[u]);
@@ -243,8 +249,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       for (int k = 0; k < K; ++k) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          wt[k][e] = static_cast<T>(update_element(h, r, static_cast<float>(wt[k][e]), gs[k][e], nullptr, nullptr,
-                                                   nullptr));
+          wt[k][e] = rounded_weight<T>(h, update_element(h, r, static_cast<float>(wt[k][e]), gs[k][e], nullptr, nullptr,
+                                                         nullptr),
+                                       global_step, row_id[u], 4 * (lane + kLanes * k) + e);
         }
         WeightVector out;
         memcpy(&out, wt[k], sizeof(out));
@@ -280,6 +287,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     float4 head[Rows];  // the step count (int bits) and three floats this kernel leaves as they are
     const float4* g[Rows];
     int32_t k[Rows];
+    int64_t row_id[Rows];  // for stochastic rounding's random bits
 #pragma unroll
     for (int u = 0; u < Rows; ++u) {
       const int64_t i = first + u;
@@ -287,6 +295,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       if (i >= count) continue;
       const int64_t row = rows[i];
       if (!row_in_table(row, i, t.num_rows, pos.lane, error)) continue;
+      row_id[u] = row;
       w[u] = reinterpret_cast<WeightVector*>(t.weights + row * t.weight_stride_bytes);
       header[u] = t.state + row * t.state_stride_floats;
       g[u] = reinterpret_cast<const float4*>(grads + i * t.dim);
@@ -318,7 +327,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         float* cs = &c[u].x;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          wt[e] = static_cast<T>(update_element(h, r, static_cast<float>(wt[e]), gs[e], as + e, bs + e, cs + e));
+          wt[e] = rounded_weight<T>(h, update_element(h, r, static_cast<float>(wt[e]), gs[e], as + e, bs + e, cs + e),
+                                    global_step, row_id[u], 4 * v + e);
         }
         WeightVector out;
         memcpy(&out, wt, sizeof(out));

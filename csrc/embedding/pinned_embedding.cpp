@@ -12,6 +12,7 @@
 #include <exception>
 #include <mutex>
 #include <shared_mutex>
+#include <sstream>
 
 #include "cache/row_cache.h"
 #include "core/checked_size.h"
@@ -212,6 +213,25 @@ bool PinnedEmbedding::is_pinned() const {
   return is_pinned_host_memory(table_.storage().data());
 }
 
+std::string PinnedEmbedding::repr() const {
+  ReadLock read(lock_);
+  std::ostringstream out;
+  out << "PinnedEmbedding(" << table_.size(0) << " x " << table_.size(1) << ", "
+      << c10::toString(table_.scalar_type()) << ", optimizer=" << (optimizer_.empty() ? "none" : optimizer_);
+  if (!optimizer_.empty()) out << ", step=" << step_ << (state_buffer_ ? ", state apart" : ", state beside rows");
+  out << (is_pinned_host_memory(table_.storage().data()) ? ", pinned" : ", not pinned");
+  switch (table_buffer_->mapping()) {
+    case FileMapping::kReadOnly: out << ", mapped 'r' from " << table_buffer_->path(); break;
+    case FileMapping::kReadWrite: out << ", mapped 'r+' from " << table_buffer_->path(); break;
+    case FileMapping::kCopyOnWrite: out << ", mapped 'c' from " << table_buffer_->path(); break;
+    case FileMapping::kNone: break;
+  }
+  if (!sidecar_.empty()) out << ", sidecar '" << sidecar_ << "'";
+  if (cache_) out << ", row cache of " << cache_->slots() << " rows on " << cache_->device();
+  out << ")";
+  return out.str();
+}
+
 int64_t PinnedEmbedding::nbytes() const {
   ReadLock read(lock_);
   return static_cast<int64_t>(table_buffer_->size() + (state_buffer_ ? state_buffer_->size() : 0));
@@ -272,6 +292,23 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
     cache_.reset();
     cache_ = std::make_shared<RowCache>(slots, device, table_, state_);
   }
+}
+
+void PinnedEmbedding::set_optimizer_options(const c10::Dict<std::string, double>& options) {
+  WriteLock write(lock_);
+  TORCH_CHECK(state_.defined(), "PinnedEmbedding.set_optimizer_options: no optimizer; call set_optimizer(kind, "
+              "options) first");
+  parse_optimizer(optimizer_, options);  // validates the names and values
+  const int64_t width = state_width(optimizer_, options, table_.size(1));
+  TORCH_CHECK(width == state_.size(1), "PinnedEmbedding.set_optimizer_options: these options change the layout of ",
+              optimizer_, "'s state (", state_.size(1), " floats a row now, ", width, " with them: momentum from or to "
+              "0, amsgrad or centered); call set_optimizer(kind, options, state_beside_rows), which starts the state "
+              "afresh");
+  options_ = options.copy();
+}
+
+c10::Dict<std::string, double> PinnedEmbedding::optimizer_defaults(const std::string& kind) {
+  return speedtorch::optimizer_defaults(kind);
 }
 
 void PinnedEmbedding::move_rows(at::Tensor& destination) {

@@ -82,6 +82,14 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // runs). Needs set_optimizer first. sorted_unique: the indices are strictly increasing (torch.unique's output),
   // so the summing pass is skipped; checked, an error before any update when they are not.
   void apply_gradients(const at::Tensor& indices, const at::Tensor& grad, bool sorted_unique = false);
+  // Changes the configured optimizer's hyper-parameters in place (lr, betas, weight_decay, ...: the options
+  // set_optimizer takes, given whole: options not named take their defaults), keeping its state and step count, as
+  // an LR scheduler changes a torch.optim param group between steps. Options that would change the state's layout
+  // (SGD's momentum from or to 0, amsgrad, RMSprop's centered) need set_optimizer; they raise here, as does a table
+  // without an optimizer. Takes effect from the next apply_gradients.
+  void set_optimizer_options(const c10::Dict<std::string, double>& options);
+  // Every option the optimizer `kind` accepts with its default value (optim/optimizer_config.h).
+  static c10::Dict<std::string, double> optimizer_defaults(const std::string& kind);
   // The optimizer's name ("" when none; canonical: optim/optimizer_config.h's canonical_optimizer_name), options,
   // state (num_rows x state width float32, shares memory, handed out as table() is; undefined when none), and the
   // table-wide step count.
@@ -95,6 +103,9 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // multiples), as set_optimizer allocates them.
   static int64_t state_width(const std::string& kind, const c10::Dict<std::string, double>& options, int64_t dim);
   bool is_pinned() const;
+  // One line saying what the table is: "PinnedEmbedding(1000 x 64, float32, optimizer=adam, step=3, pinned, ...)",
+  // Python's repr() of it.
+  std::string repr() const;
   // The host table itself (shares memory). Host-side reads and writes of it are not ordered after GPU work that
   // is still running (synchronise the stream first), nor with other threads' calls (the lock is not held). With a
   // row cache, while the tensor (or any view of it) is alive, the cache stands aside: see enable_cache.

@@ -405,6 +405,7 @@ void NpyWriter::write(const at::Tensor& tensor) {
   ProgressMeter meter("saving " + path_, count * row_bytes_);
   const int64_t chunk_rows = std::max<int64_t>(1, chunk_bytes_ / row_bytes_);
   for (int64_t first = 0; first < count; first += chunk_rows) {
+    cancellation_.check(path_);
     const int64_t n = std::min(chunk_rows, count - first);
     const at::Tensor part = rows.narrow(0, first, n);
     if (part.device().is_cpu() && part.is_contiguous()) {
@@ -424,6 +425,7 @@ void NpyWriter::write(const at::Tensor& tensor) {
 
 uint64_t NpyWriter::finish() {
   TORCH_CHECK(!finished_, "speedtorch.save_npy: finish() called twice");
+  cancellation_.check(path_);
   TORCH_CHECK(rows_written_ == rows_total_, "speedtorch.save_npy: ", path_, " holds ", rows_total_, " rows but only ",
               rows_written_, " were written");
   file_.finish();

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "io/atomic_file.h"
+#include "io/write_cancellation.h"
 #include "io/content_hash.h"
 
 namespace speedtorch::io {
@@ -91,6 +92,7 @@ class NpyWriter {
   AtomicFile file_;
   ContentHasher hasher_;
   at::Tensor staging_;
+  WriteCancellation cancellation_;  // checked between chunks
 };
 
 // Reads one .npy file's rows in order into tensors, through staging only where needed.

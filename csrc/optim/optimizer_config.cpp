@@ -41,6 +41,9 @@ std::string lower(std::string s) {
   return s;
 }
 
+// The option names every kind accepts besides its own.
+constexpr const char* kCommonOptions[] = {"lr", "per_row_step", "stochastic_rounding"};
+
 bool flag(double v, const char* name) {
   TORCH_CHECK(v == 0.0 || v == 1.0, "speedtorch optimizer: option '", name, "' is a flag: 0 or 1, got ", v);
   return v == 1.0;
@@ -59,36 +62,90 @@ std::string canonical_optimizer_name(const std::string& kind) {
   return optimizer_name(parse_optimizer(kind, c10::Dict<std::string, double>()).kind);
 }
 
-OptimizerHyper parse_optimizer(const std::string& kind_name, const c10::Dict<std::string, double>& options) {
+namespace {
+
+// The kind `kind_name` names (sparse_adam: adam, flagged), or an error listing the known ones.
+const KindInfo& find_kind(const std::string& kind_name, bool* sparse_adam) {
   std::string name = lower(kind_name);
-  const bool sparse_adam = name == "sparse_adam" || name == "sparseadam";
-  if (sparse_adam) name = "adam";
-  const KindInfo* info = nullptr;
+  *sparse_adam = name == "sparse_adam" || name == "sparseadam";
+  if (*sparse_adam) name = "adam";
   for (const auto& k : kinds()) {
-    if (name == k.name) info = &k;
+    if (name == k.name) return k;
   }
-  if (info == nullptr) {
-    std::ostringstream known;
-    for (const auto& k : kinds()) known << k.name << ", ";
-    TORCH_CHECK(false, "speedtorch optimizer: unknown optimizer '", kind_name, "'; known: ", known.str(), "sparse_adam");
-  }
+  std::ostringstream known;
+  for (const auto& k : kinds()) known << k.name << ", ";
+  TORCH_CHECK(false, "speedtorch optimizer: unknown optimizer '", kind_name, "'; known: ", known.str(), "sparse_adam");
+}
+
+// torch.optim's defaults for a kind, before any option is applied.
+OptimizerHyper default_hyper(const KindInfo& info) {
   OptimizerHyper h;
-  h.kind = info->kind;
-  h.lr = info->default_lr;
+  h.kind = info.kind;
+  h.lr = info.default_lr;
   if (h.kind == OptimizerKind::kRMSprop) h.eps = 1e-8f;
   if (h.kind == OptimizerKind::kAdagrad) h.eps = 1e-10f;
   if (h.kind == OptimizerKind::kRowwiseAdagrad) h.eps = 1e-8f;  // FBGEMM's default
   if (h.kind == OptimizerKind::kAdadelta) h.eps = 1e-6f;
   if (h.kind == OptimizerKind::kAdamW) h.weight_decay = 1e-2f;  // torch.optim.AdamW's default
+  return h;
+}
+
+// The value of option `key` in `h` (the inverse of parse_optimizer's assignments).
+double option_value(const OptimizerHyper& h, const std::string& key) {
+  if (key == "lr") return h.lr;
+  if (key == "per_row_step") return h.per_row_step ? 1.0 : 0.0;
+  if (key == "stochastic_rounding") return h.stochastic_rounding ? 1.0 : 0.0;
+  if (key == "momentum") return h.momentum;
+  if (key == "dampening") return h.dampening;
+  if (key == "nesterov") return h.nesterov ? 1.0 : 0.0;
+  if (key == "weight_decay") return h.weight_decay;
+  if (key == "beta1") return h.beta1;
+  if (key == "beta2") return h.beta2;
+  if (key == "eps") return h.eps;
+  if (key == "amsgrad") return h.amsgrad ? 1.0 : 0.0;
+  if (key == "alpha") return h.kind == OptimizerKind::kASGD ? h.asgd_alpha : h.alpha;
+  if (key == "centered") return h.centered ? 1.0 : 0.0;
+  if (key == "rho") return h.rho;
+  if (key == "lr_decay") return h.lr_decay;
+  if (key == "initial_accumulator_value") return h.initial_accumulator_value;
+  if (key == "lambd") return h.lambd;
+  if (key == "t0") return h.t0;
+  if (key == "etaminus") return h.etaminus;
+  if (key == "etaplus") return h.etaplus;
+  if (key == "step_size_min") return h.step_size_min;
+  if (key == "step_size_max") return h.step_size_max;
+  TORCH_CHECK(false, "speedtorch optimizer: no option named '", key, "'");
+}
+
+}  // namespace
+
+c10::Dict<std::string, double> optimizer_defaults(const std::string& kind_name) {
+  bool sparse_adam = false;
+  const KindInfo& info = find_kind(kind_name, &sparse_adam);
+  const OptimizerHyper h = default_hyper(info);
+  c10::Dict<std::string, double> out;
+  for (const char* key : kCommonOptions) out.insert(key, option_value(h, key));
+  for (const char* key : info.options) {
+    if (sparse_adam && (std::string(key) == "weight_decay" || std::string(key) == "amsgrad")) continue;
+    out.insert(key, option_value(h, key));
+  }
+  return out;
+}
+
+OptimizerHyper parse_optimizer(const std::string& kind_name, const c10::Dict<std::string, double>& options) {
+  bool sparse_adam = false;
+  const KindInfo* info = &find_kind(kind_name, &sparse_adam);
+  OptimizerHyper h = default_hyper(*info);
   for (const auto& entry : options) {
     const std::string key = entry.key();
     const double v = entry.value();
-    const bool accepted = key == "lr" || key == "per_row_step" ||
+    const bool accepted = std::any_of(std::begin(kCommonOptions), std::end(kCommonOptions),
+                                      [&](const char* o) { return key == o; }) ||
                           std::any_of(info->options.begin(), info->options.end(),
                                       [&](const char* o) { return key == o; });
     if (!accepted || (sparse_adam && (key == "weight_decay" || key == "amsgrad"))) {
       std::ostringstream valid;
-      valid << "lr, per_row_step";
+      valid << "lr, per_row_step, stochastic_rounding";
       for (const char* o : info->options) valid << ", " << o;
       TORCH_CHECK(false, "speedtorch optimizer: option '", key, "' does not apply to ", kind_name,
                   "; valid options: ", valid.str());
@@ -96,6 +153,7 @@ OptimizerHyper parse_optimizer(const std::string& kind_name, const c10::Dict<std
     const auto f = static_cast<float>(v);
     if (key == "lr") h.lr = f;
     else if (key == "per_row_step") h.per_row_step = flag(v, "per_row_step");
+    else if (key == "stochastic_rounding") h.stochastic_rounding = flag(v, "stochastic_rounding");
     else if (key == "momentum") h.momentum = f;
     else if (key == "dampening") h.dampening = f;
     else if (key == "nesterov") h.nesterov = flag(v, "nesterov");

@@ -13,8 +13,12 @@ namespace speedtorch {
 // kind: sgd, adagrad, adam, adamw, adamax, rmsprop, adadelta, asgd, rprop (also "sparse_adam", an alias of adam
 // without weight decay). Options are floats; booleans are 0 or 1; betas are beta1/beta2; Rprop's etas and
 // step_sizes are etaminus/etaplus and step_size_min/step_size_max; per_row_step=1 selects per-row bias
-// correction.
+// correction; stochastic_rounding=1 rounds updated float16/bfloat16 weights stochastically (every kind).
 OptimizerHyper parse_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options);
+
+// Every option `kind` accepts, with its default value (what parse_optimizer uses when the option is not given):
+// the complete set a torch.optim-style param group of this optimizer holds.
+c10::Dict<std::string, double> optimizer_defaults(const std::string& kind);
 
 // The canonical name of a kind ("adam", ...).
 const char* optimizer_name(OptimizerKind kind);

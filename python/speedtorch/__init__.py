@@ -30,8 +30,11 @@ from .ops import (  # noqa: E402
 from .counters import reset_stats, set_stats_enabled, stats, stats_help  # noqa: E402
 
 #: ``torch.classes.speedtorch.PinnedEmbedding``: a table in exact-size pinned host memory, usable from Python,
-#: TorchScript (as a module attribute) and C++.
+#: TorchScript (as a module attribute) and C++. A custom class has no docstrings:
+#: ``help(speedtorch.PinnedEmbeddingAPI)`` documents its methods.
 PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
+
+from .pinned_embedding_api import PinnedEmbeddingAPI  # noqa: E402
 
 from .jit_save import jit_save  # noqa: E402
 from . import data, nn, optim, placement  # noqa: E402  (.npy files; HostEmbedding; gpu / hybrid placement)
@@ -55,6 +58,7 @@ __all__ = [
     "ContiguousParams",
     "HostEmbeddingBagCollection",
     "PinnedEmbedding",
+    "PinnedEmbeddingAPI",
     "build_info",
     "check_index_errors",
     "compat",

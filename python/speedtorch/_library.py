@@ -42,4 +42,5 @@ def load_library() -> str:
 
 
 def library_path() -> str | None:
+    """The path of the loaded operator library (libspeedtorch_ops.so), or None before it is loaded."""
     return _loaded_path

@@ -4,6 +4,7 @@ C++ process reads and writes the same files. docs/persistence.md describes the f
 - :func:`save_npy` / :func:`load_npy` / :func:`load_npy_into_`: any tensor to and from a ``.npy`` file, streamed in
   chunks (never a second tensor-sized copy in RAM or on the GPU), straight into pinned memory, saves atomic.
 - :func:`open_npy`: a tensor over the file itself (memory-mapped, page-locked), as ``numpy.load(mmap_mode=...)``.
+- :func:`content_hash`: the hash :func:`save_npy` returns, of a tensor in memory (tells a file from another save).
 - :func:`load_embedding` / :func:`open_embedding`: a :class:`speedtorch.PinnedEmbedding` from its saved files.
 - :func:`numpy`: a zero-copy NumPy view of a host table.
 
@@ -19,9 +20,10 @@ from typing import Optional, Union
 import torch
 
 from . import PinnedEmbedding
+from ._interrupt import run_interruptible
 
-__all__ = ["save_npy", "load_npy", "load_npy_into_", "npy_info", "open_npy", "load_embedding", "open_embedding",
-           "numpy"]
+__all__ = ["save_npy", "load_npy", "load_npy_into_", "npy_info", "open_npy", "content_hash", "load_embedding",
+           "open_embedding", "numpy"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -35,8 +37,17 @@ def save_npy(tensor: torch.Tensor, path: PathLike) -> str:
     """Writes ``tensor`` (any shape, device and strides) to ``path`` as a ``.npy`` file NumPy reads, in chunks,
     atomically (a crash mid-save leaves the old file; a replaced file keeps its permissions). bfloat16 is stored as
     its raw bits (``'<u2'``). Returns the data's content hash (16 hex digits). Onto a file that an ``open_npy(path,
-    "r+")`` tensor maps: that tensor is written back in place; anything else is refused (docs/persistence.md)."""
-    return torch.ops.speedtorch.save_npy(tensor, os.fspath(path))
+    "r+")`` tensor maps: that tensor is written back in place; anything else is refused (docs/persistence.md).
+    Ctrl-C stops a long save at its next 64 MiB chunk, leaving the old file."""
+    return run_interruptible(torch.ops.speedtorch.save_npy, tensor, os.fspath(path))
+
+
+def content_hash(tensor: torch.Tensor) -> str:
+    """The content hash (16 hex digits) :func:`save_npy` returns for ``tensor``, computed without writing: its bytes
+    in C order, so the tensor :func:`open_npy` maps from a file hashes as that file's save did. Host tensors only
+    (2-D strided ones are hashed a chunk at a time, never copied whole). From TorchScript and C++:
+    ``speedtorch::content_hash``."""
+    return torch.ops.speedtorch.content_hash(tensor)
 
 
 def load_npy(path: PathLike, *, pinned: bool = True, dtype: Optional[torch.dtype] = None) -> torch.Tensor:

@@ -43,7 +43,8 @@ class TableConfig:
 
     ``feature_names``: the features looked up in this table (default: one, named as the table). ``pooling``: how a
     bag's rows combine, ``"sum"`` or ``"mean"``. ``hot_fraction``: for ``placement="hybrid"``, the share of this
-    table's rows the group's GPU row cache holds room for.
+    table's rows the group's GPU row cache holds room for. ``frozen``: no optimizer (no state, never updated; e.g.
+    pretrained rows), as ``HostEmbedding(optimizer=None)``; frozen tables form groups of their own.
     """
 
     name: str
@@ -56,6 +57,7 @@ class TableConfig:
     optimizer_options: Optional[dict] = field(default=None, hash=False)
     placement: Optional[str] = None
     hot_fraction: Optional[float] = None
+    frozen: bool = False
 
 
 @dataclass
@@ -75,12 +77,13 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         tables: the tables (:class:`TableConfig`); names distinct, feature names distinct over all tables.
         optimizer, optimizer_options, update, device, dtype, state_beside_rows, init_std, seed: as
             :class:`speedtorch.nn.HostEmbedding`'s (the defaults of tables that leave theirs ``None``). The tables of
-            a group share one step count (Adam's bias correction counts the group's steps).
+            a group share one step count (Adam's bias correction counts the group's steps). ``optimizer=None``:
+            every table frozen (``TableConfig.frozen`` freezes one).
         placement: ``"host"``, ``"gpu"`` or ``"hybrid"`` (every row in pinned host RAM, a GPU row cache in front).
         hot_fraction: for ``"hybrid"``: the cache holds room for this share of each table's rows.
     """
 
-    def __init__(self, tables: Sequence[TableConfig], *, optimizer: str = "adam",
+    def __init__(self, tables: Sequence[TableConfig], *, optimizer: Optional[str] = "adam",
                  optimizer_options: Optional[dict] = None, update: str = "step",
                  device: Optional[Union[torch.device, str]] = None, dtype: torch.dtype = torch.float32,
                  placement: str = "host", hot_fraction: Optional[float] = None, state_beside_rows: bool = True,
@@ -122,7 +125,7 @@ class HostEmbeddingBagCollection(torch.nn.Module):
                     raise ValueError(f"HostEmbeddingBagCollection: placement='hybrid' needs hot_fraction in (0, 1] "
                                      f"(tables {[tables[t].name for t in members]}), got {fraction!r}")
                 cache_rows = sum(max(1, math.ceil(fraction * tables[t].num_embeddings)) for t in members)
-            module = HostEmbedding(offset, dim, optimizer=opt, optimizer_options=dict(options), update=update,
+            module = HostEmbedding(offset, dim, optimizer=opt or None, optimizer_options=dict(options), update=update,
                                    device=self.device, dtype=getattr(torch, dtype_name),
                                    state_beside_rows=state_beside_rows, init_std=init_std,
                                    seed=None if seed is None else seed + g, placement=where, cache_rows=cache_rows)
@@ -341,6 +344,14 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         for group in self._groups:
             group.module.zero_grad()
 
+    def requires_grad_(self, requires_grad: bool = True) -> "HostEmbeddingBagCollection":
+        """Freezes (``False``) or unfreezes every table (:meth:`speedtorch.nn.HostEmbedding.requires_grad_`; frozen
+        tables stay frozen). The tables are not parameters of the collection (DDP and the dense optimizer leave them
+        alone), so ``model.requires_grad_()`` does not reach them: call this."""
+        for group in self._groups:
+            group.module.requires_grad_(requires_grad)
+        return super().requires_grad_(requires_grad)
+
     # --- state_dict: per table, sharing the groups' memory ---------------------------------------------------------
 
     def _table_entries(self, t: int) -> dict:
@@ -503,13 +514,15 @@ def _group_ids(local: torch.Tensor, offset: torch.Tensor, rows: torch.Tensor):
 
 def _group_key(config: TableConfig, defaults: dict) -> tuple:
     pick = lambda name: defaults[name] if getattr(config, name) is None else getattr(config, name)  # noqa: E731
-    options = {k: float(v) for k, v in pick("optimizer_options").items()}
+    frozen = config.frozen or pick("optimizer") is None
+    options = {} if frozen else {k: float(v) for k, v in pick("optimizer_options").items()}
     placement = pick("placement")
     if placement not in ("host", "gpu", "hybrid"):
         raise ValueError(f"HostEmbeddingBagCollection: table {config.name!r}: placement must be 'host', 'gpu' or "
                          f"'hybrid', got {placement!r}")
     fraction = pick("hot_fraction") if placement == "hybrid" else None
-    optimizer = PinnedEmbedding.canonical_optimizer_name(pick("optimizer"))  # one group whatever the spelling
+    # One group whatever the spelling; "" for frozen tables (no optimizer).
+    optimizer = "" if frozen else PinnedEmbedding.canonical_optimizer_name(pick("optimizer"))
     return (config.embedding_dim, str(pick("dtype")).replace("torch.", ""), optimizer, tuple(sorted(options.items())),
             placement, fraction)
 

@@ -3,29 +3,42 @@ state live in a :class:`speedtorch.PinnedEmbedding` in pinned host RAM (or, by `
 the hottest rows on the GPU and the rest in host RAM; speedtorch/placement.py).
 
 Forward gathers the batch's distinct rows to the compute device; backward yields one summed gradient per distinct
-row (so the update tells the op its ids are sorted and distinct, ``sorted_unique=True``, and the op does not de-duplicate
-them again: it only checks them); the update runs fused on the host-resident rows and their state
-(``speedtorch::row_optimizer_step_``), either inside backward (``update="backward"``, as FBGEMM's TBE does) or at an
-explicit :meth:`HostEmbedding.step`. The rest of the model keeps its ordinary torch optimizer. Only the batch's rows
-ever occupy GPU memory.
+row, kept as the table parameter's ``grad`` (a sparse COO tensor, as ``nn.Embedding(sparse=True)``'s:
+speedtorch/table_parameter.py) until the update, which runs fused on the host-resident rows and their state
+(``speedtorch::row_optimizer_step_``, told that the ids are torch.unique's, ``sorted_unique=True``, so it does not
+de-duplicate them again), either inside backward (``update="backward"``, as FBGEMM's TBE does) or at a step: of
+:class:`speedtorch.optim.HostEmbeddingOptimizer` (a ``torch.optim.Optimizer``, which LR schedulers, ``GradScaler`` and
+:class:`speedtorch.optim.CombinedOptimizer` drive like any other), or :meth:`HostEmbedding.step`. Only the batch's
+rows ever occupy GPU memory. docs/training.md shows the standard loop; docs/api.md lists every method.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import weakref
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import PinnedEmbedding
+from ._interrupt import run_interruptible
 from .ops import check_indices, unique_indices
 from .placement import DeviceTable, HybridTable
+from .table_parameter import HostTableParameter, add_rows_gradient, rows_gradient
+from .table_parameter import clip_grad_norm_, ddp_ignore_host_tables, dense_parameters  # noqa: F401 (re-exported)
 from .table_state import (adopt_options, checked_extra_state, copy_table_entries, entry_shapes, load_table_entries,
                           set_table_extra_state, table_entries, table_extra_state)
 from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
 
-__all__ = ["HostEmbedding", "HostEmbeddingBagCollection", "NgramHashEmbedding", "TableConfig", "track_table_state"]
+__all__ = ["HostEmbedding", "HostEmbeddingBagCollection", "HostTableParameter", "NgramHashEmbedding", "TableConfig",
+           "clip_grad_norm_", "ddp_ignore_host_tables", "dense_parameters", "track_table_state"]
+
+_UNSET = "__unset__"  # optimizer= not given: "adam" for a new table, the table's own (or none) for a given one
+_BAG_MODES = ("sum", "mean", "max")
+_HALF_TYPES = (torch.float16, torch.bfloat16)
 
 
 class _HostRows(torch.autograd.Function):
@@ -43,21 +56,76 @@ class _HostRows(torch.autograd.Function):
         return None, None, None, None
 
 
+def _as_ids(value, what: str) -> torch.Tensor:
+    """Ids as a tensor: tensors pass; NumPy arrays and (nested) lists of ints become int64 tensors."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "iu":
+            raise TypeError(f"HostEmbedding: {what} must be integers, got a NumPy array of {value.dtype}")
+        return torch.from_numpy(value.astype(np.int64, copy=False))
+    try:
+        out = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"HostEmbedding: {what} must be a tensor, a NumPy array or a list of ints, got "
+                        f"{type(value).__name__}") from e
+    if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool:
+        raise TypeError(f"HostEmbedding: {what} must be integers, got {out.dtype}")
+    return out.to(torch.int64)
+
+
+def _as_tensor(value):
+    return value if value is None or isinstance(value, torch.Tensor) else torch.as_tensor(value)
+
+
+_IS_EXPORTING = getattr(torch.compiler, "is_exporting", lambda: False)
+_IS_DYNAMO_COMPILING = getattr(torch.compiler, "is_dynamo_compiling", lambda: False)
+
+
+def _exporting() -> bool:
+    """Whether torch.export traces without dynamo (non-strict, the default). Dynamo folds is_exporting() to True in
+    every compile, torch.compile's included, so under dynamo this says no."""
+    return _IS_EXPORTING() and not _IS_DYNAMO_COMPILING()
+
+
+@torch.compiler.disable
+def _forward_outside_graph(module, input, offsets, per_sample_weights):
+    # Under torch.compile, a HostEmbedding that trains runs eagerly: its backward hands the rows' gradient to the
+    # module (a side effect no graph holds). The compiled graph breaks around it.
+    return module._forward_eager(input, offsets, per_sample_weights)
+
+
 class HostEmbedding(torch.nn.Module):
     """An embedding table of ``num_embeddings x embedding_dim`` in pinned host memory, trained by a fused optimizer.
 
+    Takes ``nn.Embedding``'s arguments (``padding_idx``, ``max_norm``, ``norm_type``, ``scale_grad_by_freq``;
+    ``sparse`` is accepted and ignored: the gradient is always sparse) and, with ``mode``, ``nn.EmbeddingBag``'s
+    (``include_last_offset``; ``offsets`` and ``per_sample_weights`` in forward). Ids may be tensors of any shape
+    (int32/int64, any device), NumPy arrays or lists.
+
     Args:
         num_embeddings, embedding_dim: table size.
-        mode: ``None`` for ``nn.Embedding`` behaviour, ``"sum"`` or ``"mean"`` for ``nn.EmbeddingBag``.
-        optimizer: ``"sgd"``, ``"adagrad"``, ``"adam"``, ``"adamw"``, ``"adamax"``, ``"rmsprop"``, ``"adadelta"``,
-            ``"asgd"`` or ``"rprop"`` (torch.optim's math, applied lazily to the touched rows), or
-            ``"rowwise_adagrad"`` (FBGEMM's row-wise Adagrad: one float of state per row; options ``lr``, ``eps``
-            (1e-8), ``weight_decay``, ``initial_accumulator_value``), or ``"rowwise_adam"`` (FBGEMM's partial
-            row-wise Adam: Adam's first moment per element, its second one float per row; options ``lr``,
-            ``beta1``, ``beta2``, ``eps``, ``weight_decay``).
+        padding_idx: this row gets no gradient (and is never updated); a new table starts with it zero. In bags its
+            entries are left out (``nn.EmbeddingBag``'s rule).
+        max_norm, norm_type: rows looked up whose ``norm_type``-norm exceeds ``max_norm`` are scaled down to it, in
+            the table (``nn.Embedding``'s renormalisation).
+        scale_grad_by_freq: each id's gradient divided by its count in the batch.
+        mode: ``None`` for ``nn.Embedding`` behaviour, ``"sum"``, ``"mean"`` or ``"max"`` for ``nn.EmbeddingBag``.
+        include_last_offset: bags: ``offsets`` has one more entry, the end of the last bag.
+        optimizer: ``"sgd"``, ``"adagrad"``, ``"adam"`` (the default for a new table), ``"adamw"``, ``"adamax"``,
+            ``"rmsprop"``, ``"adadelta"``, ``"asgd"`` or ``"rprop"`` (torch.optim's math, applied lazily to the
+            touched rows), ``"rowwise_adagrad"`` (FBGEMM's row-wise Adagrad: one float of state per row; options
+            ``lr``, ``eps`` (1e-8), ``weight_decay``, ``initial_accumulator_value``), ``"rowwise_adam"`` (FBGEMM's
+            partial row-wise Adam: Adam's first moment per element, its second one float per row; options ``lr``,
+            ``beta1``, ``beta2``, ``eps``, ``weight_decay``), or ``None``: a frozen table (no optimizer state, no
+            gradient; e.g. pretrained vectors). With ``table=``, not given: the table's own optimizer, or none.
         optimizer_options: torch.optim's hyper-parameters by name (``betas`` as ``beta1``/``beta2``; booleans as
-            0/1), e.g. ``{"lr": 1e-3, "weight_decay": 0.0}``; ``per_row_step=1`` for per-row bias correction.
-        update: ``"step"`` (gradients wait for :meth:`step`) or ``"backward"`` (applied as backward reaches the rows).
+            0/1), e.g. ``{"lr": 1e-3, "weight_decay": 0.0}``; ``per_row_step=1`` for per-row bias correction;
+            ``stochastic_rounding`` (0/1) rounds updated float16/bfloat16 weights stochastically (the default for
+            16-bit tables: rounding to nearest loses every update smaller than half a step of the format).
+            :class:`speedtorch.optim.HostEmbeddingOptimizer` changes them between steps (LR schedules).
+        update: ``"step"`` (gradients wait for a step) or ``"backward"`` (applied as backward reaches the rows; then
+            neither GradScaler nor zero_grad can act on them).
         device: where forward's output lives (default: the current CUDA device when there is one, else the CPU).
             ``model.to(...)``, ``.cuda()``, ``.cpu()`` and ``.half()`` / ``.float()`` / ... change the device and
             dtype forward returns, never the table's memory or dtype (see ``_apply`` below).
@@ -70,7 +138,7 @@ class HostEmbedding(torch.nn.Module):
         placement: ``"host"`` (pinned host RAM, the default), ``"gpu"`` (table and state in ``device`` memory: the
             fastest when they fit) or ``"hybrid"`` (every row in pinned host RAM, the most recently used ones and
             their state also in a row cache in ``device`` memory: :meth:`speedtorch.PinnedEmbedding.enable_cache`).
-            The API and the math are the same for all three, bit for bit.
+            The API and the math are the same for all three, bit for bit. docs/placement.md says which to choose.
         cache_rows: for ``"hybrid"``: how many rows the cache holds (at least; whole sets of 32).
         hot_fraction: for ``"hybrid"`` without ``cache_rows``: the cache's size as a share of the rows.
         hot_rows: for ``"hybrid"`` without ``cache_rows`` or ``hot_fraction``: ids to load into the cache first (its
@@ -78,15 +146,29 @@ class HostEmbedding(torch.nn.Module):
         table: an existing table to wrap instead of a new one (a :class:`speedtorch.PinnedEmbedding`, e.g. from
             :meth:`PinnedEmbedding.load` or :meth:`PinnedEmbedding.open`, or a placement table); its optimizer, if
             configured, is kept, and it is not re-initialised.
+
+    The table is the module's ``weight``, a :class:`speedtorch.nn.HostTableParameter` (shares the table's memory;
+    ``named_parameters()`` and ``state_dict()`` show it) whose ``grad`` holds the rows' gradient until the update.
+    With ``placement="hybrid"`` the parameter is a placeholder on the meta device (a tensor kept over the host rows
+    would keep the row cache from working); ``weight`` and ``state_dict()`` hand out the rows themselves.
     """
+
+    # TorchScript compiles properties unless told not to; `weight` syncs placements in Python.
+    __jit_unused_properties__ = ["weight"]
 
     def __init__(
         self,
         num_embeddings: int,
         embedding_dim: int,
+        padding_idx: Optional[int] = None,
+        max_norm: Optional[float] = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = True,  # noqa: ARG002 (nn.Embedding's; the gradient is always sparse)
         *,
         mode: Optional[str] = None,
-        optimizer: str = "adam",
+        include_last_offset: bool = False,
+        optimizer: Optional[str] = _UNSET,
         optimizer_options: Optional[dict] = None,
         update: str = "step",
         device: Optional[torch.device | str] = None,
@@ -103,13 +185,27 @@ class HostEmbedding(torch.nn.Module):
         super().__init__()
         if placement not in ("host", "gpu", "hybrid"):
             raise ValueError(f"HostEmbedding: placement must be 'host', 'gpu' or 'hybrid', got {placement!r}")
-        if mode not in (None, "sum", "mean"):
-            raise ValueError(f"HostEmbedding: mode must be None, 'sum' or 'mean', got {mode!r}")
+        if mode not in (None, *_BAG_MODES):
+            raise ValueError(f"HostEmbedding: mode must be None, 'sum', 'mean' or 'max', got {mode!r}")
         if update not in ("step", "backward"):
             raise ValueError(f"HostEmbedding: update must be 'step' or 'backward', got {update!r}")
+        if include_last_offset and mode is None:
+            raise ValueError("HostEmbedding: include_last_offset needs mode='sum', 'mean' or 'max'")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"HostEmbedding: padding_idx must be within [-{num_embeddings}, {num_embeddings}), "
+                                 f"got {padding_idx}")
+            padding_idx = padding_idx % num_embeddings
+        if max_norm is not None and not max_norm > 0:
+            raise ValueError(f"HostEmbedding: max_norm must be > 0, got {max_norm}")
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
+        self.padding_idx = padding_idx
+        self.max_norm = None if max_norm is None else float(max_norm)
+        self.norm_type = float(norm_type)
+        self.scale_grad_by_freq = bool(scale_grad_by_freq)
         self.mode = mode
+        self.include_last_offset = bool(include_last_offset)
         self.update = update
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
@@ -122,38 +218,102 @@ class HostEmbedding(torch.nn.Module):
             if placement == "gpu" and not isinstance(table, DeviceTable):
                 raise ValueError("HostEmbedding: placement='gpu' wraps a speedtorch.placement.DeviceTable")
             self.table = table
-            if not table.optimizer():
-                table.set_optimizer(optimizer, {k: float(v) for k, v in (optimizer_options or {}).items()},
+            if optimizer not in (_UNSET, None) and not table.optimizer():
+                table.set_optimizer(optimizer, _options(optimizer_options, table.table().dtype),
                                     state_beside_rows and table.mapping() == "")
         else:
             if placement == "gpu":
                 self.table = DeviceTable(num_embeddings, embedding_dim, dtype, self.device)
             else:
                 self.table = PinnedEmbedding(num_embeddings, embedding_dim, dtype)
-            options = {k: float(v) for k, v in (optimizer_options or {}).items()}
-            # Optimizer first, while the table is still empty: its rows move into the new layout cheaply.
-            self.table.set_optimizer(optimizer, options, state_beside_rows)
+            if optimizer == _UNSET:
+                optimizer = "adam"
+            if optimizer is not None:
+                # Optimizer first, while the table is still empty: its rows move into the new layout cheaply.
+                self.table.set_optimizer(optimizer, _options(optimizer_options, dtype), state_beside_rows)
             self.table.normal_(0.0, init_std, seed)
+            if padding_idx is not None:
+                self.table.scatter_(torch.tensor([padding_idx]), torch.zeros(1, embedding_dim, dtype=dtype))
+        # Trains when the table has an optimizer and optimizer=None did not freeze it.
+        self.trains = optimizer is not None and bool(self.table.optimizer())
+        self._init_runtime_state()  # before the row cache: handing out the table's tensor empties a cache
+        # What forward returns its rows as: the table's dtype until a conversion (model.half(), ...) changes it.
+        self.output_dtype = self._table_param.dtype
         if placement == "hybrid" and not isinstance(self.table, HybridTable):
             if isinstance(self.table, DeviceTable):
                 raise ValueError("HostEmbedding: placement='hybrid' needs a speedtorch.PinnedEmbedding table")
             self.table.enable_cache(_cache_size(num_embeddings, cache_rows, hot_rows, hot_fraction), self.device)
             if hot_rows is not None:
                 self.set_hot_rows(hot_rows)
-        # What forward returns its rows as: the table's dtype until a conversion (model.half(), ...) changes it.
-        self.output_dtype = self.table.table().dtype
-        # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input
-        # (requires_grad_(False) on this module clears it: the table is then frozen).
+
+    def _init_runtime_state(self) -> None:
+        """The table parameter and what lives only while the module runs (not saved, pickled or copied)."""
+        param = HostTableParameter(self._parameter_data())
+        param._grad_shape = (self.num_embeddings, self.embedding_dim)
+        param._owner = weakref.ref(self)  # its requires_grad_ freezes this module (model.requires_grad_(False))
+        object.__setattr__(self, "_table_param", param)  # a plain reference, for the code paths below
+        if self._registers_weight():
+            # Straight into the dict: nn.Module.register_parameter would see the `weight` property as a clash.
+            self._parameters["weight"] = param
+        # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input.
         self._anchor = torch.zeros(0, requires_grad=True)
-        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._prefetched = None
         self._updated_since_prefetch: list[torch.Tensor] = []
         self._side_stream = None
 
+    def _registers_weight(self) -> bool:
+        """Whether the table is one of the module's parameters (DistributedHostEmbedding's is not: see there)."""
+        return True
+
+    def _parameter_data(self) -> torch.Tensor:
+        """The tensor the table parameter wraps: the table itself, except with a row cache (placement="hybrid"),
+        where a tensor kept over the host rows would make the cache stand aside for good (docs/persistence.md):
+        there it is a placeholder of the table's shape and dtype on the meta device, and ``weight`` hands out the
+        rows."""
+        if self.placement == "hybrid":
+            dtype = self.table.table().dtype  # a tensor dropped at once: the cache is not held back
+            return torch.empty(self.num_embeddings, self.embedding_dim, dtype=dtype, device="meta")
+        return self.table.table()
+
     def extra_repr(self) -> str:
-        converted = "" if self.output_dtype == self.table.table().dtype else f", output_dtype={self.output_dtype}"
-        return (f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode}, optimizer={self.table.optimizer()}, "
-                f"update={self.update}, device={self.device}, placement={self.placement}{converted}")
+        """The sizes and options printed in the module's repr."""
+        optimizer = self.table.optimizer() if self.trains else None
+        out = (f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode}, optimizer={optimizer}, "
+               f"update={self.update}, device={self.device}, placement={self.placement}")
+        for name in ("padding_idx", "max_norm"):
+            if getattr(self, name) is not None:
+                out += f", {name}={getattr(self, name)}"
+        if self.include_last_offset:
+            out += ", include_last_offset=True"
+        if self.output_dtype != self._table_param.dtype:
+            out += f", output_dtype={self.output_dtype}"
+        return out
+
+    # --- construction from pretrained rows --------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze: bool = True, padding_idx: Optional[int] = None,
+                        max_norm: Optional[float] = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                        sparse: bool = True, **kwargs) -> "HostEmbedding":
+        """``nn.Embedding.from_pretrained`` (and ``nn.EmbeddingBag``'s, with ``mode=``): a table holding
+        ``embeddings`` (a 2-D tensor or NumPy array, copied into pinned memory), frozen unless ``freeze=False``
+        (then trained by ``optimizer``, Adam by default). ``kwargs`` are the constructor's (``mode``, ``device``,
+        ``optimizer``, ``placement``, ...); the dtype is the rows' (float32 for other types)."""
+        rows = torch.as_tensor(embeddings)
+        if rows.dim() != 2:
+            raise ValueError(f"HostEmbedding.from_pretrained: embeddings must be 2-D, got shape {tuple(rows.shape)}")
+        dtype = kwargs.pop("dtype", rows.dtype if rows.dtype in (torch.float32, *_HALF_TYPES) else torch.float32)
+        optimizer = kwargs.pop("optimizer", "adam")
+        options = kwargs.pop("optimizer_options", None)
+        beside = kwargs.pop("state_beside_rows", True)
+        placement = kwargs.get("placement", "host")
+        device = kwargs.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        table = DeviceTable(*rows.shape, dtype, device) if placement == "gpu" else PinnedEmbedding(*rows.shape, dtype)
+        if not freeze:
+            table.set_optimizer(optimizer, _options(options, dtype), beside)
+        table.copy_(rows)
+        return cls(rows.shape[0], rows.shape[1], padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse,
+                   table=table, optimizer=None if freeze else _UNSET, **kwargs)
 
     # --- nn.Module's conversions and other methods --------------------------------------------------------------
     # model.to(...), .cuda(), .cpu(), .float(), .half(), .bfloat16(), .double(), .type() and .to_empty() reach this
@@ -178,39 +338,102 @@ class HostEmbedding(torch.nn.Module):
                 "pinned memory, so a process started afterwards would train a copy and its updates would be lost. "
                 "To train one table from several processes use speedtorch.distributed.DistributedHostEmbedding (one "
                 "copy per host, in /dev/shm)")
+        # The table parameter is the table: nn.Module._apply would convert (copy) it. It stays out of the walk.
+        param = self._parameters.pop("weight", None)
+        try:
+            out = super()._apply(fn, recurse)
+        finally:
+            if param is not None:
+                self._parameters["weight"] = param
         self.device = converted.device
         self.output_dtype = converted.dtype
-        return super()._apply(fn, recurse)
+        return out
 
     def requires_grad_(self, requires_grad: bool = True) -> "HostEmbedding":
-        """Freezes (``False``) or unfreezes the table: while frozen, forward's rows need no gradient and no update
-        reaches the table. Call it on this module: ``model.requires_grad_()`` walks ``model.parameters()``, and the
-        table is not a parameter (so that DDP and the dense optimizer leave it alone)."""
-        self._anchor.requires_grad_(requires_grad)
+        """Freezes (``False``) or unfreezes the table, as ``requires_grad_`` does an ``nn.Embedding``'s weight: while
+        frozen (:attr:`trains` False) forward hands no gradient to it and no update reaches it.
+        ``model.requires_grad_()`` reaches it too, through the table parameter (whose own flag stays False: the fused
+        optimizer, not autograd, trains the table). A table without an optimizer stays frozen: nothing would train
+        it."""
+        self._set_trains(requires_grad)
         return super().requires_grad_(requires_grad)
+
+    def _set_trains(self, requires_grad: bool) -> None:
+        self.trains = bool(requires_grad) and bool(self.table.optimizer())
 
     # --- forward / backward -------------------------------------------------------------------------------------
 
     def forward(self, input: torch.Tensor, offsets: Optional[torch.Tensor] = None,
                 per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Rows for ``input`` (ids of any shape: ``input.shape + (embedding_dim,)`` on ``device``), or with ``mode``
+        one pooled row per bag (``offsets`` / ``per_sample_weights`` as ``nn.EmbeddingBag``'s). While the module
+        trains, backward leaves the rows' gradient in ``weight.grad`` for the next step."""
+        if torch.jit.is_scripting():
+            return self._lookup_scripted(input, offsets, per_sample_weights)
+        else:
+            return self._forward_python(input, offsets, per_sample_weights)
+
+    @torch.jit.unused
+    def _forward_python(self, input: torch.Tensor, offsets: Optional[torch.Tensor],
+                        per_sample_weights: Optional[torch.Tensor]) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            if self._traceable():
+                return self._lookup_traceable(input, offsets, per_sample_weights)
+            return _forward_outside_graph(self, input, offsets, per_sample_weights)
+        return self._forward_eager(input, offsets, per_sample_weights)
+
+    @torch.jit.unused
+    def _forward_eager(self, input, offsets, per_sample_weights) -> torch.Tensor:
+        input = _as_ids(input, "ids")
+        offsets, per_sample_weights = _as_tensor(offsets), _as_tensor(per_sample_weights)
         if self.mode is None and (offsets is not None or per_sample_weights is not None):
-            raise ValueError("HostEmbedding: offsets and per_sample_weights need mode='sum' or 'mean'")
-        unique, inverse, rows = self._rows_for(input)
-        if torch.is_grad_enabled():
-            rows = _HostRows.apply(self._anchor, self, unique, rows)
-        rows = rows.to(self.output_dtype)  # a no-op unless a conversion (model.half(), ...) chose another dtype
+            raise ValueError("HostEmbedding: offsets and per_sample_weights need mode='sum', 'mean' or 'max'")
+        unique, inverse, rows = self._lookup(input)
         if self.mode is None:
-            if rows.device.type == "cpu":
+            if rows.device.type == "cpu" and not self.scale_grad_by_freq:
                 # The same rows through speedtorch's gather, whose CPU backward sums them into the distinct rows on
                 # the calling thread: embedding's walks every index with a TensorIterator per row, and index_select's
                 # (index_add_) wakes every thread even for a small batch (bench/RESULTS.md, CPU runs).
                 return torch.ops.speedtorch.gather(rows, inverse, None)
-            return F.embedding(inverse, rows)
+            return F.embedding(inverse, rows, scale_grad_by_freq=self.scale_grad_by_freq)
+        return self._bags(unique, inverse, rows, offsets, per_sample_weights)
+
+    def _lookup(self, input: torch.Tensor):
+        """(distinct ids, where each id's row is, the distinct rows): renormalised (``max_norm``), handing their
+        gradient to the module while it trains, in :attr:`output_dtype`. forward's part before pooling."""
+        unique, inverse, rows = self._rows_for(input)
+        if self.max_norm is not None:
+            rows = self._renormed(unique, rows)
+        if self.trains and torch.is_grad_enabled():
+            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        rows = rows.to(self.output_dtype)  # a no-op unless a conversion (model.half(), ...) chose another dtype
+        return unique, inverse, rows
+
+    def _bags(self, unique, inverse, rows, offsets, per_sample_weights):
         if offsets is not None:
             offsets = offsets.to(self.device)
-        if per_sample_weights is not None:
-            per_sample_weights = per_sample_weights.to(self.device)
-        return F.embedding_bag(inverse, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights)
+        if per_sample_weights is not None:  # embedding_bag wants them in the rows' dtype
+            per_sample_weights = per_sample_weights.to(self.device, rows.dtype)
+        padding = None
+        if self.padding_idx is not None:
+            # Entries of padding_idx leave their bags: they point at an extra zero row that embedding_bag skips.
+            padding = rows.shape[0]
+            inverse = torch.where(unique[inverse] == self.padding_idx, padding, inverse)
+            rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
+        return F.embedding_bag(inverse, rows, offsets, scale_grad_by_freq=self.scale_grad_by_freq, mode=self.mode,
+                               per_sample_weights=per_sample_weights, include_last_offset=self.include_last_offset,
+                               padding_idx=padding)
+
+    @torch.no_grad()
+    def _renormed(self, unique: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        # nn.Embedding's max_norm: rows above it are scaled to it in the table itself, before the lookup.
+        norms = torch.linalg.vector_norm(rows.float(), self.norm_type, dim=1, keepdim=True)
+        scale = torch.where(norms > self.max_norm, self.max_norm / (norms + 1e-7), torch.ones_like(norms))
+        if not bool((scale != 1).any()):
+            return rows
+        rows = (rows.float() * scale).to(rows.dtype)
+        self.table.scatter_(unique, rows)
+        return rows
 
     def _rows_for(self, input: torch.Tensor):
         if self._prefetched is not None and self._prefetched[0] is input:
@@ -225,11 +448,78 @@ class HostEmbedding(torch.nn.Module):
                 raise
             raise named from None
 
+    def _traceable(self) -> bool:
+        # What torch.compile / torch.export can hold in a graph: a lookup that hands no gradient to the module, over
+        # a table that is a tensor (host or gpu placement; hybrid rows may sit in the cache) and is not rewritten.
+        no_gradient = _exporting() or not self.trains or not self.training or not torch.is_grad_enabled()
+        return no_gradient and self.placement in ("host", "gpu") and self.max_norm is None and \
+            self._registers_weight()
+
+    def _lookup_traceable(self, input, offsets, per_sample_weights):
+        ids = input.to(self.device)
+        # Detached: no dense (num_embeddings x dim) gradient, even if something set the parameter's requires_grad.
+        rows = torch.ops.speedtorch.gather(self._parameters["weight"].detach(), ids, self.device)
+        rows = rows.to(self.output_dtype)
+        if self.mode is None:
+            return rows
+        flat = rows.reshape(-1, self.embedding_dim)
+        positions = torch.arange(flat.shape[0], device=self.device).reshape(ids.shape)
+        return self._bags(ids.reshape(-1), positions, flat, offsets, per_sample_weights)
+
+    def _lookup_scripted(self, input: torch.Tensor, offsets: Optional[torch.Tensor],
+                         per_sample_weights: Optional[torch.Tensor]) -> torch.Tensor:
+        # The forward of torch.jit.script(module): the lookup of the eager forward (no gradient reaches the table;
+        # a scripted training loop calls self.table.apply_gradients itself, docs/torchscript.md).
+        ids = input.to(self.device)
+        unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+        rows = self.table.gather(unique, self.device)
+        max_norm = self.max_norm
+        if max_norm is not None:
+            norms = torch.linalg.vector_norm(rows.float(), self.norm_type, dim=1, keepdim=True)
+            scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
+            rows = (rows.float() * scale).to(rows.dtype)
+            self.table.scatter_(unique, rows)
+        rows = rows.to(self.output_dtype)
+        mode = self.mode
+        if mode is None:
+            return F.embedding(inverse, rows)
+        if offsets is not None:
+            offsets = offsets.to(self.device)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(self.device, rows.dtype)
+        padding: Optional[int] = None
+        padding_idx = self.padding_idx
+        if padding_idx is not None:
+            padding = rows.shape[0]
+            inverse = torch.where(unique[inverse] == padding_idx, rows.shape[0], inverse)
+            rows = torch.cat([rows, torch.zeros(1, rows.shape[1], dtype=rows.dtype, device=rows.device)])
+        return F.embedding_bag(inverse, rows, offsets, mode=mode, per_sample_weights=per_sample_weights,
+                               include_last_offset=self.include_last_offset, padding_idx=padding)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: only a PinnedEmbedding (host or hybrid placement) is a TorchScript class.
+        if not isinstance(self.table, torch.ScriptObject) or not self._registers_weight():
+            raise RuntimeError(f"torch.jit.script(HostEmbedding): the {type(self.table).__name__} of "
+                               f"placement={self.placement!r} is a Python object TorchScript cannot hold; script a "
+                               f"host or hybrid placement (a speedtorch.PinnedEmbedding), or use torch.compile / "
+                               f"torch.export")
+        return self
+
     def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
+        if self.padding_idx is not None:
+            keep = unique != self.padding_idx
+            if not bool(keep.all()):  # the padding row gets no gradient, as in nn.Embedding
+                unique, grad_rows = unique[keep], grad_rows[keep]
+        if unique.numel() == 0:
+            return  # an empty batch: no update, no step counted
         if self.update == "backward":
             self._apply_gradients(unique, grad_rows, sorted_unique=True)
-        else:
-            self._pending.append((unique, grad_rows))
+            return
+        # Float32 (the update computes in float32 anyway): GradScaler unscales float32 gradients only, and several
+        # backward passes add up without 16-bit rounding. Contiguous: GradScaler unscales the values in place.
+        grad_rows = grad_rows.to(torch.float32).contiguous()
+        param = self._table_param
+        param.grad = add_rows_gradient(param.grad, rows_gradient(unique, grad_rows, param.grad_shape, coalesced=True))
 
     def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
         # sorted_unique: `unique` is one forward's torch.unique(sorted=True) output, so the op need not de-duplicate
@@ -238,27 +528,39 @@ class HostEmbedding(torch.nn.Module):
         if self._prefetched is not None:
             self._updated_since_prefetch.append(unique)
 
+    def _take_gradient(self):
+        """The pending gradient as (ids, rows, ids are sorted and distinct), dropped from the parameter; None when
+        there is none or it is empty."""
+        param = self._table_param
+        grad = param.grad
+        param.grad = None
+        if grad is None or grad._nnz() == 0:
+            return None
+        return grad._indices()[0], grad._values(), grad.is_coalesced()
+
     # --- optimizer -------------------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def step(self) -> None:
         """Applies the gradients of every backward since the last step in one fused update (a row reached by several
-        backward passes gets the sum of their gradients). Nothing to do with ``update="backward"``."""
-        if not self._pending:
+        backward passes gets the sum of their gradients). Nothing to do with ``update="backward"``, for a frozen
+        table, or when no row got a gradient (an empty batch does not count as a step)."""
+        taken = self._take_gradient()
+        if taken is None:
             return
-        one_backward = len(self._pending) == 1
-        if one_backward:
-            unique, grad = self._pending[0]
-        else:  # rows reached by several backward passes repeat: the op sums them
-            unique = torch.cat([u for u, _ in self._pending])
-            grad = torch.cat([g for _, g in self._pending])
-        self._pending.clear()
-        self._apply_gradients(unique, grad, sorted_unique=one_backward)
+        ids, rows, sorted_unique = taken
+        self._apply_gradients(ids, rows, sorted_unique=sorted_unique)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
-        """Drops gradients not yet applied by :meth:`step`. ``model.zero_grad()`` on a model holding this module does
-        not call it (nn.Module's walks the parameters): :meth:`step` consumes the gradients it applies."""
-        self._pending.clear()
+        """Drops gradients not yet applied (``model.zero_grad()`` does the same through the ``weight`` parameter)."""
+        super().zero_grad(set_to_none)
+        self._table_param.grad = None
+
+    def set_optimizer_options(self, options: dict) -> None:
+        """Changes the table's optimizer hyper-parameters in place (the options :meth:`__init__` takes, given whole;
+        state and step count kept): what :class:`speedtorch.optim.HostEmbeddingOptimizer` calls when a scheduler
+        changed a param group."""
+        self.table.set_optimizer_options({k: float(v) for k, v in options.items()})
 
     # --- prefetch -------------------------------------------------------------------------------------------------
 
@@ -310,11 +612,10 @@ class HostEmbedding(torch.nn.Module):
     def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
         ones if :meth:`prefetch` was given this very tensor) and where each id's row is (``input == ids[inverse]``).
-        Backward through ``rows`` yields one gradient per distinct row, applied as ``update`` says. forward's part
-        before pooling; :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
-        unique, inverse, rows = self._rows_for(input)
-        if torch.is_grad_enabled():
-            rows = _HostRows.apply(self._anchor, self, unique, rows)
+        The rows are forward's before pooling (renormalised by ``max_norm``, in :attr:`output_dtype`); while the
+        module trains, backward through them yields one gradient per distinct row, applied as ``update`` says.
+        :class:`speedtorch.HostEmbeddingBagCollection` pools them itself."""
+        _, inverse, rows = self._lookup(input)
         return inverse, rows
 
     # --- placement ---------------------------------------------------------------------------------------------
@@ -362,9 +663,11 @@ class HostEmbedding(torch.nn.Module):
         return table_entries(self.table)
 
     def get_extra_state(self) -> dict:
+        """The table's optimizer and options, the ``_extra_state`` entry of ``state_dict()``."""
         return table_extra_state(self.table)
 
     def set_extra_state(self, state) -> None:
+        """Checks a checkpoint's optimizer against the table's and takes its options."""
         set_table_extra_state(self.table, state, type(self).__name__)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
@@ -376,13 +679,19 @@ class HostEmbedding(torch.nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         # All or nothing, as nn.Module's: the extra state (optimizer options) and every entry are checked before
-        # anything changes; the options are adopted only then (they re-lay the optimizer state out).
+        # anything changes; the options are adopted only then (they may re-lay the optimizer state out).
         extra = prefix + "_extra_state"
         targets = self._table_tensors()
         ours = {prefix + name for name in targets} | {extra}
         rest = {k: v for k, v in state_dict.items() if k not in ours}
-        super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)  # strict: reports the extra state missing, as it is from `rest`
+        # The table's entries (weight among them) are checked below: nn.Module's loader must not look for `weight`.
+        param = self._parameters.pop("weight", None)
+        try:
+            super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                          error_msgs)  # strict: reports the extra state missing, as it is from `rest`
+        finally:
+            if param is not None:
+                self._parameters["weight"] = param
         options = None
         if extra in state_dict:
             if extra in missing_keys:
@@ -394,8 +703,9 @@ class HostEmbedding(torch.nn.Module):
             return  # nothing is written unless every entry fits
         self._sync_for_host_access()
         adopt_options(self.table, options)
+        self._sync_weight()  # a re-laid out optimizer state moves the rows too
         self._copy_table_tensors(found)
-        self._pending.clear()
+        self._table_param.grad = None
         self._prefetched = None
 
     def _copy_table_tensors(self, found: dict) -> None:
@@ -406,28 +716,44 @@ class HostEmbedding(torch.nn.Module):
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
+    def _sync_weight(self) -> HostTableParameter:
+        """The table parameter over the table as it is now (a hybrid table's cached rows written back; a table whose
+        optimizer was re-configured has new memory: the same parameter object then points there)."""
+        param = self._table_param
+        if param.is_meta:
+            return param
+        table = self.table.table()
+        if table.data_ptr() != param.data_ptr() or table.stride() != param.stride():
+            param.data = table
+        return param
 
     @property
     def weight(self) -> torch.Tensor:
-        """The table (num_embeddings x embedding_dim; shares memory): pinned host memory for ``"host"`` and
-        ``"hybrid"`` (the device-resident rows written back first; while it is held, the row cache stands aside, so
-        it stays exact: docs/persistence.md), device memory for ``"gpu"``. Synchronize before reading it on the host
-        while updates may be running."""
-        return self.table.table()
+        """The table (num_embeddings x embedding_dim; shares memory), as the :class:`HostTableParameter` the module
+        registers: pinned host memory for ``"host"`` and ``"hybrid"`` (the device-resident rows written back first;
+        while it is held, the row cache stands aside, so it stays exact: docs/persistence.md), device memory for
+        ``"gpu"``. Synchronize before reading it on the host while updates may be running."""
+        if "_table_param" not in self.__dict__:
+            raise AttributeError("weight")  # not built yet (nn.Module's attribute checks ask during __init__)
+        if self._table_param.is_meta:  # placement="hybrid": the rows, handed out as the row cache allows
+            return self.table.table()
+        return self._sync_weight()
 
     def save(self, path: str) -> None:
         """Writes the rows, the optimizer state and its configuration to ``path`` (+ ``.state.npy`` and
         ``.meta.json``; docs/persistence.md), whatever the placement: files NumPy reads, written atomically.
-        Gradients waiting for :meth:`step` are not part of it."""
-        self.table.save(str(path))
+        Gradients waiting for a step are not part of it. Ctrl-C (KeyboardInterrupt) stops a long save at its next
+        64 MiB chunk and leaves the files at ``path`` as they were."""
+        run_interruptible(self.table.save, str(path))
 
     @classmethod
     def load(cls, path: str, *, mmap_mode: Optional[str] = None, verify: bool = True, placement: str = "host",
              **kwargs) -> "HostEmbedding":
         """A HostEmbedding over the files of :meth:`save` (or :meth:`PinnedEmbedding.save`, or a plain 2-D .npy of
         rows), with their optimizer, options, state and step count; ``kwargs`` as the constructor's (mode, update,
-        device, hot_rows, ...). ``mmap_mode`` (``"r"``, ``"r+"``, ``"c"``; host placement) maps the files instead of
-        reading them (:meth:`PinnedEmbedding.open`)."""
+        device, hot_rows, ...). Files without an optimizer (a plain .npy) give a frozen table unless ``optimizer=``
+        names one. ``mmap_mode`` (``"r"``, ``"r+"``, ``"c"``; host placement) maps the files instead of reading them
+        (:meth:`PinnedEmbedding.open`)."""
         path = str(path)
         if placement == "gpu":
             if mmap_mode is not None:
@@ -439,6 +765,85 @@ class HostEmbedding(torch.nn.Module):
         else:
             table = PinnedEmbedding.load(path, verify)
         return cls(table.num_rows(), table.dim(), table=table, placement=placement, **kwargs)
+
+    # --- copy.deepcopy, pickle, torch.save(model) ----------------------------------------------------------------
+
+    def __getstate__(self) -> dict:
+        # The table travels as its tensors (no size limit: torch.save writes their bytes; a table with a sidecar
+        # keeps its own pickling, which writes the sidecar files), never the pending gradient or runtime objects.
+        self._sync_for_host_access()
+        state = {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_ATTRIBUTES}
+        state["_parameters"] = {k: v for k, v in self._parameters.items() if k != "weight"}
+        state["table"] = _PickledTable.of(self.table)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        table = state["table"]
+        state = dict(state, table=table.restore(state["device"]) if isinstance(table, _PickledTable) else table)
+        super().__setstate__(state)
+        self._init_runtime_state()
+
+    def __deepcopy__(self, memo):
+        # Like pickling, but the new table is filled from this one's memory directly: one copy, not two.
+        state = self.__getstate__()
+        table = state.pop("table")
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        state = copy.deepcopy(state, memo)
+        state["table"] = table.restore(state["device"]) if isinstance(table, _PickledTable) else \
+            copy.deepcopy(table, memo)
+        new.__setstate__(state)
+        return new
+
+
+# What __getstate__ leaves out: rebuilt by _init_runtime_state.
+_RUNTIME_ATTRIBUTES = ("_table_param", "_anchor", "_prefetched", "_updated_since_prefetch", "_side_stream")
+
+
+class _PickledTable:
+    """A :class:`speedtorch.PinnedEmbedding` as plain tensors and settings (how a HostEmbedding pickles it): its
+    rows, optimizer state (sharing one storage when they sit side by side, so torch.save writes it once), optimizer,
+    options, step count, sidecar and row cache."""
+
+    @classmethod
+    def of(cls, table):
+        if isinstance(table, DeviceTable):
+            return table  # tensors in device memory: pickles as it is
+        if not isinstance(table, torch.ScriptObject):
+            raise TypeError(f"HostEmbedding: a {type(table).__name__} table cannot be copied or pickled; save it with "
+                            f"module.save(path) or state_dict()")
+        if table.sidecar():
+            return table  # its own pickling writes the sidecar files and keeps their path
+        out = cls()
+        out.rows = table.table()
+        out.state = table.state() if table.optimizer() else None
+        out.beside = out.state is not None and out.rows.stride(0) != out.rows.shape[1]
+        out.optimizer = table.optimizer()
+        out.options = dict(table.optimizer_options())
+        out.step = table.step_count()
+        out.cache_slots = table.cache_slots()
+        return out
+
+    def restore(self, device: torch.device):
+        """A new table holding these rows and state (copied), with a row cache on ``device`` as the old one had."""
+        table = PinnedEmbedding(self.rows.shape[0], self.rows.shape[1], self.rows.dtype)
+        if self.optimizer:
+            table.set_optimizer(self.optimizer, self.options, self.beside)
+            table.state().copy_(self.state)
+        table.copy_(self.rows)
+        table.set_step_count(self.step)
+        if self.cache_slots:
+            table.enable_cache(self.cache_slots, device)
+        return table
+
+
+def _options(options: Optional[dict], dtype: torch.dtype) -> dict:
+    """Optimizer options as the table takes them (floats), with stochastic rounding for 16-bit tables unless the
+    caller chose: rounding to nearest loses every update below half a step of the format (bfloat16: lr 1e-4 on 1.0)."""
+    out = {k: float(v) for k, v in (options or {}).items()}
+    if dtype in _HALF_TYPES:
+        out.setdefault("stochastic_rounding", 1.0)
+    return out
 
 
 def _out_of_range_in(ids: torch.Tensor, num_rows: int, owner: str) -> Optional[IndexError]:

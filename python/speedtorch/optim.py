@@ -1,4 +1,9 @@
-"""``speedtorch.optim``: torch.optim optimizers over speedtorch's fused row update, for ordinary parameters.
+"""``speedtorch.optim``: torch.optim optimizers over speedtorch's fused row update.
+
+:class:`HostEmbeddingOptimizer` is the fused optimizer of :class:`speedtorch.nn.HostEmbedding` tables as a
+``torch.optim.Optimizer`` (param groups a scheduler changes, ``zero_grad``, ``GradScaler``), and
+:class:`CombinedOptimizer` drives it together with the dense model's optimizer in one standard loop
+(docs/training.md). A torch optimizer that holds a host table raises at its step, saying so.
 
 :class:`RowwiseAdagrad` is row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD) for 2-D parameters (embedding
 weights, dense or with sparse gradients), which torch.optim lacks: each row keeps one float, the sum over steps of
@@ -9,9 +14,12 @@ state rows like any torch.optim optimizer's.
 
 from __future__ import annotations
 
-import torch
+import collections
 
-__all__ = ["RowwiseAdagrad"]
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+__all__ = ["CombinedOptimizer", "HostEmbeddingOptimizer", "RowwiseAdagrad"]
 
 _STATE_HEADER_FLOATS = 4  # a row's step count (int32 bits), its accumulator, two spare (csrc/optim)
 
@@ -42,6 +50,8 @@ class RowwiseAdagrad(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """Hands each group's hyper-parameters to its table (when they changed) and applies the table's pending
+        gradient in one fused update. ``closure`` (optional) recomputes the loss first, as torch.optim's."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -64,3 +74,252 @@ class RowwiseAdagrad(torch.optim.Optimizer):
                 torch.ops.speedtorch.row_optimizer_step_(p, state["state_rows"], rows, values, "rowwise_adagrad",
                                                          options, state["step"])
         return loss
+
+
+# --- HostEmbedding's fused optimizers as a torch.optim.Optimizer --------------------------------------------------
+
+# torch.optim's names for options the fused optimizers take in pairs, and the flags (booleans in a param group).
+_PAIRS = {"betas": ("beta1", "beta2"), "etas": ("etaminus", "etaplus"),
+          "step_sizes": ("step_size_min", "step_size_max")}
+_FLAGS = ("nesterov", "amsgrad", "centered", "per_row_step", "stochastic_rounding")
+
+
+def _torch_style(options: dict) -> dict:
+    """A table's optimizer options (speedtorch's names, all of them) as a torch.optim param group holds them."""
+    group = {}
+    for key, value in options.items():
+        pair = next((name for name, keys in _PAIRS.items() if key in keys), None)
+        if pair is not None:
+            group[pair] = tuple(options[k] for k in _PAIRS[pair])
+        else:
+            group[key] = bool(value) if key in _FLAGS else float(value)
+    return group
+
+
+def _table_style(group: dict, keys) -> dict:
+    """The options ``keys`` (speedtorch's names) read from a param group."""
+    out = {}
+    for key in keys:
+        pair = next((name for name, pair_keys in _PAIRS.items() if key in pair_keys), None)
+        out[key] = float(group[pair][_PAIRS[pair].index(key)]) if pair is not None else float(group[key])
+    return out
+
+
+def _host_embeddings(modules):
+    from .nn import HostEmbedding, HostEmbeddingBagCollection
+
+    if isinstance(modules, HostEmbedding):
+        return [modules]
+    if isinstance(modules, torch.nn.Module):
+        found = []
+        for m in modules.modules():
+            if isinstance(m, HostEmbedding):
+                found.append(m)
+            elif isinstance(m, HostEmbeddingBagCollection):  # its groups are HostEmbeddings it holds itself
+                found.extend(m.groups)
+        return found
+    out = list(modules)
+    for m in out:
+        if not isinstance(m, HostEmbedding):
+            raise TypeError(f"HostEmbeddingOptimizer: expected HostEmbedding modules, got {type(m).__name__}")
+    return out
+
+
+class HostEmbeddingOptimizer(torch.optim.Optimizer):
+    """The fused optimizers of HostEmbedding tables as one ``torch.optim.Optimizer`` (as TorchRec's fused optimizers
+    are keyed optimizers): a standard training loop, LR schedulers, ``GradScaler`` and :class:`CombinedOptimizer`
+    drive them like any other.
+
+    ``modules``: a model (every :class:`speedtorch.nn.HostEmbedding` in it that trains, and the groups of every
+    :class:`speedtorch.HostEmbeddingBagCollection`), a HostEmbedding, or a list of them. One param group per table:
+    ``params`` is the table's ``weight`` (its :class:`HostTableParameter`), the other keys are its optimizer's
+    hyper-parameters under torch.optim's names (``lr``, ``betas``, ``eps``, ``weight_decay``, ``momentum``, ...;
+    every option the optimizer takes, defaults included) and ``optimizer``, its
+    name. A scheduler (or you) may change them between steps: :meth:`step` hands the changes to the table in place
+    (``PinnedEmbedding.set_optimizer_options``), keeping its state and step count.
+
+    - :meth:`step` applies each table's pending gradient (its ``weight.grad``) in one fused update; a table without
+      one does not count a step (Adam's bias correction).
+    - :meth:`zero_grad` drops the pending gradients.
+    - ``GradScaler``: ``scaler.unscale_(opt)`` divides the pending gradients by the scale and finds non-finite values;
+      ``scaler.step(opt)`` skips the update when there were any.
+    - :meth:`state_dict` / :meth:`load_state_dict`: the hyper-parameters (what a scheduler changed). The rows'
+      optimizer state and step count are in the module's ``state_dict()`` (shared with the table, never copied
+      twice): save both, as for any model and optimizer.
+    """
+
+    def __init__(self, modules):
+        self._tables = {}  # parameter -> its HostEmbedding
+        groups = []
+        for module in _host_embeddings(modules):
+            if not module.trains:
+                continue  # a frozen table has nothing to optimize
+            kind = module.table.optimizer()
+            options = dict(torch.classes.speedtorch.PinnedEmbedding.optimizer_defaults(kind))
+            options.update(module.table.optimizer_options())
+            param = module._table_param
+            self._tables[param] = module
+            groups.append({"params": [param], "optimizer": kind, **_torch_style(options)})
+        if not groups:
+            raise ValueError("HostEmbeddingOptimizer: no HostEmbedding with an optimizer (frozen tables have none)")
+        kinds = {g["optimizer"] for g in groups}
+        # One kind: its defaults, which OneCycleLR / CyclicLR look at (betas or momentum). Several: lr alone.
+        defaults = {k: v for k, v in groups[0].items() if k != "params"} if len(kinds) == 1 else {}
+        super().__init__(groups, defaults)
+
+    @property
+    def host_embeddings(self) -> list:
+        """The HostEmbedding modules this optimizer steps (one per param group)."""
+        return [self._module(group) for group in self.param_groups]
+
+    def _module(self, group: dict):
+        return self._tables[group["params"][0]]
+
+    def _sync_options(self, group: dict) -> None:
+        module = self._module(group)
+        kind = module.table.optimizer()
+        defaults = dict(torch.classes.speedtorch.PinnedEmbedding.optimizer_defaults(kind))
+        current = dict(module.table.optimizer_options())
+        wanted = _table_style(group, defaults.keys())
+        if wanted == {**defaults, **current}:
+            return
+        # Keep the table's options as sparse as they were: the given ones, and the ones that left their default.
+        module.set_optimizer_options({k: v for k, v in wanted.items() if k in current or v != defaults[k]})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Hands each group's hyper-parameters to its table (when they changed) and applies the table's pending
+        gradient in one fused update. ``closure`` (optional) recomputes the loss first, as torch.optim's."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            self._sync_options(group)
+            self._module(group).step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drops the tables' pending gradients."""
+        for group in self.param_groups:
+            self._module(group).zero_grad(set_to_none)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores the hyper-parameters of :meth:`state_dict`, in place (the groups stay the same objects, so a
+        CombinedOptimizer or scheduler holding them sees the change); applied to the tables at the next step."""
+        saved = state_dict["param_groups"]
+        if len(saved) != len(self.param_groups):
+            raise ValueError(f"HostEmbeddingOptimizer.load_state_dict: the state holds {len(saved)} tables, this "
+                             f"optimizer {len(self.param_groups)}")
+        for i, (group, other) in enumerate(zip(self.param_groups, saved)):
+            if other.get("optimizer") != group["optimizer"]:
+                raise ValueError(f"HostEmbeddingOptimizer.load_state_dict: table {i} was trained with "
+                                 f"{other.get('optimizer')!r}, this one is {group['optimizer']!r}")
+        for group, other in zip(self.param_groups, saved):
+            group.update({k: v for k, v in other.items() if k != "params"})
+
+
+class CombinedOptimizer(torch.optim.Optimizer):
+    """Several optimizers driven as one: ``step``, ``zero_grad``, ``state_dict`` reach each, and ``param_groups`` is
+    all of theirs (the same dicts), so one LR scheduler and one ``GradScaler`` serve them all. The usual pair::
+
+        opt = CombinedOptimizer([HostEmbeddingOptimizer(model),
+                                 torch.optim.Adam(speedtorch.nn.dense_parameters(model), lr=1e-3)])
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 100))
+        ...
+        loss.backward(); opt.step(); opt.zero_grad(); sched.step()
+    """
+
+    def __init__(self, optimizers):
+        self.optimizers = list(optimizers)
+        if not self.optimizers:
+            raise ValueError("CombinedOptimizer: no optimizers given")
+        groups = [g for o in self.optimizers for g in o.param_groups]
+        # Keys every group has (lr, and betas or momentum when all share them: what schedulers look for).
+        common = set.intersection(*(set(o.defaults) for o in self.optimizers))
+        super().__init__(groups, {k: self.optimizers[0].defaults[k] for k in common})
+
+    @property
+    def state(self):
+        """The state of every optimizer (keyed by parameter)."""
+        return collections.ChainMap(*(o.state for o in self.optimizers))
+
+    @state.setter
+    def state(self, value) -> None:  # torch.optim.Optimizer.__init__ sets an empty one
+        pass
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Steps every optimizer (``closure`` runs once, first)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for o in self.optimizers:
+            o.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """zero_grad of every optimizer."""
+        for o in self.optimizers:
+            o.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        """``{"optimizers": [each optimizer's state_dict()]}``."""
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads each optimizer's part of :meth:`state_dict`."""
+        saved = state_dict["optimizers"]
+        if len(saved) != len(self.optimizers):
+            raise ValueError(f"CombinedOptimizer.load_state_dict: the state holds {len(saved)} optimizers, this one "
+                             f"{len(self.optimizers)}")
+        for o, s in zip(self.optimizers, saved):
+            o.load_state_dict(s)
+        # torch.optim's load_state_dict replaces its group dicts: take the new ones.
+        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Refused once built: add the group to one of the optimizers and build the CombinedOptimizer again."""
+        if hasattr(self, "optimizers") and len(self.param_groups) == sum(len(o.param_groups) for o in self.optimizers):
+            raise RuntimeError("CombinedOptimizer.add_param_group: add the group to one of its optimizers, then build "
+                               "the CombinedOptimizer again")
+        super().add_param_group(param_group)
+
+
+def host_embeddings_stepped_by(optimizers) -> list:
+    """The HostEmbedding modules that ``optimizers`` (an optimizer or a list of them) step themselves: those of each
+    :class:`HostEmbeddingOptimizer`, alone or inside a :class:`CombinedOptimizer`."""
+    if isinstance(optimizers, torch.optim.Optimizer):
+        optimizers = [optimizers]
+    found = []
+    for o in optimizers:
+        if isinstance(o, HostEmbeddingOptimizer):
+            found.extend(o.host_embeddings)
+        elif isinstance(o, CombinedOptimizer):
+            found.extend(host_embeddings_stepped_by(o.optimizers))
+    return found
+
+
+def _refuse_tables_in_other_optimizers(optimizer, args, kwargs) -> None:  # noqa: ARG001 (the hook's signature)
+    """A global step pre-hook of torch.optim: a torch optimizer holding a host table with a pending gradient would
+    update the table a second time (or fail on its sparse gradient on another device): say what to do instead."""
+    if isinstance(optimizer, (HostEmbeddingOptimizer, CombinedOptimizer)):
+        return
+    key = sum(len(g["params"]) for g in optimizer.param_groups)
+    cached = optimizer.__dict__.get("_speedtorch_tables")
+    if cached is None or cached[0] != key:
+        from .table_parameter import HostTableParameter
+
+        tables = [p for g in optimizer.param_groups for p in g["params"] if isinstance(p, HostTableParameter)]
+        cached = (key, tables)
+        optimizer.__dict__["_speedtorch_tables"] = cached
+    if any(p.grad is not None for p in cached[1]):
+        raise RuntimeError(f"{type(optimizer).__module__}.{type(optimizer).__name__} holds the table of a speedtorch "
+                           "HostEmbedding, whose rows its own fused optimizer updates: build this optimizer from "
+                           "speedtorch.nn.dense_parameters(model), and drive the tables with "
+                           "speedtorch.optim.HostEmbeddingOptimizer(model) (CombinedOptimizer steps both; "
+                           "docs/training.md)")
+
+
+register_optimizer_step_pre_hook(_refuse_tables_in_other_optimizers)

@@ -88,6 +88,19 @@ class DeviceTable:
         self._optimizer = PinnedEmbedding.canonical_optimizer_name(kind)
         self._options, self._step = options, 0
 
+    def set_optimizer_options(self, options: dict) -> None:
+        """Changes the hyper-parameters in place, state and step count kept (PinnedEmbedding's rule)."""
+        if not self._optimizer:
+            raise RuntimeError("DeviceTable.set_optimizer_options: no optimizer; call set_optimizer(kind, options) "
+                               "first")
+        options = {k: float(v) for k, v in options.items()}
+        width = PinnedEmbedding.state_width(self._optimizer, options, self.dim())  # validates them
+        if width != self._state.shape[1]:
+            raise RuntimeError(f"DeviceTable.set_optimizer_options: these options change the layout of "
+                               f"{self._optimizer}'s state ({self._state.shape[1]} floats a row now, {width} with "
+                               f"them); call set_optimizer(kind, options), which starts the state afresh")
+        self._options = options
+
     def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
         return torch.ops.speedtorch.gather(self._table, indices, None if device is None else torch.device(device))
 
@@ -97,6 +110,9 @@ class DeviceTable:
     def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor, sorted_unique: bool = False) -> None:
         if self._state is None:
             raise RuntimeError("DeviceTable.apply_gradients: no optimizer; call set_optimizer(kind, options) first")
+        # The table stays where it was built while a module's forward may have moved (model.cuda() on a table
+        # built on the CPU): its gradients come back to the table's device.
+        indices, grad = indices.to(self._table.device), grad.to(self._table.device)
         torch.ops.speedtorch.row_optimizer_step_(self._table, self._state, indices, grad, self._optimizer,
                                                  self._options, self._step + 1, sorted_unique)
         self._step += 1
@@ -228,6 +244,9 @@ class HybridTable:
 
     def step_count(self) -> int:
         return self.host.step_count()
+
+    def set_optimizer_options(self, options: dict) -> None:
+        self.host.set_optimizer_options(options)
 
     def set_step_count(self, step: int) -> None:
         self.host.set_step_count(step)

@@ -155,13 +155,16 @@ class QuantizedRows:
         """Every row as bfloat16, on the CPU (for checks and small tables)."""
         return self.gather(torch.arange(self.num_rows), "cpu")
 
-    def save(self, path: PathLike) -> None:
+    def save(self, path: PathLike) -> str:
+        """Writes the rows and their format; returns the rows' content hash (:func:`speedtorch.save_npy`'s)."""
         from .data import save_npy
 
         path = os.fspath(path)
-        save_npy(self.table if self.table.dtype != torch.bfloat16 else self.table.view(torch.uint8), path)
+        content_hash = save_npy(self.table if self.table.dtype != torch.bfloat16 else self.table.view(torch.uint8),
+                                path)
         with open(path + ".format.json", "w") as f:
             json.dump({"format": self.format, "dim": self.dim}, f)
+        return content_hash
 
     @classmethod
     def open(cls, path: PathLike, *, pin: bool = True) -> "QuantizedRows":

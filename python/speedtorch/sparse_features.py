@@ -25,6 +25,8 @@ _INT_TYPES = (torch.int32, torch.int64)
 
 @dataclass
 class SparseFeatures:
+    """The ids of a batch's sparse features, bag by bag (the layout of the module's docstring); checked when made."""
+
     keys: tuple
     values: torch.Tensor
     lengths: torch.Tensor

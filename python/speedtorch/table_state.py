@@ -62,11 +62,16 @@ def checked_extra_state(table, state, owner: str) -> Optional[dict]:
 
 
 def adopt_options(table, options: Optional[dict]) -> None:
-    """Re-configures the table's optimizer with a checked checkpoint's options (checked_extra_state); its state is
-    re-laid out for them, zeroed: the checkpoint's state is copied in right after."""
+    """Gives the table a checked checkpoint's options (checked_extra_state): in place when they keep the state's
+    layout (an LR schedule's lr, betas ...: set_optimizer_options); otherwise the optimizer is re-configured, its
+    state re-laid out for them, zeroed. Either way the checkpoint's state is copied in right after."""
     if options is None:
         return
     weight, state_rows = table.table(), table.state()
+    if state_rows is not None and hasattr(table, "set_optimizer_options") and \
+            PinnedEmbedding.state_width(table.optimizer(), options, table.dim()) == state_rows.shape[1]:
+        table.set_optimizer_options(options)
+        return
     table.set_optimizer(table.optimizer(), options, state_rows is not None and weight.stride(0) != weight.shape[1])
 
 

@@ -20,6 +20,9 @@ The loop it replaces, for a model whose ``forward(batch)`` returns the loss (or 
         for m in host_modules: m.step()      # HostEmbedding / HostEmbeddingBagCollection / DistributedHostEmbedding
         optimizer.step(); optimizer.zero_grad()
 
+(the host modules a ``speedtorch.optim.HostEmbeddingOptimizer`` in ``optimizer`` holds are left to its step, so an
+LR scheduler driving it, through a ``CombinedOptimizer`` too, works as in the plain loop.)
+
 Which input a host module gets: ``sparse_inputs(batch)``, a list of ``(module, input)``; by default the model's own
 ``sparse_inputs`` method (the model inside ``DistributedDataParallel`` too). Without one, nothing is prefetched (the
 copies still overlap). The input must be the very object forward passes to the module (prefetch matches by identity).
@@ -37,6 +40,7 @@ import torch
 from .embedding_collection import HostEmbeddingBagCollection
 from .nn import HostEmbedding
 from .ops import transfer_config_override
+from .optim import host_embeddings_stepped_by
 
 __all__ = ["TrainPipeline", "move_batch"]
 
@@ -55,8 +59,11 @@ class TrainPipeline:
         device: where the model computes (default: the current CUDA device, else the CPU).
         sparse_inputs: ``batch -> [(host module, its input), ...]``, for prefetching (default: the model's
             ``sparse_inputs`` method, if any).
-        step_host_tables: call ``step()`` of every host module the model holds (HostEmbedding, its subclasses and
-            HostEmbeddingBagCollection) each step. False when ``optimizer`` steps them itself.
+        step_host_tables: call ``step()`` of every host table the model holds (HostEmbedding, its subclasses, the
+            groups of a HostEmbeddingBagCollection) each step, except the ones ``optimizer`` steps itself: a
+            :class:`speedtorch.optim.HostEmbeddingOptimizer`, alone or in a ``CombinedOptimizer``, updates its
+            tables with the hyper-parameters its scheduler set (a step here first would use the old ones). False:
+            none (the optimizers, or you, step them).
         max_sms: bound the side stream's gathers to this many SMs (the transfer option ``max_sms``), so they leave
             the rest of the GPU to the model; None keeps the process's setting.
         prefetch: False runs the same loop without gathering ahead (copies still overlap): the reference.
@@ -75,6 +82,10 @@ class TrainPipeline:
         inner = getattr(model, "module", model)  # DistributedDataParallel's model
         self.sparse_inputs = sparse_inputs or getattr(inner, "sparse_inputs", None)
         self.step_host_tables = step_host_tables
+        # The tables this loop steps: those no optimizer given steps (a second step would find no gradient, but the
+        # first, here, would miss the learning rate a scheduler set on the optimizer's param groups).
+        stepped = {id(m) for m in host_embeddings_stepped_by(self.optimizers)}
+        self._tables_to_step = [t for t in _tables_of(self.host_modules) if id(t) not in stepped]
         self.max_sms = max_sms
         self.prefetch = prefetch
         self.steps = 0
@@ -113,8 +124,8 @@ class TrainPipeline:
         self._stage(2)  # batch t+2's copies run beside this step
         loss.backward()
         if self.step_host_tables:
-            for module in self.host_modules:
-                module.step()
+            for table in self._tables_to_step:
+                table.step()
         for optimizer in self.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -182,6 +193,15 @@ def host_modules(model: torch.nn.Module) -> list:
     """The host-table modules ``model`` holds (HostEmbedding, its subclasses, HostEmbeddingBagCollection), in
     ``modules()`` order."""
     return [m for m in model.modules() if isinstance(m, (HostEmbedding, HostEmbeddingBagCollection))]
+
+
+def _tables_of(modules: list) -> list:
+    """The HostEmbeddings that step: each HostEmbedding of ``modules``, and the groups of each collection."""
+    out = {}
+    for m in modules:
+        for table in m.groups if isinstance(m, HostEmbeddingBagCollection) else [m]:
+            out.setdefault(id(table), table)
+    return list(out.values())
 
 
 def move_batch(batch, device: torch.device, non_blocking: bool = False):

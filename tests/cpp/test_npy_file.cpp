@@ -206,6 +206,26 @@ TEST_F(NpyFile, FailedSaveLeavesTheOldFileIntact) {
             std::string::npos);
 }
 
+TEST_F(NpyFile, CancelledWriteStopsAtTheNextChunkAndCommitsNothing) {
+  const at::Tensor old_values = at::randn({50, 4});
+  save_npy(old_values, path("t.npy"));
+  const std::string before = read_bytes(path("t.npy"));
+  NpyWriter untouched(path("u.npy"), at::kFloat, {50, 4});
+  {
+    NpyWriter writer(path("t.npy"), at::kFloat, {50, 4}, /*chunk_bytes=*/16 * 4 * 4);  // 16 rows a chunk
+    writer.write(at::randn({20, 4}));
+    cancel_writes_in_progress();  // what Ctrl-C asks (speedtorch/_interrupt.py)
+    EXPECT_NE(error_of([&] { writer.write(at::randn({30, 4})); }).find("was cancelled"), std::string::npos);
+    EXPECT_NE(error_of([&] { writer.finish(); }).find("was cancelled"), std::string::npos);
+  }
+  EXPECT_EQ(read_bytes(path("t.npy")), before);
+  // A write that starts after the request runs normally.
+  save_npy(at::randn({50, 4}), path("t.npy"));
+  EXPECT_NE(read_bytes(path("t.npy")), before);
+  // A write begun before the request is cancelled too.
+  EXPECT_NE(error_of([&] { untouched.write(at::randn({50, 4})); }).find("was cancelled"), std::string::npos);
+}
+
 TEST_F(NpyFile, ReadsOnlyWhatItIsAskedFor) {
   const at::Tensor t = at::randn({10, 2});
   save_npy(t, path("t.npy"));

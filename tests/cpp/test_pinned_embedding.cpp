@@ -34,6 +34,36 @@ TEST(PinnedEmbedding, SeededInitIsReproducible) {
   EXPECT_FALSE(at::equal(first, e.table()));
 }
 
+TEST(PinnedEmbedding, SetOptimizerOptionsKeepsStateAndStep) {
+  PinnedEmbedding e(40, 4, at::kFloat);
+  e.normal_(0.0, 1.0, 1);
+  c10::Dict<std::string, double> options;
+  options.insert("lr", 0.1);
+  e.set_optimizer("adam", options, true);
+  e.apply_gradients(at::arange(10), at::ones({10, 4}));
+  const at::Tensor state = e.state().clone();
+  const at::Tensor rows = e.table().clone();
+  c10::Dict<std::string, double> smaller;
+  smaller.insert("lr", 0.0);
+  e.set_optimizer_options(smaller);
+  EXPECT_EQ(e.step_count(), 1);
+  EXPECT_TRUE(at::equal(e.state(), state));
+  e.apply_gradients(at::arange(10), at::ones({10, 4}));  // lr 0: the rows stay, the moments move on
+  EXPECT_TRUE(at::equal(e.table(), rows));
+  EXPECT_FALSE(at::equal(e.state(), state));
+  EXPECT_EQ(e.step_count(), 2);
+  c10::Dict<std::string, double> wider;
+  wider.insert("amsgrad", 1.0);
+  EXPECT_NE(error_of([&] { e.set_optimizer_options(wider); }).find("change the layout"), std::string::npos);
+  EXPECT_EQ(e.optimizer_options().at("lr"), 0.0);
+  PinnedEmbedding none(4, 4, at::kFloat);
+  EXPECT_NE(error_of([&] { none.set_optimizer_options(smaller); }).find("no optimizer"), std::string::npos);
+  const auto defaults = PinnedEmbedding::optimizer_defaults("adamw");
+  EXPECT_EQ(defaults.at("weight_decay"), static_cast<double>(1e-2f));
+  EXPECT_EQ(defaults.at("stochastic_rounding"), 0.0);
+  EXPECT_EQ(defaults.size(), 8u);  // lr, per_row_step, stochastic_rounding, beta1, beta2, eps, weight_decay, amsgrad
+}
+
 TEST(PinnedEmbedding, GatherScatterDuplicatesLastWins) {
   PinnedEmbedding e(50, 3, at::kFloat);
   at::Tensor values = at::randn({50, 3});

@@ -225,6 +225,77 @@ def scenario_build(rank, cfg):
             "block_shares_table": block.data_ptr() in range(m.weight.data_ptr(), m.weight.data_ptr() + m.weight.nbytes)}
 
 
+def _ddp_host_table(rank, cfg, ignore):
+    """A model holding a plain HostEmbedding (one table per process) inside DDP. With ddp_ignore_host_tables the
+    table is left alone (no broadcast, no gradient bucket) and the dense part is synchronised; without it, DDP
+    broadcasts rank 0's table at construction (a registered CPU parameter) and would refuse a GPU model."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from speedtorch.nn import HostEmbedding, ddp_ignore_host_tables, dense_parameters
+    from speedtorch.optim import CombinedOptimizer, HostEmbeddingOptimizer
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = HostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam", optimizer_options={"lr": 0.01},
+                                     device="cpu", seed=100 + rank)  # each rank its own table
+            torch.manual_seed(rank)  # and its own dense values: DDP makes them rank 0's
+            self.dense = torch.nn.Linear(cfg["dim"], 1)
+
+        def forward(self, ids):
+            return self.dense(self.emb(ids)).squeeze(-1)
+
+    model = Model()
+    initial = model.emb.weight.clone()
+    if ignore:
+        ddp_ignore_host_tables(model)
+    ddp = DistributedDataParallel(model)
+    after_wrap = model.emb.weight.clone()
+    opt = CombinedOptimizer([HostEmbeddingOptimizer(model), torch.optim.SGD(dense_parameters(model), lr=0.1)])
+    for step in range(cfg["steps"]):
+        ids, weights = batch(step, rank, cfg["rows"], cfg["batch"], cfg["dim"])
+        (ddp(ids) - weights[:, 0]).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return {"initial": initial, "after_wrap": after_wrap, "table": model.emb.weight.clone(),
+            "steps": model.emb.table.step_count(),
+            "dense": {k: v.clone() for k, v in model.dense.state_dict().items()}}
+
+
+def _shared_arguments(rank, cfg):
+    """DistributedHostEmbedding takes HostEmbedding's arguments (README: "with the same arguments"), and refuses
+    those that cannot apply to a shared table with a reason."""
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    refused = {}
+    for name, value in (("update", "backward"), ("placement", "gpu"), ("max_norm", 1.0), ("cache_rows", 32)):
+        try:
+            DistributedHostEmbedding(cfg["rows"], cfg["dim"], device=DEVICE, shm_dir=cfg["shm_dir"], **{name: value})
+            refused[name] = None
+        except ValueError as e:
+            refused[name] = str(e)
+    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], 3, None, 2.0, True, True, mode="sum",
+                                 include_last_offset=True, optimizer="sgd", optimizer_options={"lr": 0.5},
+                                 update="step", state_beside_rows=True, placement="host", init_std=0.5, seed=1,
+                                 dtype=torch.float32, device=DEVICE, shm_dir=cfg["shm_dir"])
+    padding_row = m.weight[3].clone() if rank == 0 else None
+    ids = torch.tensor([3, 1, 1, 3, 2])
+    out = m(ids, torch.tensor([0, 2, 5]))
+    out.sum().backward()
+    m.step()
+    return {"refused": refused, "padding_row_at_start": padding_row, "out_shape": tuple(out.shape),
+            "padding_row": m.weight[3].clone() if rank == 0 else None, "steps": m.table.step_count()}
+
+
+def scenario_standard_flows(rank, cfg):
+    """The standard-flow checks of issue 25 in one launch (each launch costs seconds of process start): DDP around a
+    model holding a HostEmbedding, with and without ddp_ignore_host_tables, and DistributedHostEmbedding's
+    arguments."""
+    return {"ddp_ignored": _ddp_host_table(rank, cfg, ignore=True),
+            "ddp_plain": _ddp_host_table(rank, cfg, ignore=False),
+            "shared_arguments": _shared_arguments(rank, cfg)}
+
+
 def scenario_share_rows(rank, cfg):
     """Local rank 0 shares an fp8 serving table; every rank of its host reads the same rows from one copy."""
     from speedtorch.distributed import share_rows

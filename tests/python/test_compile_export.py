@@ -102,3 +102,81 @@ def test_compile_pinned_table_to_gpu():
 
     ids = torch.randint(0, 1000, (64,), device="cuda")
     torch.testing.assert_close(score(ids), table[ids.cpu()].sum(-1).cuda())
+
+
+# --- a model holding a HostEmbedding -----------------------------------------------------------------------------
+
+from speedtorch.nn import HostEmbedding  # noqa: E402
+
+
+class Recommender(torch.nn.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.users = HostEmbedding(300, 8, device="cpu", seed=0, **kwargs)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, ids, offsets=None):
+        rows = self.users(ids) if offsets is None else self.users(ids, offsets)
+        return self.head(rows).squeeze(-1)
+
+
+@pytest.mark.parametrize("mode", [None, "sum", "max"])
+def test_compile_fullgraph_of_a_model_holding_a_host_embedding(mode):
+    model = Recommender(mode=mode, padding_idx=3)
+    ids = torch.tensor([[1, 3, 5], [7, 7, 2]])
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids), model(ids))
+    model.eval()  # in eval mode a lookup holds no gradient for the table either: it compiles whole
+    torch.testing.assert_close(compiled(ids), model(ids))
+
+
+def test_compiled_training_breaks_the_graph_at_the_table_and_trains_like_eager():
+    """Training under torch.compile: the table hands its gradient to its module in backward, a side effect no graph
+    holds, so the graph breaks around it (fullgraph=True cannot hold it) and the rest compiles; same numbers."""
+    models = [Recommender(optimizer="adam", optimizer_options={"lr": 0.1}) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    compiled = torch.compile(models[1], backend="aot_eager")
+    for model, run in ((models[0], models[0]), (models[1], compiled)):
+        opt = torch.optim.SGD(model.head.parameters(), lr=0.1)
+        for step in range(3):
+            ids = torch.tensor([[1, 2], [2, step]])
+            run(ids).pow(2).sum().backward()
+            model.users.step()
+            opt.step()
+            opt.zero_grad()
+    torch.testing.assert_close(models[1].users.weight, models[0].users.weight)
+    torch.testing.assert_close(models[1].head.weight, models[0].head.weight)
+
+
+def test_export_of_a_model_holding_a_host_embedding():
+    model = Recommender(mode="mean").eval()
+    ids = torch.tensor([1, 3, 5, 7, 7, 2])
+    offsets = torch.tensor([0, 2])
+    exported = torch.export.export(model, (ids, offsets))
+    assert "speedtorch.gather" in exported.graph_module.code
+    torch.testing.assert_close(exported.module()(ids, offsets), model(ids, offsets))
+
+
+def test_jit_script_of_a_host_embedding():
+    for kwargs in ({}, {"mode": "sum", "padding_idx": 4}, {"max_norm": 0.5}):
+        eager = HostEmbedding(100, 8, device="cpu", seed=1, **kwargs)
+        other = HostEmbedding(100, 8, device="cpu", seed=1, **kwargs)
+        scripted = torch.jit.script(other)
+        ids = torch.tensor([4, 1, 9, 4, 2])
+        offsets = torch.tensor([0, 3]) if "mode" in kwargs else None
+        with torch.no_grad():
+            expected = eager(ids, offsets)
+        torch.testing.assert_close(scripted(ids, offsets), expected)
+        torch.testing.assert_close(other.weight, eager.weight)  # max_norm renormalised the same rows in both
+    with pytest.raises(RuntimeError, match="TorchScript cannot hold"):
+        torch.jit.script(HostEmbedding(10, 4, device="cpu", placement="gpu"))
+
+
+@pytest.mark.gpu
+def test_compile_fullgraph_of_a_host_table_read_by_the_gpu():
+    model = Recommender(mode="sum").cuda()  # the head on the GPU; the table stays in host memory, read over UVA
+    ids = torch.tensor([[1, 3, 5], [7, 7, 2]])
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids), model(ids))

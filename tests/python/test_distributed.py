@@ -198,6 +198,33 @@ def test_ddp_around_the_model(shm_dir):
             torch.testing.assert_close(results[r]["dense"][k], v, **TOL)
 
 
+def test_standard_flows_ddp_around_a_host_embedding_and_the_distributed_modules_arguments(shm_dir):
+    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, steps=STEPS, shm_dir=shm_dir)
+    results = succeeded(launch(2, 2, "standard_flows", cfg))
+    # A plain HostEmbedding is a registered parameter: ddp_ignore_host_tables keeps DDP from broadcasting it (each
+    # rank keeps its own table) while the dense part is synchronised as usual.
+    ignored = {r: results[r]["ddp_ignored"] for r in (0, 1)}
+    for r in (0, 1):
+        torch.testing.assert_close(ignored[r]["after_wrap"], ignored[r]["initial"], rtol=0, atol=0)
+        assert ignored[r]["steps"] == STEPS
+    assert not torch.equal(ignored[0]["initial"], ignored[1]["initial"])
+    for k in ignored[0]["dense"]:
+        torch.testing.assert_close(ignored[0]["dense"][k], ignored[1]["dense"][k])
+    # Without it DDP copies rank 0's table over the others' at construction, as for any parameter.
+    plain = {r: results[r]["ddp_plain"] for r in (0, 1)}
+    torch.testing.assert_close(plain[1]["after_wrap"], plain[0]["initial"], rtol=0, atol=0)
+    # DistributedHostEmbedding takes HostEmbedding's arguments, and refuses with a reason those that cannot apply.
+    for r in (0, 1):
+        shared = results[r]["shared_arguments"]
+        refused = shared["refused"]
+        assert "update='backward'" in refused["update"] and "placement='gpu'" in refused["placement"]
+        assert "max_norm" in refused["max_norm"] and "hybrid" in refused["cache_rows"]
+        assert shared["out_shape"] == (2, DIM) and shared["steps"] == 1
+    shared = results[0]["shared_arguments"]
+    assert torch.count_nonzero(shared["padding_row_at_start"]) == 0  # padding_idx: starts at zero ...
+    assert torch.count_nonzero(shared["padding_row"]) == 0  # ... and never moves
+
+
 # --- checkpoints that reshard -------------------------------------------------------------------------------------
 
 def test_checkpoint_reshards_between_world_sizes_and_single_process(shm_dir, tmp_path):

@@ -4,6 +4,8 @@ state_dict entries that survive regrouping and torch.distributed.checkpoint, pla
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -278,7 +280,7 @@ def test_placements_train_alike_on_a_gpu():
                           optimizer_options={"lr": 0.1})
         # The same starting rows for every placement (a seed draws different values on the host and on a GPU).
         if start is None:
-            start = {name: t.clone() for name, t in collection.state_dict().items()}
+            start = copy.deepcopy(collection.state_dict())  # tensors and the optimizers' settings
         else:
             collection.load_state_dict(start)
         for features in batches:
@@ -289,3 +291,58 @@ def test_placements_train_alike_on_a_gpu():
     for other in results[1:]:
         for name, rows in results[0].items():
             assert torch.equal(other[name], rows), name
+
+
+def test_frozen_tables_keep_their_rows_and_have_no_optimizer_state():
+    tables = [TABLES[0], TABLES[1], TableConfig("t2", 11, 4, frozen=True), TABLES[3]]
+    collection = make("cpu", tables)
+    before = {c.name: collection.weight(c.name).clone() for c in tables}
+    _train(collection)
+    assert torch.equal(collection.weight("t2"), before["t2"])
+    assert not torch.equal(collection.weight("t0"), before["t0"])
+    assert [g.trains for g in collection.groups] == [True, False]
+    state = collection.state_dict()
+    assert "embedding_bags.t2.optimizer_state" not in state and "embedding_bags.t0.optimizer_state" in state
+    fresh = make("cpu", tables)
+    fresh.load_state_dict(state)
+    assert all(torch.equal(fresh.weight(c.name), collection.weight(c.name)) for c in tables)
+    # optimizer=None freezes every table: forward's rows need no gradient.
+    frozen = make("cpu", optimizer=None)
+    assert not frozen(random_bags(3, torch.Generator().manual_seed(1))).requires_grad
+    assert not any(g.trains for g in frozen.groups) and all(g.table.optimizer() == "" for g in frozen.groups)
+
+
+def test_requires_grad_freezes_and_unfreezes_every_table():
+    collection = make("cpu")
+    before = {c.name: collection.weight(c.name).clone() for c in TABLES}
+    assert collection.requires_grad_(False) is collection
+    features = random_bags(4, torch.Generator().manual_seed(2))
+    assert not collection(features).requires_grad
+    collection.requires_grad_(True)
+    _train(collection, steps=1)
+    assert not torch.equal(collection.weight("t2"), before["t2"])
+
+
+def test_host_embedding_optimizer_drives_the_groups_as_step_does():
+    """HostEmbeddingOptimizer of a model holding a collection holds its trained groups (not the frozen one): a
+    CombinedOptimizer with an LR schedule trains them as collection.step() with the scheduled rates would."""
+    from speedtorch.optim import CombinedOptimizer, HostEmbeddingOptimizer
+
+    tables = [TABLES[0], TABLES[1], TableConfig("t2", 11, 4, frozen=True), TABLES[3]]
+    model = torch.nn.Sequential(make("cpu", tables))
+    opt = CombinedOptimizer([HostEmbeddingOptimizer(model)])
+    assert opt.optimizers[0].host_embeddings == [model[0].groups[0]]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step)
+    reference = make("cpu", tables)
+    gen = torch.Generator().manual_seed(6)
+    for step in range(3):
+        features = random_bags(5, gen)
+        model(features).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        reference(features).pow(2).sum().backward()
+        reference.groups[0].set_optimizer_options({"lr": 0.5 * 0.5 ** step})
+        reference.step()
+    for config in tables:
+        assert torch.equal(model[0].weight(config.name), reference.weight(config.name)), config.name

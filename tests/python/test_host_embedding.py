@@ -71,12 +71,13 @@ def test_gradient_is_summed_per_distinct_row():
     ids = torch.tensor([[3, 3, 9], [9, 3, 1]])
     weights = torch.randn(2, 3, 4)
     (host(ids) * weights).sum().backward()
-    (unique, grad), = host._pending
-    assert unique.tolist() == [1, 3, 9]
+    grad = host.weight.grad  # the pending gradient, sparse as nn.Embedding(sparse=True)'s
+    unique = grad._indices()[0]
+    assert unique.tolist() == [1, 3, 9] and grad.is_coalesced()
     expected = torch.zeros(50, 4).index_add_(0, ids.reshape(-1), weights.reshape(-1, 4))[unique]
-    torch.testing.assert_close(grad, expected)
+    torch.testing.assert_close(grad._values(), expected)
     host.zero_grad()
-    assert not host._pending
+    assert host.weight.grad is None
 
 
 def test_only_touched_rows_move_and_state_is_counted():
@@ -170,7 +171,7 @@ def test_autocast_forward_and_update():
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="mode must be"):
-        HostEmbedding(10, 4, mode="max")
+        HostEmbedding(10, 4, mode="min")
     with pytest.raises(ValueError, match="update must be"):
         HostEmbedding(10, 4, update="later")
     with pytest.raises(RuntimeError, match="unknown optimizer"):
@@ -299,3 +300,17 @@ def test_module_conversions_reach_a_model_holding_one():
     model = torch.nn.Sequential(HostEmbedding(10, 4, device="cpu"), torch.nn.Linear(4, 1))
     model.to("cpu").float()
     assert model(torch.tensor([1, 2])).shape == (2, 1)
+
+
+def test_distinct_rows_are_forwards_rows_before_pooling():
+    """distinct_rows (what HostEmbeddingBagCollection pools) renormalises by max_norm as forward does, and a frozen
+    table's rows need no gradient."""
+    ids = torch.tensor([[4, 1], [4, 7]])
+    host = HostEmbedding(10, 4, max_norm=1.0, init_std=3.0, seed=0, device="cpu", optimizer="sgd")
+    inverse, rows = host.distinct_rows(ids)
+    assert rows.requires_grad and torch.equal(rows[inverse], host(ids))
+    norms = torch.linalg.vector_norm(rows.detach(), dim=1)
+    assert bool((norms <= 1.0 + 1e-5).all()) and bool((norms > 0.99).all())
+    torch.testing.assert_close(host.weight[torch.tensor([1, 4, 7])], rows.detach())  # renormalised in the table
+    frozen = HostEmbedding(10, 4, device="cpu", optimizer=None)
+    assert not frozen.distinct_rows(ids)[1].requires_grad

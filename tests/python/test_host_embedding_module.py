@@ -1,7 +1,8 @@
 """nn.Module's methods on a model that holds a HostEmbedding (speedtorch/nn.py), as a training script calls them: to,
 cpu, cuda, float / half / bfloat16 / double, share_memory, train / eval, requires_grad_, zero_grad, apply, the
 state_dict round trip, parameters / named_modules and repr. Every conversion used to raise TypeError (HostEmbedding
-overrode nn.Module._apply by accident). The table itself never moves or changes dtype; forward follows the model."""
+overrode nn.Module._apply by accident). The table itself never moves or changes dtype; forward follows the model.
+The table is the module's parameter (speedtorch/table_parameter.py): zero_grad and requires_grad_ reach it."""
 
 from __future__ import annotations
 
@@ -93,9 +94,10 @@ def test_train_eval_apply_parameters_modules_and_repr():
     model = Model()
     assert model.eval() is model and not model.users.training
     assert model.train() is model and model.users.training
-    # The table is not a parameter (DDP and the dense optimizer leave it alone); the module is a module.
-    assert list(model.users.parameters()) == []
-    assert [name for name, _ in model.named_parameters()] == ["head.weight", "head.bias"]
+    # The table is the module's one parameter, outside autograd (speedtorch.nn.dense_parameters leaves it out).
+    assert [type(p).__name__ for p in model.users.parameters()] == ["HostTableParameter"]
+    assert [name for name, _ in model.named_parameters()] == ["users.weight", "head.weight", "head.bias"]
+    assert [name for name, p in model.named_parameters() if p.requires_grad] == ["head.weight", "head.bias"]
     assert dict(model.named_modules())["users"] is model.users
     seen = []
     assert model.apply(lambda m: seen.append(type(m).__name__)) is model
@@ -111,11 +113,28 @@ def test_requires_grad_freezes_the_table():
     train_step(model)
     torch.testing.assert_close(host_rows(model), before, rtol=0, atol=0)
     assert model.users.table.step_count() == 0 and model.head.weight.grad is not None
-    # model.requires_grad_ walks the parameters only: it runs, and freezes the dense part, not the table.
-    model.requires_grad_(True)
     model.users.requires_grad_(True)
     train_step(model)
-    assert not torch.equal(host_rows(model)[IDS], before[IDS])
+    assert not torch.equal(host_rows(model)[IDS], before[IDS]) and model.users.table.step_count() == 1
+    # model.requires_grad_ reaches the table through its parameter, as it reaches an nn.Embedding's weight; the
+    # parameter's own flag stays False (DDP and the dense optimizers leave it alone).
+    model.requires_grad_(False)
+    assert not model.users.trains and not model.users.weight.requires_grad
+    trained = host_rows(model)
+    out = model(IDS)
+    assert not out.requires_grad
+    model.users.step()
+    torch.testing.assert_close(host_rows(model), trained, rtol=0, atol=0)
+    model.requires_grad_(True)
+    assert model.users.trains and not model.users.weight.requires_grad
+    train_step(model)
+    assert model.users.table.step_count() == 2
+
+
+def test_requires_grad_leaves_a_table_without_optimizer_frozen():
+    frozen = HostEmbedding.from_pretrained(torch.randn(ROWS, DIM), device="cpu")
+    frozen.requires_grad_(True)
+    assert not frozen.trains and not frozen(IDS).requires_grad
 
 
 def test_zero_grad_of_the_model_and_of_the_table():
@@ -123,9 +142,13 @@ def test_zero_grad_of_the_model_and_of_the_table():
     before = host_rows(model)
     out = model(IDS)
     out.sum().backward()
-    model.zero_grad()  # the dense part's gradients; the table's pending gradients stay for step()
-    assert model.head.weight.grad is None
-    model.users.zero_grad()  # drops them
+    assert model.users.weight.grad is not None
+    model.zero_grad()  # the dense part's gradients and the table's pending one (its parameter's grad)
+    assert model.head.weight.grad is None and model.users.weight.grad is None
+    model.users.step()
+    torch.testing.assert_close(host_rows(model), before, rtol=0, atol=0)
+    model(IDS).sum().backward()
+    model.users.zero_grad()  # the module's own drops it too
     model.users.step()
     torch.testing.assert_close(host_rows(model), before, rtol=0, atol=0)
 

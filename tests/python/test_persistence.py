@@ -88,6 +88,30 @@ def test_save_npy_takes_strided_tensors_and_the_same_data_hashes_the_same(tmp_pa
     assert data.save_npy(strided + 1, tmp_path / "e.npy") != hash_dense
 
 
+def test_content_hash_is_the_hash_save_npy_returns_without_writing(tmp_path):
+    # What the quantized serving model of torchscript_examples/ checks a mapped table file against at load.
+    base = torch.randn(40, 24)
+    for tensor in (base, base[::3, 5:17], base.t(), base[:, :0], torch.randn(5, 6, 7), base.to(torch.bfloat16)):
+        assert data.content_hash(tensor) == data.save_npy(tensor, tmp_path / "t.npy")
+    mapped = data.open_npy(tmp_path / "t.npy")
+    assert data.content_hash(mapped) == data.save_npy(base.to(torch.bfloat16), tmp_path / "u.npy")
+    assert data.content_hash(base + 1) != data.content_hash(base)
+
+
+def test_resolve_sidecar_path_follows_the_sidecar_rule(monkeypatch):
+    monkeypatch.delenv("SPEEDTORCH_SIDECAR_DIR", raising=False)
+    assert torch.ops.speedtorch.resolve_sidecar_path("t.npy") == "t.npy"
+    monkeypatch.setenv("SPEEDTORCH_SIDECAR_DIR", "/srv/tables")
+    assert torch.ops.speedtorch.resolve_sidecar_path("t.npy") == "/srv/tables/t.npy"
+    assert torch.ops.speedtorch.resolve_sidecar_path("/abs/t.npy") == "/abs/t.npy"
+
+
+@pytest.mark.gpu
+def test_content_hash_refuses_a_gpu_tensor():
+    with pytest.raises(RuntimeError, match="must be in host memory"):
+        data.content_hash(torch.ones(3, 4, device="cuda"))
+
+
 def test_load_npy_reads_numpy_files_and_converts_floats(tmp_path):
     array = np.random.default_rng(0).standard_normal((50, 9))
     np.save(tmp_path / "f64.npy", array)
@@ -621,9 +645,11 @@ def test_a_read_only_mapped_table_serves_in_a_host_embedding(tmp_path):
     np.save(tmp_path / "frozen.npy", np.arange(40, dtype=np.float32).reshape(10, 4))
     module = HostEmbedding.load(tmp_path / "frozen.npy", mmap_mode="r", device="cpu")
     assert torch.equal(module(torch.tensor([2])), torch.arange(8, 12, dtype=torch.float32).reshape(1, 4))
-    module(torch.tensor([2])).sum().backward()
+    assert not module.trains and not module(torch.tensor([2])).requires_grad  # a plain .npy: a frozen table
+    trained = HostEmbedding.load(tmp_path / "frozen.npy", mmap_mode="r", device="cpu", optimizer="adam")
+    trained(torch.tensor([2])).sum().backward()
     with pytest.raises(RuntimeError, match="read-only"):
-        module.step()
+        trained.step()
 
 
 def test_create_refuses_files_that_do_not_fit(tiny_tmpfs):

@@ -213,3 +213,37 @@ def test_the_side_streams_transfer_bound_is_passed_on(monkeypatch):
     for _ in TrainPipeline(model, opt, batches, device="cpu", max_sms=16):
         pass
     assert seen == [{"max_sms": 16}] * 2  # once per batch gathered ahead: the second and the third
+
+
+def test_tables_a_host_embedding_optimizer_steps_are_left_to_it():
+    """With CombinedOptimizer([HostEmbeddingOptimizer, SGD]) and an LR schedule, the pipeline trains as the standard
+    loop does. It used to step the table itself before the optimizer, with the learning rate of the step before."""
+    from speedtorch.optim import CombinedOptimizer, HostEmbeddingOptimizer
+
+    batches = user_batches(4)
+
+    def build():
+        model = UsersItems("cpu")
+        model.sparse_inputs = lambda batch: [(model.users, batch[0])]
+        opt = CombinedOptimizer([HostEmbeddingOptimizer(model), torch.optim.SGD(model.items.parameters(), lr=0.1)])
+        return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (step + 1))
+
+    model, opt, sched = build()
+    for batch in batches:
+        loss, _ = model(batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    expected = everything(model, "cpu")
+    model, opt, sched = build()
+    pipeline = TrainPipeline(model, opt, batches, device="cpu")
+    for _ in pipeline:
+        sched.step()
+    assert model.users.table.step_count() == len(batches)
+    assert_same_bits(expected, everything(model, "cpu"))
+    assert pipeline._tables_to_step == []
+    # A table no optimizer holds is still stepped by the pipeline.
+    model, _, _ = build()
+    assert TrainPipeline(model, torch.optim.SGD(model.items.parameters(), lr=0.1), batches,
+                         device="cpu")._tables_to_step == [model.users]

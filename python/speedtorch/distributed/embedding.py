@@ -20,37 +20,87 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from ..nn import HostEmbedding
+from ..nn import HostEmbedding, _options
 from .sharded_table import ShardedHostTable
 
 __all__ = ["DistributedHostEmbedding"]
 
 
+def _refuse_unshared(*, optimizer, max_norm, update, placement, hot_rows, hot_fraction, cache_rows, table) -> None:
+    """HostEmbedding's arguments that cannot apply to a table shared by every rank: a clear error for each."""
+    why = None
+    if optimizer is None:
+        why = ("optimizer=None: a frozen table needs no sharding; open the same files on every rank with "
+               "speedtorch.PinnedEmbedding.open(path, 'r') and wrap it in a HostEmbedding(table=..., optimizer=None)")
+    elif max_norm is not None:
+        why = "max_norm: renormalising writes rows in the forward, while other ranks may read them"
+    elif update != "step":
+        why = "update='backward': the update is a collective every rank joins once a step, at step()"
+    elif placement != "host":
+        why = f"placement={placement!r}: the shared table lives in each host's shared memory ('host')"
+    elif hot_rows is not None or hot_fraction is not None or cache_rows is not None:
+        why = "hot_rows / hot_fraction / cache_rows: they size the row cache of placement='hybrid'"
+    elif table is not None:
+        why = "table=: the module builds its sharded table itself"
+    if why is not None:
+        raise ValueError(f"DistributedHostEmbedding: {why}")
+
+
 class DistributedHostEmbedding(HostEmbedding):
     """A ``num_embeddings x embedding_dim`` table trained by every rank of the default process group.
 
-    Args are :class:`speedtorch.nn.HostEmbedding`'s (``mode``, ``optimizer``, ``optimizer_options``, ``device``,
-    ``dtype``, ``init_std``, ``seed``) and :class:`ShardedHostTable`'s (``reduction``, ``local_world_size``,
-    ``shm_dir``). The update runs at :meth:`step`. ``seed`` gives values that depend on the seed and the row only,
-    whatever the world size.
+    Args are :class:`speedtorch.nn.HostEmbedding`'s (``padding_idx``, ``scale_grad_by_freq``, ``mode``,
+    ``include_last_offset``, ``optimizer``, ``optimizer_options``, ``device``, ``dtype``, ``init_std``, ``seed``;
+    ``update`` and ``placement`` take their one distributed value, ``"step"`` and ``"host"``, and the few that
+    cannot apply to a table shared by processes raise, saying why) and :class:`ShardedHostTable`'s (``reduction``,
+    ``local_world_size``, ``shm_dir``). The update runs at :meth:`step` (or
+    :class:`speedtorch.optim.HostEmbeddingOptimizer`'s, which calls it). ``seed`` gives values that depend on the
+    seed and the row only, whatever the world size.
+
+    Unlike HostEmbedding, the table is not one of the module's parameters (``weight`` is this host's rows): DDP
+    would broadcast a parameter from rank 0 over the other hosts' shards. So a whole model wraps in DDP as usual.
     """
 
     # The rows are in /dev/shm already, shared by the host's ranks: model.share_memory() has nothing to do here.
     _rows_shared_between_processes = True
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, mode: Optional[str] = None,
-                 optimizer: str = "adam", optimizer_options: Optional[dict] = None,
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int] = None,
+                 max_norm: Optional[float] = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                 sparse: bool = True, *, mode: Optional[str] = None, include_last_offset: bool = False,
+                 optimizer: str = "adam", optimizer_options: Optional[dict] = None, update: str = "step",
                  device: Optional[torch.device | str] = None, dtype: torch.dtype = torch.float32,
-                 init_std: float = 1.0, seed: Optional[int] = None, reduction: str = "mean",
-                 local_world_size: Optional[int] = None, shm_dir: str = "/dev/shm"):
-        table = ShardedHostTable(num_embeddings, embedding_dim, dtype, optimizer, optimizer_options,
-                                 reduction=reduction, local_world_size=local_world_size, shm_dir=shm_dir)
+                 state_beside_rows: bool = True, init_std: float = 1.0, seed: Optional[int] = None,
+                 placement: str = "host", hot_rows=None, hot_fraction=None, cache_rows=None, table=None,
+                 reduction: str = "mean", local_world_size: Optional[int] = None, shm_dir: str = "/dev/shm"):
+        _refuse_unshared(optimizer=optimizer, max_norm=max_norm, update=update, placement=placement,
+                         hot_rows=hot_rows, hot_fraction=hot_fraction, cache_rows=cache_rows, table=table)
+        del state_beside_rows  # the shared table always keeps each row's state beside it
+        table = ShardedHostTable(num_embeddings, embedding_dim, dtype, optimizer,
+                                 _options(optimizer_options, dtype), reduction=reduction,
+                                 local_world_size=local_world_size, shm_dir=shm_dir)
         table.normal_(0.0, init_std, seed)
-        super().__init__(num_embeddings, embedding_dim, mode=mode, optimizer=optimizer,
+        if padding_idx is not None:  # nn.Embedding's rule: the padding row starts at zero
+            padding_idx %= num_embeddings
+            start, end = table.layout.rank_range(table.layout.topology.rank)
+            if start <= padding_idx < end:
+                table.rank_rows(table.table())[padding_idx - start].zero_()
+            table.sharding.fence()
+        super().__init__(num_embeddings, embedding_dim, padding_idx, None, norm_type, scale_grad_by_freq, sparse,
+                         mode=mode, include_last_offset=include_last_offset, optimizer=optimizer,
                          optimizer_options=optimizer_options, device=device, dtype=dtype, table=table)
         self._mesh = DeviceMesh.from_group(table.control_group, "cpu")
         self._awaiting_step = False  # a forward ran whose update step() has not applied yet
         self._queued_prefetch: Optional[torch.Tensor] = None
+
+    def _registers_weight(self) -> bool:
+        return False
+
+    def __getstate__(self):
+        raise TypeError("DistributedHostEmbedding cannot be copied or pickled: its table is shared memory of the "
+                        "process group; checkpoint it with torch.distributed.checkpoint (docs/distributed.md)")
+
+    def __deepcopy__(self, memo):
+        self.__getstate__()
 
     def forward(self, input: torch.Tensor, offsets: Optional[torch.Tensor] = None,
                 per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -62,13 +112,12 @@ class DistributedHostEmbedding(HostEmbedding):
     def step(self) -> None:
         """The synchronous update: every rank's gradients reach the rows' owners, which apply the fused optimizer
         once per row; returns when this host's rows are updated. Every rank calls it once per training step."""
-        if self._pending:
-            unique = torch.cat([u for u, _ in self._pending])
-            grad = torch.cat([g for _, g in self._pending])
+        taken = self._take_gradient()
+        if taken is not None:
+            unique, grad, _ = taken
         else:  # this rank has no gradient this step: it still takes part in the exchange
             unique = torch.empty(0, dtype=torch.int64, device=self.device)
-            grad = torch.empty(0, self.embedding_dim, dtype=self.table.table().dtype, device=self.device)
-        self._pending.clear()
+            grad = torch.empty(0, self.embedding_dim, dtype=torch.float32, device=self.device)
         self.table.apply_gradients(unique, grad)
         self._awaiting_step = False
         if self._queued_prefetch is not None:

@@ -141,6 +141,11 @@ class ShardedHostTable:
         ids = indices.reshape(-1).to(torch.int64)
         self.sharding.apply_gradients(ids, grad.reshape(ids.numel(), self.dim()))
 
+    def set_optimizer_options(self, options: dict) -> None:
+        """Changes the hyper-parameters in place (an LR schedule): every rank calls it alike, as every rank steps
+        its scheduler; each owner applies them to the rows it updates."""
+        self.shard.set_optimizer_options(options)
+
     def set_optimizer(self, *args, **kwargs) -> None:
         raise RuntimeError("ShardedHostTable: the optimizer is chosen at construction, on every rank alike")
 

@@ -1,0 +1,275 @@
+"""speedtorch.optim.HostEmbeddingOptimizer and CombinedOptimizer: HostEmbedding in the standard torch training loop
+(one optimizer, an LR scheduler, GradScaler, zero_grad), equal to nn.Embedding(sparse=True) + SparseAdam."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import speedtorch
+from speedtorch.nn import HostEmbedding, dense_parameters
+from speedtorch.optim import CombinedOptimizer, HostEmbeddingOptimizer
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+class Model(torch.nn.Module):
+    """The README's recommender, small: a user table (HostEmbedding or nn.Embedding) and a dense tower."""
+
+    def __init__(self, users: torch.nn.Module, dim: int, device):
+        super().__init__()
+        self.users = users
+        self.tower = torch.nn.Linear(dim, 1).to(device)
+
+    def forward(self, ids):
+        return self.tower(self.users(ids)).squeeze(-1)
+
+
+def make_models(n, d, device, lr, eps=1e-12):
+    host = HostEmbedding(n, d, device=device, seed=0, optimizer="adam", optimizer_options={"lr": lr, "eps": eps})
+    ref = torch.nn.Embedding(n, d, sparse=True, device=device)
+    with torch.no_grad():
+        ref.weight.copy_(host.weight)
+    torch.manual_seed(0)
+    a = Model(host, d, device)
+    torch.manual_seed(0)
+    b = Model(ref, d, device)
+    return a, b
+
+
+def standard_loop(model, optimizer, device, steps=8, scale=None, poison_step=None):
+    """The README's training loop written the standard way: one optimizer, a warm-up schedule, GradScaler."""
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 4))
+    scaler = torch.amp.GradScaler(device if isinstance(device, str) else device.type, init_scale=scale or 1.0,
+                                  enabled=scale is not None, growth_interval=3)
+    gen = torch.Generator().manual_seed(5)
+    for step in range(steps):
+        ids = torch.randint(0, 40, (16,), generator=gen)  # skewed: repeats
+        labels = torch.rand(16, generator=gen).to(device)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(ids.to(device)), labels)
+        if step == poison_step:
+            loss = loss * float("inf")  # every gradient non-finite: GradScaler must skip this step
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        sched.step()
+    return scaler
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scale", [None, 1024.0])
+def test_the_standard_loop_trains_like_sparse_adam(device, scale):
+    """The target: one combined optimizer, an LR schedule, GradScaler and zero_grad drive HostEmbedding to the numbers
+    of nn.Embedding(sparse=True) + SparseAdam (eps tiny: SparseAdam adds it before the bias correction, Adam after)."""
+    a, b = make_models(200, 8, device, lr=0.05)
+    opt_a = CombinedOptimizer([HostEmbeddingOptimizer(a), torch.optim.Adam(dense_parameters(a), lr=0.01)])
+    opt_b = CombinedOptimizer([torch.optim.SparseAdam(b.users.parameters(), lr=0.05, eps=1e-12),
+                               torch.optim.Adam(b.tower.parameters(), lr=0.01)])
+    standard_loop(a, opt_a, device, scale=scale)
+    standard_loop(b, opt_b, device, scale=scale)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    # float32 rounding: the CUDA kernels (fused, FMA) round differently from torch's
+    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a.users.weight, b.users.weight.detach().cpu(), **tol)
+    torch.testing.assert_close(a.tower.weight, b.tower.weight, **tol)
+    assert a.users.table.step_count() == 8
+    assert opt_a.param_groups[0]["lr"] == pytest.approx(0.05)  # the schedule reached the table's group
+
+
+def test_grad_scaler_unscales_the_rows_gradient():
+    """The issue's case: with a loss scale of 1024 the row must move as nn.Embedding's does (0.0368), not by the
+    scaled gradient (37.68)."""
+    a = HostEmbedding(20, 4, device="cpu", seed=0, optimizer="sgd", optimizer_options={"lr": 0.1})
+    ref = torch.nn.Embedding(20, 4, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(a.weight)
+    before = a.weight[3].clone()
+    for emb, opt in ((a, HostEmbeddingOptimizer(a)), (ref, torch.optim.SGD(ref.parameters(), lr=0.1))):
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        scaler.scale((emb(torch.tensor([3, 3])) * 0.184).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+    torch.testing.assert_close(a.weight, ref.weight.detach())
+    torch.testing.assert_close(before - a.weight[3], torch.full((4,), 0.0368), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_scaler_skips_a_step_with_non_finite_gradients(device):
+    a, b = make_models(200, 8, device, lr=0.05)
+    opt = CombinedOptimizer([HostEmbeddingOptimizer(a), torch.optim.Adam(dense_parameters(a), lr=0.01)])
+    scaler = standard_loop(a, opt, device, steps=1, scale=1024.0)
+    table, steps = a.users.weight.clone(), a.users.table.step_count()
+    scale = scaler.get_scale()
+    # One poisoned step: skipped whole (no row, no state, no step count moves), and the scale backs off.
+    scaler = torch.amp.GradScaler(device, init_scale=scale)
+    loss = a(torch.tensor([1, 2, 3], device=device)).sum() * float("inf")
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    assert a.users.table.step_count() == steps
+    torch.testing.assert_close(a.users.weight, table, rtol=0, atol=0)
+    assert scaler.get_scale() < scale
+    assert a.users.weight.grad is None
+
+
+def test_a_scheduler_changes_the_learning_rate_without_resetting_the_state():
+    """LambdaLR over a HostEmbeddingOptimizer equals LambdaLR over SparseAdam, step by step: lr changes in place,
+    the moments and the step count stay (before, set_optimizer with a new lr zeroed them)."""
+    a, b = make_models(100, 4, "cpu", lr=0.1)
+    opts = [HostEmbeddingOptimizer(a.users), torch.optim.SparseAdam(b.users.parameters(), lr=0.1, eps=1e-12)]
+    scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in opts]
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        ids = torch.randint(0, 30, (12,), generator=gen)
+        for model, opt, sched in zip((a, b), opts, scheds):
+            model.users(ids).pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+        torch.testing.assert_close(a.users.weight, b.users.weight.detach(), rtol=1e-5, atol=1e-6)
+    assert a.users.table.optimizer_options()["lr"] == pytest.approx(0.1 * 0.5 ** 2)  # what the last step used
+    assert a.users.table.step_count() == 6
+
+
+def test_model_zero_grad_drops_the_pending_gradient():
+    emb = HostEmbedding(50, 4, device="cpu", seed=0, optimizer="sgd", optimizer_options={"lr": 1.0})
+    model = torch.nn.Sequential(emb)
+    before = emb.weight.clone()
+    model(torch.tensor([1, 2])).sum().backward()
+    assert emb.weight.grad is not None and emb.weight.grad.is_sparse
+    model.zero_grad()
+    emb.step()
+    torch.testing.assert_close(emb.weight, before, rtol=0, atol=0)
+    assert emb.table.step_count() == 0
+    # set_to_none=False empties the gradient in place: nothing is applied either.
+    model(torch.tensor([1, 2])).sum().backward()
+    model.zero_grad(set_to_none=False)
+    HostEmbeddingOptimizer(model).step()
+    torch.testing.assert_close(emb.weight, before, rtol=0, atol=0)
+    assert emb.table.step_count() == 0
+
+
+def test_optimizer_zero_grad_drops_the_pending_gradient_and_step_applies_it():
+    emb = HostEmbedding(50, 4, device="cpu", seed=0, optimizer="sgd", optimizer_options={"lr": 1.0})
+    opt = HostEmbeddingOptimizer(emb)
+    before = emb.weight.clone()
+    emb(torch.tensor([1, 1, 2])).sum().backward()
+    opt.zero_grad()
+    opt.step()
+    torch.testing.assert_close(emb.weight, before, rtol=0, atol=0)
+    emb(torch.tensor([1, 1, 2])).sum().backward()
+    emb(torch.tensor([2])).sum().backward()  # a second backward adds to the pending gradient
+    opt.step()
+    expected = before.clone()
+    expected[1] -= 2.0
+    expected[2] -= 2.0
+    torch.testing.assert_close(emb.weight, expected)
+
+
+def test_an_empty_batch_is_no_step():
+    """An empty batch must not advance the step count (it shifts Adam's bias correction)."""
+    emb = HostEmbedding(50, 4, device="cpu", seed=0)
+    opt = HostEmbeddingOptimizer(emb)
+    emb(torch.empty(0, dtype=torch.int64)).sum().backward()
+    opt.step()
+    emb.step()
+    assert emb.table.step_count() == 0
+    emb(torch.tensor([3])).sum().backward()
+    opt.step()
+    assert emb.table.step_count() == 1
+
+
+def test_state_dict_round_trip_keeps_the_scheduled_hyper_parameters():
+    emb = HostEmbedding(30, 4, device="cpu", seed=0, optimizer="adam", optimizer_options={"lr": 0.1})
+    opt = HostEmbeddingOptimizer(emb)
+    opt.param_groups[0]["lr"] = 0.025
+    opt.param_groups[0]["betas"] = (0.8, 0.99)
+    saved = opt.state_dict()
+    assert saved["param_groups"][0]["optimizer"] == "adam" and saved["state"] == {}
+    other = HostEmbedding(30, 4, device="cpu", seed=0, optimizer="adam", optimizer_options={"lr": 0.1})
+    opt2 = HostEmbeddingOptimizer(other)
+    group = opt2.param_groups[0]
+    opt2.load_state_dict(saved)
+    assert opt2.param_groups[0] is group and group["lr"] == 0.025  # in place
+    other(torch.tensor([1])).sum().backward()
+    opt2.step()
+    assert other.table.optimizer_options()["lr"] == pytest.approx(0.025)
+    assert other.table.optimizer_options()["beta1"] == pytest.approx(0.8)
+    sgd = HostEmbeddingOptimizer(HostEmbedding(30, 4, device="cpu", optimizer="sgd"))
+    with pytest.raises(ValueError, match="trained with 'adam'"):
+        sgd.load_state_dict(saved)
+
+
+def test_param_groups_hold_every_option_under_torch_names():
+    emb = HostEmbedding(10, 4, device="cpu", optimizer="adam", optimizer_options={"lr": 0.5, "amsgrad": 1})
+    group = HostEmbeddingOptimizer(emb).param_groups[0]
+    assert group["params"] == [emb.weight] and group["lr"] == 0.5 and group["amsgrad"] is True
+    assert group["betas"] == (pytest.approx(0.9), pytest.approx(0.999)) and group["weight_decay"] == 0.0
+    frozen = HostEmbedding(10, 4, device="cpu", optimizer=None)
+    with pytest.raises(ValueError, match="no HostEmbedding with an optimizer"):
+        HostEmbeddingOptimizer(frozen)
+
+
+def test_one_cycle_schedule_drives_lr_and_betas():
+    """OneCycleLR cycles lr and beta1 (it looks for betas in the optimizer's defaults): each step uses the values
+    the schedule set before it."""
+    emb = HostEmbedding(10, 4, device="cpu", optimizer="adam")
+    opt = CombinedOptimizer([HostEmbeddingOptimizer(emb)])
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)
+    seen = set()
+    for _ in range(4):
+        group = opt.param_groups[0]
+        emb(torch.tensor([1])).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        options = emb.table.optimizer_options()
+        assert options["lr"] == pytest.approx(group["lr"], rel=1e-6)
+        assert options["beta1"] == pytest.approx(group["betas"][0], rel=1e-6)
+        seen.add(round(options["beta1"], 6))
+        sched.step()
+    assert len(seen) == 4 and emb.table.step_count() == 4
+
+
+def test_a_torch_optimizer_holding_the_table_raises():
+    """model.parameters() holds the table: a dense torch optimizer built from it would update the table twice."""
+    emb = HostEmbedding(10, 4, device="cpu", optimizer="sgd")
+    model = torch.nn.Sequential(emb, torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(RuntimeError, match="dense_parameters"):
+        opt.step()
+    # Built the documented way it steps; a frozen table in model.parameters() is harmless (it never has a gradient).
+    torch.optim.SGD(dense_parameters(model), lr=0.1).step()
+    frozen = torch.nn.Sequential(HostEmbedding(10, 4, device="cpu", optimizer=None), torch.nn.Linear(4, 1))
+    adam = torch.optim.Adam(frozen.parameters())
+    frozen(torch.tensor([1])).sum().backward()
+    adam.step()
+
+
+def test_set_optimizer_options_keeps_state_and_step():
+    e = speedtorch.PinnedEmbedding(20, 4)
+    e.normal_(0.0, 1.0, 0)
+    e.set_optimizer("adam", {"lr": 0.1}, True)
+    e.apply_gradients(torch.tensor([1, 2]), torch.ones(2, 4))
+    state = e.state().clone()
+    e.set_optimizer_options({"lr": 0.01, "beta1": 0.5})
+    assert e.step_count() == 1 and torch.equal(e.state(), state)
+    assert dict(e.optimizer_options()) == {"lr": 0.01, "beta1": 0.5}
+    with pytest.raises(RuntimeError, match="change the layout"):
+        e.set_optimizer_options({"amsgrad": 1})
+    with pytest.raises(RuntimeError, match="does not apply to adam"):
+        e.set_optimizer_options({"momentum": 0.9})
+    assert dict(e.optimizer_options()) == {"lr": 0.01, "beta1": 0.5}  # a refused change leaves the options alone
+    defaults = dict(speedtorch.PinnedEmbedding.optimizer_defaults("sgd"))
+    assert defaults == {"lr": pytest.approx(1e-3), "per_row_step": 0.0, "stochastic_rounding": 0.0, "momentum": 0.0,
+                        "dampening": 0.0, "nesterov": 0.0, "weight_decay": 0.0}
+
+    @torch.jit.script
+    def schedule(table: torch.classes.speedtorch.PinnedEmbedding, lr: float):
+        table.set_optimizer_options({"lr": lr})
+
+    schedule(e, 0.5)
+    assert dict(e.optimizer_options()) == {"lr": 0.5}
