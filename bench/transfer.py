@@ -10,8 +10,8 @@ row, so that is its bound). `auto` measures its split at its first call of each 
 the warm-up calls take it). SpeedTorch 0.1.6 itself
 (its ModelFactory over a pinned CuPy collection of the same size: beforeForwardPass / afterOptimizerStep, see
 bench/seed_speedtorch.py) is timed in turns with speedtorch's default plan on the spread rows, with the ratio
-printed; without CuPy or `make seed-speedtorch` a line says it was skipped. Without a GPU it times the CPU path
-against torch's CPU indexing instead.
+printed; without CuPy or `make seed-speedtorch` a line says it was skipped. Without a GPU it runs bench/cpu_path.py
+instead (the CPU path's operators beside the torch code doing the same, at `--threads`, default 1 and 2).
 
     python bench/transfer.py                       # the design workload (needs ~6 GB of host RAM per table)
     python bench/transfer.py --rows 1000000 --json out.json
@@ -32,6 +32,7 @@ import speedtorch  # noqa: E402
 from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_path  # noqa: E402
 import seed_speedtorch  # noqa: E402
 from interleaved_timing import time_calls  # noqa: E402
 from torch_staged_baseline import torch_staged_calls  # noqa: E402
@@ -265,26 +266,6 @@ def step_benchmark(args, results: list[dict]) -> None:
         del emb
 
 
-def cpu_benchmark(args) -> list[dict]:
-    results = []
-    table = speedtorch.pinned_empty(args.rows, args.dim)
-    table.uniform_(-1, 1)
-    idx = torch.randperm(args.rows)[: args.batch]
-    src = torch.randn(args.batch, args.dim)
-    nbytes = args.batch * args.dim * 4
-    for threads in args.threads:
-        torch.set_num_threads(threads)
-        for way, direction, fn in (
-            ("speedtorch gather", "gather", lambda: speedtorch.gather(table, idx)),
-            ("torch index_select", "gather", lambda: table.index_select(0, idx)),
-            ("speedtorch scatter_", "scatter", lambda: speedtorch.scatter_(table, idx, src)),
-            ("torch index_copy_", "scatter", lambda: table.index_copy_(0, idx, src)),
-        ):
-            s = median_seconds(fn, args.reps)
-            results.append({"threads": threads, "way": way, "dir": direction, "ms": s * 1e3, "GB/s": gbps(nbytes, s)})
-    return results
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -306,18 +287,15 @@ def main() -> int:
                         help="leave out the fused optimizer step (it needs ~16 GB of host RAM for Adam)")
     parser.add_argument("--json", type=Path, help="write all results here")
     args = parser.parse_args()
+    threads_given = args.threads is not None
     if args.threads is None:
         args.threads = sorted({torch.get_num_threads(), 2}, reverse=True)
 
     if not torch.cuda.is_available():
-        args.rows = min(args.rows, 2_000_000)
-        print(f"no GPU: timing the CPU path ({args.rows:,} rows)")
-        print(f"{seed_speedtorch.LABEL}: skipped ({seed_speedtorch.availability() if args.seed else '--no-seed'})")
-        results = cpu_benchmark(args)
-        print(format_table(results, ["threads", "way", "dir", "ms", "GB/s"]))
-        if args.json:
-            args.json.write_text(json.dumps({"cpu": results}, indent=1))
-        return 0
+        print("no GPU: the CPU path instead (bench/cpu_path.py)", flush=True)
+        threads = args.threads if threads_given else [1, 2]
+        return cpu_path.main(["--threads", ",".join(map(str, threads)), "--no-demo"]
+                             + (["--json", str(args.json)] if args.json else []))
 
     results, limits = gpu_benchmark(args)
     rows = [r for r in results if "way" in r]

@@ -3,7 +3,6 @@
 #include "cache/row_cache.h"
 
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/_unique2.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/nonzero.h>
@@ -203,12 +202,9 @@ void RowCache::apply_gradients(const at::Tensor& table, const at::Tensor& state,
     // The host CPU route's de-duplication (optim/row_optimizer.cpp): the same sums, bit for bit.
     const at::Tensor idx = indices.reshape({-1}).to(at::kCPU).contiguous();
     check_index_tensor(idx, table.size(0), op);
-    const auto [unique, inverse, counts] = at::_unique2(idx.to(at::kLong), /*sorted=*/true, /*return_inverse=*/true);
+    const auto [unique, summed] = sum_duplicate_rows_cpu(idx, rows_grad);
     metrics::add_optimizer_step(idx.numel(), unique.numel());
     metrics::add_optimizer_rows(metrics::OptimizerRoute::kCpu, unique.numel());
-    const at::Tensor cpu_grad = rows_grad.to(at::kCPU);
-    const at::Tensor summed = at::zeros({unique.numel(), table.size(1)}, cpu_grad.options().dtype(at::kFloat))
-                                  .index_add_(0, inverse, cpu_grad.to(at::kFloat));
     wait_for_host_rows(table, state);
     at::Tensor slot_of = at::empty({unique.numel()}, unique.options());
     const CacheSlots cache = view();

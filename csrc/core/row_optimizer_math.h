@@ -184,9 +184,12 @@ SPEEDTORCH_HOST_DEVICE RowStep row_step(const OptimizerHyper& h, int32_t row_k, 
 }
 
 // Updates element j of one row: w (the weight, as float), g (its summed gradient), state vectors s0..s2 at j.
-SPEEDTORCH_HOST_DEVICE float update_element(const OptimizerHyper& h, const RowStep& r, float w, float g, float* s0,
-                                            float* s1, float* s2) {
-  switch (h.kind) {
+// `kind` is h.kind, or h.kind as a compile-time constant (std::integral_constant, as the CPU loops pass it): then
+// the switch folds away and each kind's element loop has no branch on the kind, so the compiler vectorises it.
+template <typename Kind>
+SPEEDTORCH_HOST_DEVICE float update_element_of_kind(Kind kind, const OptimizerHyper& h, const RowStep& r, float w,
+                                                    float g, float* s0, float* s1, float* s2) {
+  switch (static_cast<OptimizerKind>(kind)) {
     case OptimizerKind::kSGD: {
       if (h.weight_decay != 0.f) g += h.weight_decay * w;
       if (h.momentum != 0.f) {
@@ -204,7 +207,7 @@ SPEEDTORCH_HOST_DEVICE float update_element(const OptimizerHyper& h, const RowSt
     }
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW: {
-      if (h.kind == OptimizerKind::kAdamW) {
+      if (static_cast<OptimizerKind>(kind) == OptimizerKind::kAdamW) {
         w *= 1.f - h.lr * h.weight_decay;
       } else if (h.weight_decay != 0.f) {
         g += h.weight_decay * w;
@@ -290,6 +293,11 @@ SPEEDTORCH_HOST_DEVICE float update_element(const OptimizerHyper& h, const RowSt
     }
   }
   return w;
+}
+
+SPEEDTORCH_HOST_DEVICE float update_element(const OptimizerHyper& h, const RowStep& r, float w, float g, float* s0,
+                                            float* s1, float* s2) {
+  return update_element_of_kind(h.kind, h, r, w, g, s0, s1, s2);
 }
 
 // 32 random bits for element j of `row` at `global_step` (murmur3's finaliser over the three, in 32-bit arithmetic

@@ -21,29 +21,34 @@ struct Scan {
   int64_t first_bad = -1;  // smallest position holding an out-of-range index
 };
 
-// One parallel pass: the span and the first bad position (the smallest, so messages are deterministic).
+// The span in one pass of two running extremes (no branch per index), on the calling thread for a small batch;
+// the first bad position, in a second pass, only when the span leaves [0, num_rows) (the smallest position, so
+// messages are deterministic).
 template <typename Index>
 Scan scan_indices(const Index* indices, int64_t count, int64_t num_rows) {
   Scan total;
+  if (count == 0) return total;
   total.span.min = INT64_MAX;
   total.span.max = INT64_MIN;
   std::mutex mutex;
   at::parallel_for(0, count, 1 << 16, [&](int64_t begin, int64_t end) {
     int64_t lo = INT64_MAX;
     int64_t hi = INT64_MIN;
-    int64_t bad = -1;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t v = static_cast<int64_t>(indices[i]);
       lo = std::min(lo, v);
       hi = std::max(hi, v);
-      if (bad < 0 && (v < 0 || v >= num_rows)) bad = i;
     }
     std::lock_guard<std::mutex> lock(mutex);
     total.span.min = std::min(total.span.min, lo);
     total.span.max = std::max(total.span.max, hi);
-    if (bad >= 0 && (total.first_bad < 0 || bad < total.first_bad)) total.first_bad = bad;
   });
-  if (count == 0) total.span = IndexSpan{};
+  if (total.span.min < 0 || total.span.max >= num_rows) {
+    for (int64_t i = 0; i < count && total.first_bad < 0; ++i) {
+      const int64_t v = static_cast<int64_t>(indices[i]);
+      if (v < 0 || v >= num_rows) total.first_bad = i;
+    }
+  }
   return total;
 }
 

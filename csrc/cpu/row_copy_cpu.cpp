@@ -1,10 +1,18 @@
 // CPU row gather / scatter (see row_copy_cpu.h).
 #include "cpu/row_copy_cpu.h"
 
+#include "cpu/helped_parallel_for.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <type_traits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace speedtorch {
 namespace {
@@ -34,46 +42,175 @@ inline int64_t grain_rows(int64_t row_bytes) {
   return std::max<int64_t>(kGrainRows, kGrainBytes / std::max<int64_t>(1, row_bytes));
 }
 
+// How many threads a copy of `bytes` gets. Below kSerialBytes, only the calling thread: waking another costs more
+// than it saves (on the CPU machine, a VM, an idle one, a sleeping helper asked for starts within 3 us in half the
+// calls, but in a third not within 400 us, queued behind the busy caller: a 256 KiB gather took 26 us with a
+// helper asked for, 9 us alone). Up to kHelpedBytes, helpers that join when they can (cpu/helped_parallel_for.h):
+// at::parallel_for would make the caller wait for a thread the scheduler has not run, milliseconds on a loaded
+// machine (issue 23 item 7: a demo step's 512 KiB gather took 5 ms with 2 threads at a load of 10, 20 us alone).
+// Above it (a staging chunk is 8 MiB), such a wait is small beside the copy, and OpenMP's threads, which spin
+// between regions, serve.
+constexpr int64_t kSerialBytes = 1 << 20;
+constexpr int64_t kHelpedBytes = 4 << 20;
+constexpr int64_t kHelpedGrainBytes = 64 << 10;
+
+// fn(begin, end) over [0, count), each item once, on as many threads as `bytes` (the whole call's) call for:
+// `helped_grain` items a chunk for helpers, `parallel_grain` for at::parallel_for.
+template <typename Fn>
+void for_ranges(int64_t count, int64_t bytes, int64_t helped_grain, int64_t parallel_grain, const Fn& fn) {
+  if (bytes < kSerialBytes) return fn(0, count);
+  if (bytes < kHelpedBytes) return helped_parallel_for(count, helped_grain, fn);
+  at::parallel_for(0, count, parallel_grain, fn);
+}
+
+// fn(begin, end) over the rows [0, count), each row once.
+template <typename Fn>
+void for_row_ranges(int64_t count, int64_t row_bytes, const Fn& fn) {
+  const int64_t rb = std::max<int64_t>(1, row_bytes);
+  for_ranges(count, count * row_bytes, std::max<int64_t>(1, kHelpedGrainBytes / rb), grain_rows(row_bytes), fn);
+}
+
+// Calls fn with the row size as a compile-time constant for the common ones (rows of 16 to 128 float32, or 32 to
+// 256 half), else as a run-time value: a copy of a known size is a few vector moves in place of a call to memcpy.
+template <typename Fn>
+void with_row_bytes(int64_t row_bytes, Fn&& fn) {
+  switch (row_bytes) {
+    case 64: return fn(std::integral_constant<int64_t, 64>{});
+    case 128: return fn(std::integral_constant<int64_t, 128>{});
+    case 256: return fn(std::integral_constant<int64_t, 256>{});
+    case 512: return fn(std::integral_constant<int64_t, 512>{});
+    default: return fn(row_bytes);
+  }
+}
+
+// Copies one row: memcpy, expanded in place when the size is a compile-time constant.
+struct BaselineRowCopy {
+  template <typename RowBytes>
+  static void copy(char* dst, const char* src, RowBytes rb) { std::memcpy(dst, src, rb); }
+};
+
+#if defined(__x86_64__)
+// Row sizes known at compile time to be whole 32-byte moves.
+template <typename RowBytes>
+constexpr bool kWhole32ByteMoves = false;
+template <int64_t N>
+constexpr bool kWhole32ByteMoves<std::integral_constant<int64_t, N>> = N % 32 == 0;
+
+// The same in 32-byte AVX2 moves for such sizes (GCC expands a memcpy of known size in 16-byte ones).
+struct Avx2RowCopy {
+  template <typename RowBytes>
+  __attribute__((target("avx2"))) static void copy(char* dst, const char* src, RowBytes rb) {
+    if constexpr (!kWhole32ByteMoves<RowBytes>) {
+      std::memcpy(dst, src, rb);
+    } else {
+      for (int64_t off = 0; off < rb; off += 32) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + off),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + off)));
+      }
+    }
+  }
+};
+#endif
+
+// Rows [begin, end) of a gather. kChecked: each index is checked before its row is read, and the copy stops at the
+// first one out of range, returning its position (-1: none).
+template <bool kChecked, typename RowCopy, typename Index, typename RowBytes>
+__attribute__((always_inline)) inline int64_t gather_range(const HostRows& table, const Index* indices,
+                                                           int64_t begin, int64_t end, char* out, RowBytes rb) {
+  // Locals, so the compiler need not reload them after each store to `out`.
+  const char* base = table.base;
+  const int64_t stride = table.row_stride_bytes;
+  const uint64_t num_rows = static_cast<uint64_t>(table.num_rows);
+  for (int64_t i = begin; i < end; ++i) {
+    if (i + kPrefetchDistance < end) {
+      const int64_t ahead = static_cast<int64_t>(indices[i + kPrefetchDistance]);
+      if (!kChecked || static_cast<uint64_t>(ahead) < num_rows) prefetch_row_start(base + ahead * stride);
+    }
+    const int64_t index = static_cast<int64_t>(indices[i]);
+    if (kChecked && static_cast<uint64_t>(index) >= num_rows) return i;  // negative ones too
+    RowCopy::copy(out + i * rb, base + index * stride, rb);
+  }
+  return -1;
+}
+
+#if defined(__x86_64__)
+// The same loop compiled for AVX2, chosen at run time (the library still runs on any x86-64): a row of known size
+// is copied in 32-byte moves, half as many as the baseline's 16-byte ones. Rows in cache (a batch's rows spread
+// over its positions, a hot table) are copied at the rate the core stores them.
+template <bool kChecked, typename Index, typename RowBytes>
+__attribute__((target("avx2"), flatten)) int64_t gather_range_avx2(const HostRows& table, const Index* indices,
+                                                                   int64_t begin, int64_t end, char* out,
+                                                                   RowBytes rb) {
+  return gather_range<kChecked, Avx2RowCopy>(table, indices, begin, end, out, rb);
+}
+
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+#endif
+
+template <bool kChecked, typename Index, typename RowBytes>
+int64_t gather_range_best(const HostRows& table, const Index* indices, int64_t begin, int64_t end, char* out,
+                          RowBytes rb) {
+#if defined(__x86_64__)
+  if (kHasAvx2) return gather_range_avx2<kChecked>(table, indices, begin, end, out, rb);
+#endif
+  return gather_range<kChecked, BaselineRowCopy>(table, indices, begin, end, out, rb);
+}
+
+template <bool kChecked, typename Index>
+int64_t gather_rows(const HostRows& table, const Index* indices, int64_t count, char* out) {
+  if (table.row_bytes == 0) {  // nothing to copy (the table and `out` may have no memory): only the check
+    for (int64_t i = 0; kChecked && i < count; ++i) {
+      if (static_cast<uint64_t>(indices[i]) >= static_cast<uint64_t>(table.num_rows)) return i;
+    }
+    return -1;
+  }
+  // Each range stops at its first bad index, so the smallest of those is the first bad position of all.
+  std::atomic<int64_t> first_bad{-1};
+  with_row_bytes(table.row_bytes, [&](auto rb) {
+    for_row_ranges(count, rb, [&](int64_t begin, int64_t end) {
+      const int64_t bad = gather_range_best<kChecked>(table, indices, begin, end, out, rb);
+      int64_t seen = first_bad.load();
+      while (bad >= 0 && (seen < 0 || bad < seen) && !first_bad.compare_exchange_weak(seen, bad)) {
+      }
+    });
+  });
+  return first_bad.load();
+}
+
 }  // namespace
 
 template <typename Index>
 void gather_rows_cpu(const HostRows& table, const Index* indices, int64_t count, char* out) {
-  const int64_t rb = table.row_bytes;
-  // Rows of zero width have no storage: memcpy of 0 bytes from a null pointer is still undefined behaviour.
-  if (count == 0 || rb == 0) return;
-  at::parallel_for(0, count, grain_rows(rb), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kPrefetchDistance < end) {
-        prefetch_row_start(table.base + static_cast<int64_t>(indices[i + kPrefetchDistance]) * table.row_stride_bytes);
-      }
-      std::memcpy(out + i * rb, table.base + static_cast<int64_t>(indices[i]) * table.row_stride_bytes, rb);
-    }
-  });
+  gather_rows<false>(table, indices, count, out);
+}
+
+template <typename Index>
+int64_t gather_rows_checked_cpu(const HostRows& table, const Index* indices, int64_t count, char* out) {
+  return gather_rows<true>(table, indices, count, out);
 }
 
 template <typename Index>
 void scatter_rows_cpu(const HostRows& table, const Index* indices, int64_t count, const char* src,
                       const uint8_t* keep) {
   const int64_t rb = table.row_bytes;
-  if (count == 0 || rb == 0) return;  // as in gather_rows_cpu
+  if (rb == 0) return;  // nothing to copy (the table and `src` may have no memory)
   auto row = [&](int64_t i) { return table.base + static_cast<int64_t>(indices[i]) * table.row_stride_bytes; };
-  const int64_t grain = grain_rows(rb);
   if (keep != nullptr) {
-    at::parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
+    for_row_ranges(count, rb, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         if (keep[i]) std::memcpy(row(i), src + i * rb, rb);
       }
     });
     return;
   }
-  // Duplicates may be anywhere, so split the work by row, not by position: every worker scans all positions in
+  // Duplicates may be anywhere, so split the work by row, not by position: every lane scans all positions in
   // order and writes only the rows it owns. Each row then has one writer, and its last occurrence lands last.
-  const int64_t lanes = at::get_num_threads();
-  if (lanes <= 1 || count < 2 * grain) {
+  const int64_t lanes = count * rb < kSerialBytes ? 1 : at::get_num_threads();
+  if (lanes <= 1) {
     for (int64_t i = 0; i < count; ++i) std::memcpy(row(i), src + i * rb, rb);
     return;
   }
-  at::parallel_for(0, lanes, 1, [&](int64_t lane_begin, int64_t lane_end) {
+  for_ranges(lanes, count * rb, /*helped_grain=*/1, /*parallel_grain=*/1, [&](int64_t lane_begin, int64_t lane_end) {
     for (int64_t lane = lane_begin; lane < lane_end; ++lane) {
       for (int64_t i = 0; i < count; ++i) {
         if (owner_lane(static_cast<int64_t>(indices[i]), lanes) == lane) std::memcpy(row(i), src + i * rb, rb);
@@ -84,6 +221,8 @@ void scatter_rows_cpu(const HostRows& table, const Index* indices, int64_t count
 
 template void gather_rows_cpu<int32_t>(const HostRows&, const int32_t*, int64_t, char*);
 template void gather_rows_cpu<int64_t>(const HostRows&, const int64_t*, int64_t, char*);
+template int64_t gather_rows_checked_cpu<int32_t>(const HostRows&, const int32_t*, int64_t, char*);
+template int64_t gather_rows_checked_cpu<int64_t>(const HostRows&, const int64_t*, int64_t, char*);
 template void scatter_rows_cpu<int32_t>(const HostRows&, const int32_t*, int64_t, const char*, const uint8_t*);
 template void scatter_rows_cpu<int64_t>(const HostRows&, const int64_t*, int64_t, const char*, const uint8_t*);
 

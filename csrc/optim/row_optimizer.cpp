@@ -1,15 +1,17 @@
 // Fused row optimizer: checks, de-duplication, routing (see row_optimizer.h); the CPU route.
 #include "optim/row_optimizer.h"
 
-#include <ATen/ops/_unique2.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
 
 #include "core/checked_size.h"
+#include "cpu/distinct_indices_cpu.h"
 #include "cpu/index_range_check.h"
 #include "cpu/row_optimizer_cpu.h"
+#include "cpu/row_sum_cpu.h"
+#include "cpu/table_views.h"
 #include "memory/pinned_host_buffer.h"
 #include "metrics/transfer_counters.h"
 #include "memory/host_access_tracker.h"
@@ -109,6 +111,22 @@ IndexSpan check_sorted_unique_indices(const at::Tensor& indices, int64_t num_row
 #endif
 }
 
+std::pair<at::Tensor, at::Tensor> sum_duplicate_rows_cpu(const at::Tensor& indices, const at::Tensor& grad) {
+  const at::Tensor idx = indices.contiguous();
+  const int64_t count = idx.numel();
+  const at::Tensor distinct = at::empty({count}, idx.options().dtype(at::kLong));
+  const at::Tensor inverse = at::empty({count}, idx.options().dtype(at::kLong));
+  int64_t num_distinct = 0;
+  with_index_type(idx, [&](const auto* p) {
+    num_distinct = distinct_indices_cpu(p, count, distinct.data_ptr<int64_t>(), inverse.data_ptr<int64_t>());
+  });
+  const at::Tensor grad_float = grad.to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor summed = at::empty({num_distinct, grad.size(1)}, grad_float.options());
+  sum_rows_by_index_cpu(inverse.const_data_ptr<int64_t>(), count, grad_float.const_data_ptr<float>(), grad.size(1),
+                        summed.data_ptr<float>(), num_distinct);
+  return {distinct.narrow(0, 0, num_distinct), summed};
+}
+
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                          const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op,
                          bool sorted_unique) {
@@ -152,12 +170,7 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
     summed = rows_grad.to(at::kFloat).contiguous();
   } else {
     check_index_tensor(idx, weights.size(0), op);
-    // Duplicates: one update per distinct row with the sum of its gradients.
-    const auto [distinct, inverse, counts] =
-        at::_unique2(idx.to(at::kLong), /*sorted=*/true, /*return_inverse=*/true);
-    unique = distinct;
-    summed = at::zeros({unique.numel(), weights.size(1)}, rows_grad.options().dtype(at::kFloat))
-                 .index_add_(0, inverse, rows_grad.to(at::kFloat));
+    std::tie(unique, summed) = sum_duplicate_rows_cpu(idx, rows_grad);
   }
   wait_for_uva_conflicts(weights.storage().data(), UvaAccess::kWrite);
   wait_for_uva_conflicts(state.storage().data(), UvaAccess::kWrite);

@@ -34,6 +34,12 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
 // first and last index (which bound the rest) in one wait; the host check words a failure. Returns the span.
 IndexSpan check_sorted_unique_indices(const at::Tensor& indices, int64_t num_rows, const char* op);
 
+// One gradient row per distinct index: the distinct values of `indices` (flat, host, int32/int64, validated)
+// ascending as int64, and for each the float32 sum of its rows of `grad` (indices.numel() x D, any device) in
+// position order from zero: torch.unique(sorted=True) and index_add_ into zeros, bit for bit, on the calling thread
+// for a small batch (cpu/row_sum_cpu.h). The CPU routes' de-duplication (also the row cache's on the CPU).
+std::pair<at::Tensor, at::Tensor> sum_duplicate_rows_cpu(const at::Tensor& indices, const at::Tensor& grad);
+
 // Bytes from one row's record to the next as a step walks the table (the footprint a batch spans): the weights'
 // row stride when each state row lies beside its weights row (PinnedEmbedding's state_beside_rows layout, one
 // record per row), else the sum of both strides (two tables walked together).

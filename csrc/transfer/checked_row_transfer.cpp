@@ -5,6 +5,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include "memory/huge_page_output.h"
 #include "memory/pinned_host_buffer.h"
 #include "transfer/row_transfer.h"
 
@@ -113,7 +114,9 @@ at::Tensor gather_table_rows(const at::Tensor& table, const at::Tensor& indices,
 
   // A GPU table gathers on its own device; the rows then move where they were asked for.
   const at::Device work_device = table.is_cuda() ? table.device() : out_device;
-  at::Tensor out = at::empty(shape, table.options().device(work_device));
+  // A large CPU output in huge pages: first touching it is otherwise most of a big gather's time.
+  at::Tensor out = work_device.is_cpu() ? empty_cpu_output(shape, table.scalar_type())
+                                        : at::empty(shape, table.options().device(work_device));
   at::Tensor out_rows = out.view({flat.numel(), table.size(1)});
   gather_rows(table, flat, out_rows, op);
   return work_device == out_device ? out : out.to(out_device);

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from . import PinnedEmbedding
 from ._interrupt import run_interruptible
-from .ops import check_indices
+from .ops import check_indices, unique_indices
 from .placement import DeviceTable, HybridTable
 from .table_parameter import HostTableParameter, add_rows_gradient, rows_gradient
 from .table_parameter import clip_grad_norm_, ddp_ignore_host_tables, dense_parameters  # noqa: F401 (re-exported)
@@ -391,9 +391,10 @@ class HostEmbedding(torch.nn.Module):
         unique, inverse, rows = self._lookup(input)
         if self.mode is None:
             if rows.device.type == "cpu" and not self.scale_grad_by_freq:
-                # The same rows; its backward (index_add_ into the distinct rows) runs 2.3x faster on the CPU than
-                # embedding's, which walks every index with a TensorIterator per row (bench/RESULTS.md, CPU runs).
-                return rows.index_select(0, inverse.reshape(-1)).reshape(*inverse.shape, rows.shape[-1])
+                # The same rows through speedtorch's gather, whose CPU backward sums them into the distinct rows on
+                # the calling thread: embedding's walks every index with a TensorIterator per row, and index_select's
+                # (index_add_) wakes every thread even for a small batch (bench/RESULTS.md, CPU runs).
+                return torch.ops.speedtorch.gather(rows, inverse, None)
             return F.embedding(inverse, rows, scale_grad_by_freq=self.scale_grad_by_freq)
         return self._bags(unique, inverse, rows, offsets, per_sample_weights)
 
@@ -438,7 +439,7 @@ class HostEmbedding(torch.nn.Module):
         if self._prefetched is not None and self._prefetched[0] is input:
             return self._take_prefetched()
         ids = input.to(self.device, non_blocking=True)
-        unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+        unique, inverse = unique_indices(ids)  # torch.unique(sorted=True, return_inverse=True); faster on the CPU
         try:
             return unique, inverse, self.table.gather(unique, self.device)
         except IndexError:  # it names a position among the distinct ids: name the caller's instead

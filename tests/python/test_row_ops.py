@@ -112,6 +112,52 @@ def test_out_of_range_indices_raise(bad, index_dtype):
     assert torch.equal(table, before)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_out_of_range_index_in_a_large_gather_names_the_first(threads):
+    """A CPU gather checks each index as it copies its row, threads sharing the rows: the error still names the
+    first bad position, also when a later one is met first."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        table = random_table(1_000, 32)
+        indices = torch.randint(0, 1_000, (30_000,))  # 3.8 MB of rows: threads share them
+        indices[29_000] = -5
+        indices[12_345] = 1_000
+        with pytest.raises(IndexError, match=r"indices holds 1000 at flat position 12345; every index"):
+            speedtorch.gather(table, indices)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_large_cpu_gather_output():
+    """A gather's output of 32 MiB or more is mapped in huge pages (memory/huge_page_output.h): the same bits as
+    index_select, and an ordinary tensor (resized, written, freed)."""
+    table = random_table(2_000, 128)
+    indices = torch.randint(0, 2_000, (70_000,))  # 34 MiB
+    out = speedtorch.gather(table, indices)
+    assert out.is_contiguous() and out.shape == (70_000, 128)
+    assert torch.equal(out.view(torch.int32), table.index_select(0, indices).view(torch.int32))
+    out.resize_(80_000, 128)[70_000:] = 1.0
+    assert torch.equal(out[:70_000], table[indices]) and bool((out[70_000:] == 1.0).all())
+
+
+def test_gather_without_gradient_builds_no_graph():
+    """Where nothing is differentiated (no_grad, inference mode, a table that needs no gradient) gather goes straight
+    to its kernel: no autograd node; with a table that needs one, the node and its gradient are there."""
+    table = random_table(20, 4).requires_grad_()
+    indices = torch.tensor([[3, 3], [19, 0]])
+    with torch.no_grad():
+        out = speedtorch.gather(table, indices)
+    assert out.grad_fn is None and not out.requires_grad and torch.equal(out, table.detach()[indices])
+    with torch.inference_mode():
+        assert speedtorch.gather(table, indices).grad_fn is None
+    assert speedtorch.gather(table.detach(), indices).grad_fn is None
+    out = speedtorch.gather(table, indices)
+    assert out.requires_grad
+    out.sum().backward()
+    assert torch.equal(table.grad, torch.zeros(20, 4).index_add_(0, indices.reshape(-1), torch.ones(4, 4)))
+
+
 @pytest.mark.parametrize(
     ("table", "indices", "message"),
     [
@@ -176,6 +222,25 @@ def test_gradcheck_gather():
     table = torch.randn(12, 5, dtype=torch.float64, requires_grad=True)
     indices = torch.tensor([[0, 3, 3], [11, 0, 7]])  # duplicates: their gradients add up
     assert torch.autograd.gradcheck(lambda t: speedtorch.gather(t, indices), (table,))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("index_dtype", "shape"), [(torch.int64, (4, 7)), (torch.int32, (40_000,))])
+def test_gather_backward_on_cpu_gives_the_bits_of_index_add(threads, index_dtype, shape):
+    """A float32 CPU table's gradient is summed by speedtorch's own CPU kernel (HostEmbedding's CPU forward relies
+    on it): the bits of index_add_ into zeros, also when the batch is large enough for threads to share it."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        table = random_table(300, 16).requires_grad_()
+        indices = torch.randint(0, 290, shape, dtype=index_dtype)  # duplicates, and rows no index names
+        weights = torch.randn(*shape, 16)
+        (speedtorch.gather(table, indices) * weights).sum().backward()
+    finally:
+        torch.set_num_threads(previous)
+    expected = torch.zeros(300, 16).index_add_(0, indices.reshape(-1).long(), weights.reshape(-1, 16))
+    assert torch.equal(table.grad, expected)
+
 
 
 def test_rows_of_zero_width():

@@ -244,6 +244,31 @@ def test_a_gpu_cache_checks_the_claim_on_the_gpu():
     assert table.step_count() == 0
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("count", [50, 40_000])
+def test_duplicates_are_summed_as_unique_and_index_add_do(threads, count):
+    """The CPU route's de-duplication (cpu/row_sum_cpu.h) hands the step the bits that torch.unique and index_add_
+    into zeros give, in batches small enough for one thread and large enough for two."""
+    n, d = 600, 16
+    kind, options = "adam", {"lr": 0.01}
+    gen = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, n, (count,), generator=gen)
+    grad = torch.randn(count, d, generator=gen)
+    unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+    summed = torch.zeros(unique.numel(), d).index_add_(0, inverse, grad)
+    w1, s1 = make_table(n, d, kind, options, "cpu")
+    w2, s2 = make_table(n, d, kind, options, "cpu")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.ops.speedtorch.row_optimizer_step_(w1, s1, ids.int(), grad, kind, options, 1)
+    finally:
+        torch.set_num_threads(previous)
+    torch.ops.speedtorch.row_optimizer_step_(w2, s2, unique, summed, kind, options, 1, True)
+    assert torch.equal(w1, w2)
+    assert torch.equal(s1, s2)
+
+
 @pytest.mark.parametrize("kind", ["adam", "rowwise_adagrad"])
 def test_cpu_kernels_give_the_same_bits_on_one_thread_as_on_two(kind):
     """Batches large enough to be split between threads (over the grain sizes) update and gather exactly as one
