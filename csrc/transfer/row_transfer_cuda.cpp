@@ -218,12 +218,20 @@ double timed_ms(const c10::cuda::CUDAStream& stream, Run&& run) {
 // The call's own transfer `move(plan)` run once per candidate share to measure it (split_calibration.h), then the
 // share kept. Every run moves the same rows the same way: a gather rereads them, a scatter_ rewrites them.
 template <typename Move>
-void calibrate_split(PinnedTransfer& t, int64_t count, const c10::cuda::CUDAStream& stream, Move&& move) {
+void calibrate_split(PinnedTransfer& t, const at::Tensor& indices, const c10::cuda::CUDAStream& stream,
+                     Move&& move) {
   if (!t.calibrate.has_value()) return;
+  const int64_t count = indices.numel();
   const double share = calibrate_uva_share(*t.calibrate, [&](double candidate) {
     PinnedTransfer trial = t;
     trial.plan = plan_from_share(candidate, count);
-    return timed_ms(stream, [&] { move(trial); });
+    return timed_ms(stream, [&] {
+      // Every later call that stages a share brings GPU indices to the host (a copy and a wait for the stream);
+      // a trial that skipped it made splits look faster than they run (H100 run 57: auto 0.69 of memcpy at 16
+      // threads where UVA alone moved 0.78).
+      if (trial.plan.staged_rows > 0 && indices.is_cuda()) trial.host_idx = indices.cpu();
+      move(trial);
+    });
   });
   t.plan = plan_from_share(share, count);
 }
@@ -320,7 +328,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   auto move = [&](const PinnedTransfer& plan) {
     move_pinned_to_cuda(table, indices, out_ptr, out.device(), plan, device, stream, op);
   };
-  calibrate_split(t, indices.numel(), stream, move);
+  calibrate_split(t, indices, stream, move);
   move(t);
   count_pinned_transfer(t.plan.uva_rows, t.plan.staged_rows, t.rows.row_bytes, metrics::Direction::kGather);
 }
@@ -395,7 +403,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
   PinnedTransfer t = plan_pinned_transfer(table, indices, TransferDirection::kScatter, device, stream.stream(), op);
   auto move = [&](const PinnedTransfer& plan) { move_cuda_to_pinned(table, indices, src, plan, device, stream, op); };
-  calibrate_split(t, indices.numel(), stream, move);
+  calibrate_split(t, indices, stream, move);
   move(t);
   count_pinned_transfer(t.plan.uva_rows, t.plan.staged_rows, t.rows.row_bytes, metrics::Direction::kScatter);
 }
