@@ -2,7 +2,6 @@
 #include "quant/gather_dequant.h"
 
 #include <ATen/ops/empty.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include "cpu/gather_dequant_cpu.h"
@@ -18,19 +17,6 @@ namespace {
 // Rows bigger than this are refused: the GPU kernel stages quantized rows in shared memory
 // (cuda/gather_dequant_kernel.h); the CPU refuses them too so that a table serves on either.
 constexpr int64_t kMaxQuantizedRowBytes = 6144;
-
-// As gather's: 'cuda' without an index is the indices' GPU when they are on one, else the current device.
-at::Device output_device(const at::Tensor& indices, std::optional<at::Device> device) {
-  at::Device d = device.value_or(indices.device());
-  if (d.is_cuda() && !d.has_index()) {
-    if (indices.is_cuda()) {
-      d = indices.device();
-    } else if (cuda_device_available()) {
-      d = c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice();
-    }
-  }
-  return d;
-}
 
 void gather_dequant_cpu_route(const at::Tensor& table, const at::Tensor& flat, RowFormat format, int64_t dim,
                               at::Tensor& out, const char* op) {
@@ -87,7 +73,7 @@ RowFormat check_gather_dequant_arguments(const at::Tensor& table, const at::Tens
 at::Tensor gather_dequant(const at::Tensor& table, const at::Tensor& indices, const std::string& format_name,
                           int64_t dim, std::optional<at::Device> device, const char* op) {
   const RowFormat format = check_gather_dequant_arguments(table, indices, format_name, dim, op);
-  const at::Device out_device = output_device(indices, device);
+  const at::Device out_device = gather_output_device(indices, device);
   TORCH_CHECK(table.is_cpu() || table.is_cuda(), op, ": table on ", table.device(), " is not supported");
   TORCH_CHECK(out_device.is_cpu() || out_device.is_cuda(), op, ": device ", out_device, " is not supported");
   TORCH_CHECK(!table.is_cuda() || out_device == table.device(), op, ": a table on ", table.device(),

@@ -36,21 +36,6 @@ void check_indices(const at::Tensor& indices, const char* op) {
               ": indices must be int64 or int32, got ", indices.scalar_type());
 }
 
-at::Device output_device(const at::Tensor& indices, std::optional<at::Device> device) {
-  at::Device d = device.value_or(indices.device());
-  // 'cuda' without an index means the indices' GPU when they are on one, else the current device, as torch does.
-  // Without a usable GPU there is no current device to ask for (the driver would fail first): the checks that
-  // follow name the real problem.
-  if (d.is_cuda() && !d.has_index()) {
-    if (indices.is_cuda()) {
-      d = indices.device();
-    } else if (cuda_device_available()) {
-      d = c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice();
-    }
-  }
-  return d;
-}
-
 // A GPU can only reach host rows that are page-locked and mapped.
 void check_host_table_reachable(const at::Tensor& table, const at::Device& gpu, const char* op) {
   TORCH_CHECK(is_pinned_host_memory(table.storage().data()), op,
@@ -68,6 +53,20 @@ void check_host_table_writable_by_gpu(const at::Tensor& table, const char* op) {
 }
 
 }  // namespace
+
+at::Device gather_output_device(const at::Tensor& indices, std::optional<at::Device> device) {
+  at::Device d = device.value_or(indices.device());
+  // Without a usable GPU there is no current device to ask for (the driver would fail first): the checks that
+  // follow name the real problem.
+  if (d.is_cuda() && !d.has_index()) {
+    if (indices.is_cuda()) {
+      d = indices.device();
+    } else if (cuda_device_available()) {
+      d = c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice();
+    }
+  }
+  return d;
+}
 
 std::vector<int64_t> gathered_shape(const at::Tensor& indices, int64_t dim) {
   std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
@@ -100,7 +99,7 @@ void check_scatter_arguments(const at::Tensor& table, const at::Tensor& indices,
 at::Tensor gather_table_rows(const at::Tensor& table, const at::Tensor& indices, std::optional<at::Device> device,
                              const char* op) {
   check_gather_arguments(table, indices, op);
-  const at::Device out_device = output_device(indices, device);
+  const at::Device out_device = gather_output_device(indices, device);
   const auto shape = gathered_shape(indices, table.size(1));
   const at::Tensor flat = indices.reshape({-1}).contiguous();
 

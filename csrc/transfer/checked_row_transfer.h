@@ -25,6 +25,9 @@ void scatter_table_rows(const at::Tensor& table, const at::Tensor& indices, cons
 void check_gather_arguments(const at::Tensor& table, const at::Tensor& indices, const char* op);
 void check_scatter_arguments(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
                              const char* op);
+// Where a gather's rows go: `device` if given, else the indices' device; 'cuda' without an index is the indices' GPU
+// when they are on one, else the current device, as torch does (gather_table_rows and gather_dequant share it).
+at::Device gather_output_device(const at::Tensor& indices, std::optional<at::Device> device);
 // indices.shape + (dim,).
 std::vector<int64_t> gathered_shape(const at::Tensor& indices, int64_t dim);
 // indices.shape + (table.size(1),), with sizes that may be symbols (the Meta kernels).
