@@ -241,7 +241,11 @@ def test_sigterm_answers_every_request_it_received(model_file):
         for conn in conns:
             status, headers, body = read_answer(conn)
             statuses.append(status)
-            assert len(json.loads(body)["rows"]) == 400 and headers["connection"] == "close"
+            assert len(json.loads(body)["rows"]) == 400
+            # An answer written after the signal says it closes; one the worker finished before the signal arrived
+            # (a race the test cannot order) keeps the connection alive, and the stop then closes it idle.
+            if headers.get("connection") != "close":
+                assert conn.recv(1) == b""
             conn.close()
         assert server.proc.wait(30) == 0
     assert statuses == [200] * 24
