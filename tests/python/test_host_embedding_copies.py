@@ -75,7 +75,9 @@ def test_ctrl_c_stops_a_long_save_and_keeps_the_old_files(tmp_path):
     small = HostEmbedding(10, 4, device="cpu", seed=1, optimizer=None)
     small.save(path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    big = HostEmbedding((1 << 17) + 7, 128, device="cpu", optimizer=None, init_std=0.0)  # a 64 MiB chunk + 7 rows
+    # Three 64 MiB chunks and 7 rows: the watcher below must see the temporary while the save is still writing, also
+    # on a loaded machine (with one chunk it sometimes saw nothing before the commit, and no Ctrl-C was sent).
+    big = HostEmbedding(3 * (1 << 17) + 7, 128, device="cpu", optimizer=None, init_std=0.0)
     stop = threading.Event()
 
     def interrupt_when_writing():
