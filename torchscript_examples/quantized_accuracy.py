@@ -146,6 +146,8 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--formats", default=",".join(quantized_recommender.SERVING_FORMATS))
     parser.add_argument("--row-alignment", type=int, default=quantized_recommender.DEFAULT_ROW_ALIGNMENT)
+    parser.add_argument("--rank-k", type=int, default=quantized_recommender.DEFAULT_RANK_K,
+                        help="int8: the top-k each user's codes keep in order (0: nearest rounding only)")
     args = parser.parse_args()
     formats = args.formats.split(",")
     folder = Path(tempfile.mkdtemp(prefix="speedtorch_quantized_"))
@@ -156,9 +158,14 @@ def main() -> int:
     speedtorch.jit_save(served, folder / "model.pt")
     copies = {}
     for fmt in formats:
-        copy = quantized_recommender.convert(model, fmt, folder / f"users_{fmt}.npy", row_alignment=args.row_alignment)
-        copies[fmt] = torch.jit.script(copy)
-        speedtorch.jit_save(copies[fmt], folder / f"model_{fmt}.pt")
+        # int8 twice when ranking is on: nearest rounding beside the rank-preserving codes the converter writes.
+        for rank_k in ((0, args.rank_k) if fmt == "int8_rowwise" and args.rank_k else (args.rank_k,)):
+            name = fmt + (" nearest" if fmt == "int8_rowwise" and not rank_k else "")
+            file = name.replace(" ", "_")
+            copy = quantized_recommender.convert(model, fmt, folder / f"users_{file}.npy",
+                                                 row_alignment=args.row_alignment, rank_k=rank_k)
+            copies[name] = torch.jit.script(copy)
+            speedtorch.jit_save(copies[name], folder / f"model_{file}.pt")
     top_users, pairs = requests(args.users, args.items, args.requests, args.k)
 
     def measure(name: str, served, path: Path):
@@ -177,7 +184,7 @@ def main() -> int:
           f"(last loss {loss:.4f}); {args.requests} top-{args.k} requests and scored pairs, {where}; rows aligned to "
           f"{args.row_alignment} bytes")
     k = args.k
-    print(f"{'format':<16} {'table bytes':>12} {'of fp32':>8} {'server RSS':>11} {'RAM saved':>10} "
+    print(f"{'format':<22} {'table bytes':>12} {'of fp32':>8} {'server RSS':>11} {'RAM saved':>10} "
           f"{'row rel RMS':>11} {'max |row err|':>13} {'max |score err|':>15} {'top-1 same':>10} "
           f"{f'top-{k} same':>11} {f'top-{k} set':>10} {f'recall@{k}':>10} {'max score loss':>14}")
 
@@ -189,14 +196,14 @@ def main() -> int:
 
         rss_text = f"{rss / 2**20:.1f} MiB" if rss is not None else "-"
         saved = f"{(fp32_rss - rss) / 2**20:.1f} MiB" if rss is not None else "-"
-        print(f"{name:<16} {nbytes:>12} {nbytes / fp32_bytes:>8.3f} {rss_text:>11} {saved:>10} {rel:>11.2e} "
+        print(f"{name:<22} {nbytes:>12} {nbytes / fp32_bytes:>8.3f} {rss_text:>11} {saved:>10} {rel:>11.2e} "
               f"{largest:>13.2e} {score_err:>15.2e} {share(lambda a, b: a[:1] == b[:1]):>10} "
               f"{share(lambda a, b: a == b):>11} {share(lambda a, b: set(a) == set(b)):>10} {100 * recall:>9.2f}% "
               f"{score_loss:>14.2e}")
 
     line("float32", fp32_bytes, fp32_rss, 0.0, 0.0, 0.0, fp32_tops)
     for fmt, copy in copies.items():
-        tops, scores, rss = measure(fmt, copy, folder / f"model_{fmt}.pt")
+        tops, scores, rss = measure(fmt, copy, folder / f"model_{fmt.replace(' ', '_')}.pt")
         rel, largest = row_errors(model, copy, args.users)
         line(fmt, copy.table.nbytes, rss, rel, largest, float((scores - fp32_scores).abs().max()), tops)
     return 0

@@ -38,6 +38,8 @@ SERVING_FORMATS = ("fp16",) + speedtorch.quantized.FORMATS
 #: (0.28 of float32), where FBGEMM's 16-byte alignment takes 48 (0.375). The GPU kernel reads rows with the widest
 #: loads their stride allows; --row-alignment 16 gives it 16-byte loads at that cost in RAM.
 DEFAULT_ROW_ALIGNMENT = 4
+#: The top-k whose order an int8 copy keeps (the /topk answers the example's clients ask for: k = 10).
+DEFAULT_RANK_K = 10
 
 
 def serving_rows(table: torch.Tensor, ids: torch.Tensor, table_format: str, dim: int) -> torch.Tensor:
@@ -129,11 +131,13 @@ class QuantizedRecommender(torch.nn.Module):
 
 
 def convert(model, table_format: str, table_path: Union[str, Path], *,
-            row_alignment: int = DEFAULT_ROW_ALIGNMENT) -> QuantizedRecommender:
+            row_alignment: int = DEFAULT_ROW_ALIGNMENT, rank_k: int = DEFAULT_RANK_K) -> QuantizedRecommender:
     """The serving copy of a trained `model` (a recommender_model.Recommender, scripted or not): its user table
     written in `table_format` to `table_path` (a .npy file NumPy reads; bf16 / int8 / fp8 also get
     speedtorch.quantized's `.format.json`, so QuantizedRows.open reads them), mapped back read-only, with the
-    model's items and bias. The path is recorded as given (relative paths: see the module's docstring)."""
+    model's items and bias. The path is recorded as given (relative paths: see the module's docstring).
+    int8: with `rank_k` > 0 each user's codes keep that user's `rank_k` best items in the float32 order
+    (speedtorch.rank_preserving_rounding); 0 rounds every value to nearest."""
     if table_format not in SERVING_FORMATS:
         raise ValueError(f"unknown serving format {table_format!r}; known: {', '.join(SERVING_FORMATS)}")
     trained = model.users.table()
@@ -143,7 +147,10 @@ def convert(model, table_format: str, table_path: Union[str, Path], *,
     if table_format == "fp16":
         table_hash = speedtorch.data.save_npy(trained.to(torch.float16), resolved)
     else:
-        rows = QuantizedRows.from_table(trained, table_format, row_alignment=row_alignment, pinned=False)
+        ranking = {}
+        if table_format == "int8_rowwise" and rank_k:
+            ranking = {"rank_items": model.items.detach(), "rank_k": rank_k}
+        rows = QuantizedRows.from_table(trained, table_format, row_alignment=row_alignment, pinned=False, **ranking)
         table_hash = rows.save(resolved)
     return QuantizedRecommender(model.items, model.bias, open_table(path, table_hash), table_format, dim, path,
                                 table_hash)
@@ -157,9 +164,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="the scripted serving model (.pt)")
     parser.add_argument("--row-alignment", type=int, default=DEFAULT_ROW_ALIGNMENT,
                         help="bytes each quantized row is padded to a multiple of (16: FBGEMM's)")
+    parser.add_argument("--rank-k", type=int, default=DEFAULT_RANK_K,
+                        help="int8: keep each user's k best items in the float32 order (0: nearest rounding)")
     args = parser.parse_args()
     model = torch.jit.load(str(args.model))
-    served = torch.jit.script(convert(model, args.format, args.table, row_alignment=args.row_alignment))
+    served = torch.jit.script(convert(model, args.format, args.table, row_alignment=args.row_alignment,
+                                      rank_k=args.rank_k))
     speedtorch.jit_save(served, args.out)
     fp32_bytes = model.users.table().nbytes
     print(f"{args.format} table {args.table}: {served.table.nbytes} bytes, {served.table.nbytes / fp32_bytes:.3f} "

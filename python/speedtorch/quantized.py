@@ -23,6 +23,7 @@ from typing import Optional, Union
 import torch
 
 from .ops import pinned_empty
+from .rank_preserving_rounding import rank_preserving_codes
 
 __all__ = ["FORMATS", "gather_dequant", "quantize_rows", "format_row_bytes", "QuantizedRows"]
 
@@ -66,15 +67,22 @@ def _ue8m0_values(exponent_bytes: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def _quantize_int8(rows: torch.Tensor, out: torch.Tensor) -> None:
+def _quantize_int8(rows: torch.Tensor, out: torch.Tensor, rank_items: Optional[torch.Tensor], rank_k: int) -> int:
+    """Writes the rows' int8 form into ``out``; returns how many rows' top ``rank_k`` order differs (0 without
+    ``rank_items``)."""
     low, high = rows.amin(1), rows.amax(1)
     scale = ((high - low) / 255.0).clamp(max=65504.0).to(torch.float16)
     bias = low.to(torch.float16)
     s, b = scale.float().unsqueeze(1), bias.float().unsqueeze(1)
     codes = torch.where(s > 0, ((rows - b) / torch.where(s > 0, s, torch.ones_like(s))).round(), torch.zeros_like(rows))
+    codes = codes.clamp(0, 255)
+    differing = 0
+    if rank_items is not None:
+        codes, differing = rank_preserving_codes(rows, codes, s, b, rank_items, rank_k)
     out[:, 0:2] = scale.view(torch.uint8).view(-1, 2)
     out[:, 2:4] = bias.view(torch.uint8).view(-1, 2)
-    out[:, 4:4 + rows.shape[1]] = codes.clamp(0, 255).to(torch.uint8)
+    out[:, 4:4 + rows.shape[1]] = codes.to(torch.uint8)
+    return differing
 
 
 def _quantize_fp8(rows: torch.Tensor, out: torch.Tensor) -> None:
@@ -93,7 +101,8 @@ def _quantize_fp8(rows: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def quantize_rows(table: torch.Tensor, format: str, *, row_alignment: int = 16, pinned: bool = True,
-                  chunk_rows: int = 1 << 16) -> torch.Tensor:
+                  chunk_rows: int = 1 << 16, rank_items: Optional[torch.Tensor] = None,
+                  rank_k: int = 10) -> torch.Tensor:
     """A trained float table (``(num_rows, dim)``, any float dtype and device) written in ``format``, in host memory
     (exact-size pinned memory unless ``pinned=False``), ``chunk_rows`` rows at a time.
 
@@ -101,24 +110,42 @@ def quantize_rows(table: torch.Tensor, format: str, *, row_alignment: int = 16, 
     ``stride`` = :func:`format_row_bytes` rounded up to ``row_alignment`` (16, FBGEMM's, by default: rows then start
     16-byte aligned for the kernel's widest loads; 1 keeps DeepSeek-V4.1's unpadded 264-byte fp8 rows of dim 256).
     int8: per row, ``scale = (max - min) / 255`` and ``bias = min`` in float16, codes rounded to nearest. fp8: per
-    block of 32, the smallest power of two ``scale >= amax / 448``, codes ``x / scale`` rounded to nearest e4m3."""
+    block of 32, the smallest power of two ``scale >= amax / 448``, codes ``x / scale`` rounded to nearest e4m3.
+
+    ``rank_items`` (int8 only): the ``(num_items, dim)`` vectors the rows are scored against by dot product (a
+    retrieval model's item table). Each row's codes are then chosen, a step or two from nearest rounding, so that its
+    ``rank_k`` best items come out in the float rows' order (:mod:`speedtorch.rank_preserving_rounding`; the
+    example recommender's top-10 answers go from 69% to over 99% the float32 model's, docs/torchscript.md)."""
     if table.dim() != 2 or not table.is_floating_point():
         raise ValueError(f"quantize_rows: table must be a 2-D float tensor, got {table.dtype} of shape "
                          f"{tuple(table.shape)}")
     n, dim = table.shape
+    if rank_items is not None:
+        if format != "int8_rowwise":
+            raise ValueError(f"quantize_rows: rank_items applies to int8_rowwise rows, not {format!r}")
+        if rank_items.dim() != 2 or rank_items.shape[1] != dim or not rank_items.is_floating_point():
+            raise ValueError(f"quantize_rows: rank_items must be a float (num_items, {dim}) tensor (the rows' dim), "
+                             f"got {rank_items.dtype} of shape {tuple(rank_items.shape)}")
+        if rank_k < 1:
+            raise ValueError(f"quantize_rows: rank_k must be >= 1, got {rank_k}")
     stride = format_row_bytes(format, dim, row_alignment if format != "bf16" else 1)
     if format == "bf16":
         out = pinned_empty(n, dim, dtype=torch.bfloat16) if pinned else torch.empty(n, dim, dtype=torch.bfloat16)
     else:
         out = pinned_empty(n, stride, dtype=torch.uint8) if pinned else torch.zeros(n, stride, dtype=torch.uint8)
+    starts = range(0, n, chunk_rows)
+    if rank_items is not None and len(starts) > 1 and os.environ.get("SPEEDTORCH_PROGRESS") != "0":
+        from tqdm import tqdm  # a rank-preserving conversion takes about a minute a million rows of dim 32
+
+        starts = tqdm(starts, desc="rank-preserving int8", unit="chunk")
     with torch.no_grad():
-        for begin in range(0, n, chunk_rows):
+        for begin in starts:
             rows = table[begin:begin + chunk_rows].detach().float().cpu()
             target = out[begin:begin + rows.shape[0]]
             if format == "bf16":
                 target.copy_(rows)
             elif format == "int8_rowwise":
-                _quantize_int8(rows, target)
+                _quantize_int8(rows, target, rank_items, rank_k)
             else:
                 _quantize_fp8(rows, target)
     return out

@@ -87,8 +87,9 @@ def test_serving_copy_answers_with_the_librarys_dequantized_rows(trained, tmp_pa
     top_items, top_scores = copy.top_k(7, 5)
     all_scores = model.items.detach() @ library_rows(table_file, table_format, torch.tensor([7]))[0] + model.bias
     assert torch.equal(top_items, torch.topk(all_scores.detach(), 5).indices)
-    # Close to the float32 model: within what each format keeps of a row.
-    tolerance = {"fp16": 1e-3, "bf16": 1e-2, "int8_rowwise": 1e-2, "fp8_e4m3_ue8m0": 7e-2}[table_format]
+    # Close to the float32 model: within what each format keeps of a row (int8: 1.5 steps of 1/255 of the row's
+    # range, 2/255 of its largest value at most: the rank-preserving codes are one step off nearest rounding at most).
+    tolerance = {"fp16": 1e-3, "bf16": 1e-2, "int8_rowwise": 1.3e-2, "fp8_e4m3_ue8m0": 7e-2}[table_format]
     exact = model.lookup(ids).detach()
     assert float((copy.lookup(ids) - exact).abs().max()) <= tolerance * float(exact.abs().max())
     with pytest.raises(torch.jit.Error, match="read-only serving copy"):
