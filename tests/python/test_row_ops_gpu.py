@@ -401,20 +401,24 @@ def test_freeing_a_table_waits_for_its_queued_scatter(transfer_settings):
     (issue 13): releasing the memory now waits for the kernels still using it. Decided without timing: the kernel
     is held behind a gate that opens only after `del` has started (a timer armed just before it, which the waiting
     `del` does not depend on), so a `del` that returns before the kernel ran is always seen (it was seen only when
-    a sleep outlasted the calls before, which compute-sanitizer's slower launches broke)."""
+    a sleep outlasted the calls before, which compute-sanitizer's slower launches broke). The kernel's end is
+    observed by an event recorded right after the scatter, not by the stream being idle: under compute-sanitizer the
+    stream was still busy after `del` returned (run 57) with no access to freed memory reported, which work the tool
+    queues later would explain; the event tells the two apart."""
     force_split(transfer_settings, 1.0)
     table = speedtorch.pinned_empty(2000, 64)
     indices = torch.randint(0, 2000, (1000,))  # CPU indices: validated on the host, so nothing waits for the stream
     src = torch.randn(1000, 64, device="cuda")
     torch.cuda.synchronize()
-    stream = torch.cuda.current_stream()
+    scattered = torch.cuda.Event()
     gate = StreamGate()
     try:
         speedtorch.scatter_(table, indices, src)
-        assert not stream.query(), "the scatter kernel should still be queued behind the gate"
+        scattered.record()
+        assert not scattered.query(), "the scatter kernel should still be queued behind the gate"
         gate.open_after(0.2)
         del table
-        assert stream.query(), "freeing the table returned before the kernel writing it had finished"
+        assert scattered.query(), "freeing the table returned before the kernel writing it had finished"
     finally:
         gate.close()
     torch.cuda.synchronize()  # the context is intact
