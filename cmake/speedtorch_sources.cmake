@@ -1,0 +1,80 @@
+# The library's sources, relative to the repository root: one list, read by CMakeLists.txt (the library) and by
+# tests/fuzz (which compiles the CPU core with libFuzzer's instrumentation, and so needs every source the code
+# it fuzzes may call: a hand-kept copy of this list broke whenever a loader gained a callee).
+#   SPEEDTORCH_CORE_SOURCES  csrc/, CPU: no dispatcher registration, no CUDA
+#   SPEEDTORCH_OPS_SOURCES   ops/: the operators' schemas and their registration with the dispatcher
+#   SPEEDTORCH_CUDA_SOURCES  the CUDA kernels, their host-side launchers and the CUDA registration
+set(SPEEDTORCH_CORE_SOURCES
+    csrc/memory/pinned_host_buffer.cpp
+    csrc/memory/huge_page_output.cpp
+    csrc/cpu/index_range_check.cpp
+    csrc/cpu/row_copy_cpu.cpp
+    csrc/cpu/helped_parallel_for.cpp
+    csrc/metrics/transfer_counters.cpp
+    csrc/transfer/transfer_policy.cpp
+    csrc/transfer/split_calibration.cpp
+    csrc/transfer/row_transfer.cpp
+    csrc/transfer/checked_row_transfer.cpp
+    csrc/cpu/row_optimizer_cpu.cpp
+    csrc/cpu/distinct_indices_cpu.cpp
+    csrc/cpu/row_sum_cpu.cpp
+    csrc/cpu/row_cache_cpu.cpp
+    csrc/cache/row_cache.cpp
+    csrc/optim/optimizer_config.cpp
+    csrc/optim/row_optimizer.cpp
+    csrc/embedding/pinned_embedding.cpp
+    csrc/cpu/ngram_hash_cpu.cpp
+    csrc/engram/ngram_hash.cpp
+    csrc/cpu/gather_dequant_cpu.cpp
+    csrc/quant/gather_dequant.cpp
+    csrc/contiguous/contiguous_params.cpp
+    csrc/io/content_hash.cpp
+    csrc/io/progress_meter.cpp
+    csrc/io/file_mode.cpp
+    csrc/io/mapped_file_guard.cpp
+    csrc/io/atomic_file.cpp
+    csrc/io/npy_file.cpp
+    csrc/io/write_cancellation.cpp
+    csrc/io/meta_json.cpp
+    csrc/io/embedding_files.cpp
+    csrc/embedding/pinned_embedding_io.cpp
+    csrc/embedding/embedding_pickle.cpp)
+set(SPEEDTORCH_OPS_SOURCES
+    ops/schemas.cpp
+    ops/row_ops.cpp
+    ops/row_ops_kernel.cpp
+    ops/row_optimizer_op.cpp
+    ops/ngram_hash_op.cpp
+    ops/gather_dequant_op.cpp
+    ops/library_settings.cpp
+    ops/check_indices_op.cpp
+    ops/unique_indices_op.cpp
+    ops/metrics_ops.cpp
+    ops/pinned_embedding_class.cpp
+    ops/register_cpu.cpp
+    ops/register_meta.cpp
+    ops/register_autograd.cpp
+    ops/register_composite.cpp
+    ops/contiguous_params_class.cpp
+    ops/npy_ops.cpp
+    ops/file_ops.cpp)
+set(SPEEDTORCH_CUDA_SOURCES
+    csrc/cuda/device_index_error.cpp
+    csrc/cuda/row_gather_kernel.cu
+    csrc/cuda/row_scatter_kernel.cu
+    csrc/cuda/last_occurrence_kernel.cu
+    csrc/cuda/locality_sort_kernel.cu
+    csrc/cuda/index_summary_kernel.cu
+    csrc/cuda/row_optimizer_kernel.cu
+    csrc/cuda/row_cache_kernel.cu
+    csrc/cuda/ngram_hash_kernel.cu
+    csrc/engram/ngram_hash_cuda.cpp
+    csrc/cuda/gather_dequant_kernel.cu
+    csrc/quant/gather_dequant_cuda.cpp
+    csrc/cache/row_cache_cuda.cpp
+    csrc/optim/row_optimizer_cuda.cpp
+    csrc/transfer/device_access.cpp
+    csrc/memory/host_access_tracker.cpp
+    csrc/transfer/staging_ring.cpp
+    csrc/transfer/row_transfer_cuda.cpp
+    ops/register_cuda.cpp)
