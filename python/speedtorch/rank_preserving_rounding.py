@@ -3,8 +3,8 @@ by dot product against an item table, come out in the float32 order (which items
 
 Nearest rounding keeps every value within half a step (1/510 of the row's range), but a retrieval model's best
 items often score within a few 1e-5 of each other: the error of the row along the difference of two near-tied items
-swaps them. A row has more codes (dim) than its top-k has neighbouring pairs, so codes one step off nearest can cancel
-the error along those few directions while leaving it as small elsewhere. Per row:
+swaps them. A row usually has more codes (dim) than its top k has fragile pairs, so codes one step off nearest can
+cancel the error along those few directions while leaving it nearly as small elsewhere. Per row:
 
 1. the pairs whose order makes the answer: neighbours among the k + 1 best items, and the k-th best against the next
    ``extra`` items; for each pair the direction ``item_a - item_b`` over its score gap ``g`` (near-ties weigh most);
@@ -14,7 +14,7 @@ the error along those few directions while leaving it as small elsewhere. Per ro
 
 The dequantized value is modelled exactly as ``speedtorch::gather_dequant`` computes it (``q * scale + bias`` in
 float32 with one rounding, then bfloat16), so what is optimized is what is served. Scales and biases stay those of
-nearest rounding; only codes move, each at most a few steps. A constant added to every score (a global bias) does not
+nearest rounding; only codes move, each at most MAX_STEPS (one) from nearest. A constant added to every score (a global bias) does not
 change the order; per-item biases are not modelled.
 """
 
