@@ -14,8 +14,8 @@ cancel the error along those few directions while leaving it nearly as small els
 
 The dequantized value is modelled exactly as ``speedtorch::gather_dequant`` computes it (``q * scale + bias`` in
 float32 with one rounding, then bfloat16), so what is optimized is what is served. Scales and biases stay those of
-nearest rounding; only codes move, each at most MAX_STEPS (one) from nearest. A constant added to every score (a global bias) does not
-change the order; per-item biases are not modelled.
+nearest rounding; only codes move, each at most MAX_STEPS (one) from nearest. A constant added to every score (a
+global bias) does not change the order; per-item biases are not modelled.
 """
 
 from __future__ import annotations
