@@ -198,8 +198,13 @@ PinnedHostBuffer::PinnedHostBuffer(const std::string& path, FileMapping mapping,
   mapped_size_ = (size_ + page - 1) / page * page;
   // Mode 'r' maps private pages, as torch.load(mmap=True) does: torch has no read-only tensors, and a write into a
   // PROT_READ mapping is a SIGSEGV that kills the process; here it changes this process's copy of the page only.
-  void* p = mmap(nullptr, mapped_size_, PROT_READ | PROT_WRITE,
-                 mapping == FileMapping::kReadWrite ? MAP_SHARED : MAP_PRIVATE, fd, 0);
+  // MAP_NORESERVE for 'r': a writable private mapping is otherwise charged in full against the memory commit
+  // limit, so a file larger than RAM + swap could not be opened read-only at all (only pages a stray write copies
+  // take memory). 'c' is made to be written: it keeps the charge, so running out of memory fails at open.
+  int flags = MAP_SHARED;
+  if (mapping == FileMapping::kReadOnly) flags = MAP_PRIVATE | MAP_NORESERVE;
+  if (mapping == FileMapping::kCopyOnWrite) flags = MAP_PRIVATE;
+  void* p = mmap(nullptr, mapped_size_, PROT_READ | PROT_WRITE, flags, fd, 0);
   const int err = errno;
   // Linux lets GPUs pin shared file pages for writing only on memory filesystems (others must be able to write
   // pages back at any time): elsewhere an 'r+' mapping is registered read-only from the start.

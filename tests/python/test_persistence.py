@@ -246,6 +246,32 @@ def test_a_torch_write_into_a_read_only_mapping_never_crashes(tmp_path):
     assert (tmp_path / "t.npy").read_bytes() == table_bytes
 
 
+def _memory_commit_bytes() -> int:
+    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return sum(int(fields[name].split()[0]) * 1024 for name in ("MemTotal", "SwapTotal"))
+
+
+@pytest.mark.skipif(not Path("/proc/sys/vm/overcommit_memory").exists(), reason="Linux memory accounting")
+def test_a_file_larger_than_memory_opens_read_only(tmp_path):
+    # A private writable mapping is charged against the commit limit unless it is MAP_NORESERVE: without it a
+    # read-only file larger than RAM + swap could not be opened at all (numpy's mmap_mode="r" can).
+    if Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "2":
+        pytest.skip("strict overcommit refuses every mapping past the commit limit")
+    rows = _memory_commit_bytes() // (4 * 1024) + (1 << 18)  # 1 GiB past RAM + swap, 1024 float32 a row
+    path = tmp_path / "huge.npy"
+    header = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, 1024))
+    header[rows - 1, :3] = [1.0, 2.0, 3.0]
+    header.flush()
+    del header
+    if os.stat(path).st_blocks * 512 > (64 << 20):
+        pytest.skip("this filesystem does not keep sparse files sparse")
+    table = data.open_npy(path, "r", pin=False)
+    assert table.shape == (rows, 1024)
+    assert table[rows - 1, :4].tolist() == [1.0, 2.0, 3.0, 0.0]
+    table[0, 0] = 5.0  # a write stays in this process (one page copied)
+    assert table[0, 0].item() == 5.0 and np.load(path, mmap_mode="r")[0, 0] == 0.0
+
+
 # Opening a file while another thread re-saves it smaller: the header used to be read, then the path opened again
 # and mapped; a save renamed in between left a view past the end of the mapping (SIGBUS on reading it). The window
 # is microseconds wide, so this stress test rarely hits it; tensor_over's extent check (test_pinned_host_buffer.cpp)
