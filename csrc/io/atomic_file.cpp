@@ -24,12 +24,13 @@ std::string directory_of(const std::string& path) {
 }
 
 // A new, empty temporary beside `path` (so the rename stays within one file system, and so is atomic), unique to
-// this call: the process id and a process-wide counter name it, O_EXCL makes sure. Returns its descriptor.
+// this call: the process id and a process-wide counter name it, O_EXCL makes sure. Private (0600) while written
+// when it replaces a file; keep_mode_of gives it the final mode. Returns its descriptor.
 int create_temporary(const std::string& path, const std::string& what, std::string& temp_path) {
   TORCH_CHECK(!path.empty(), what, ": the path is empty");
   static std::atomic<uint64_t> counter{0};
   temp_path = path + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter.fetch_add(1));
-  const int fd = open_new_file(temp_path);
+  const int fd = open_temporary_for(path, temp_path);
   TORCH_CHECK(fd >= 0, what, ": cannot create ", temp_path, " (beside ", path, "): ", std::strerror(errno),
               "; the directory must exist and be writable");
   return fd;

@@ -45,8 +45,8 @@ void sync_directory_of(const std::string& path);
 // reports success. Separate so that the failure path, which no test can provoke on a healthy disk, is tested.
 void check_directory_sync(const std::string& directory, int fsync_result, int fsync_errno);
 
-// For bytes another library writes (speedtorch.jit_save): an empty temporary beside `path`, unique to this call, with
-// a new file's permissions; returns its name. replace_file(temporary, path) then does what finish() and commit() do.
+// For bytes another library writes (speedtorch.jit_save): an empty temporary beside `path`, unique to this call,
+// private (0600) when it will replace a file, else with a new file's permissions; returns its name. replace_file(temporary, path) then does what finish() and commit() do.
 std::string create_temporary_beside(const std::string& path, const std::string& what);
 void replace_file(const std::string& temporary, const std::string& path, const std::string& what);
 

@@ -25,8 +25,13 @@ std::string octal(mode_t mode) {
 
 }  // namespace
 
-int open_new_file(const std::string& path) {
-  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kNewFileMode);
+int open_new_file(const std::string& path, bool owner_only) {
+  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, owner_only ? 0600 : kNewFileMode);
+}
+
+int open_temporary_for(const std::string& target, const std::string& temp_path) {
+  struct stat st {};
+  return open_new_file(temp_path, /*owner_only=*/::stat(target.c_str(), &st) == 0);
 }
 
 void keep_mode_of(const std::string& target, int fd, const std::string& what) {

@@ -62,6 +62,31 @@ TEST_F(AtomicFileTest, AReplacedFileKeepsItsModeAndANewOneGetsTheUmasks) {
   EXPECT_EQ(mode_of(path("zero.npy")), 0644u);
 }
 
+// While a save writes, a private file's rows are never readable by others: the temporary replacing an existing file
+// is 0600 until finish() gives it the target's mode (it used to be 0644 for the whole write under umask 022).
+TEST_F(AtomicFileTest, ATemporaryIsPrivateWhileItIsWritten) {
+  Umask mask(022);
+  write_file_atomically(path("t.bin"), "abc", "test");
+  ASSERT_EQ(::chmod(path("t.bin").c_str(), 0600), 0);
+  {
+    AtomicFile file(path("t.bin"), "test");
+    file.write("abcd", 4);
+    EXPECT_EQ(mode_of(file.temp_path()), 0600u);
+    file.finish();
+    file.commit();
+  }
+  EXPECT_EQ(mode_of(path("t.bin")), 0600u);
+  const std::string beside = create_temporary_beside(path("t.bin"), "test");
+  EXPECT_EQ(mode_of(beside), 0600u);
+  ASSERT_EQ(::chmod(path("t.bin").c_str(), 0644), 0);
+  replace_file(beside, path("t.bin"), "test");
+  EXPECT_EQ(mode_of(path("t.bin")), 0644u);
+  {
+    AtomicFile fresh(path("new.bin"), "test");  // nothing to keep private: a new file's mode from the start
+    EXPECT_EQ(mode_of(fresh.temp_path()), 0644u);
+  }
+}
+
 // A directory that cannot be flushed means the rename may not survive a crash: that is an error, not silence.
 TEST_F(AtomicFileTest, SyncingAMissingDirectoryIsAnErrorNamingIt) {
   const std::string missing = path("no-such-dir");
