@@ -33,7 +33,7 @@ void row_optimizer_step_meta(at::Tensor& weights, at::Tensor& state, const at::T
                              const c10::Dict<std::string, double>& options, int64_t step,
                              bool /*sorted_unique: checked against the values, which Meta tensors do not have*/) {
   const OptimizerHyper hyper = parse_optimizer(std::string(optimizer), options);
-  check_row_optimizer_arguments(weights, state, indices, grad, hyper, kOp);
+  check_row_optimizer_arguments(weights, state, indices, grad, hyper, step, kOp);
 }
 
 }  // namespace speedtorch::ops

@@ -71,7 +71,9 @@ c10::SymInt sym_mul(const c10::SymInt& a, const c10::SymInt& b, const char* op) 
 // Sizes are read as SymInts: under torch.compile / export with dynamic shapes this runs as the Meta kernel on
 // tensors whose sizes are symbols (numel() or size() would throw there).
 void check_row_optimizer_arguments(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
-                                   const at::Tensor& grad, const OptimizerHyper& hyper, const char* op) {
+                                   const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step,
+                                   const char* op) {
+  TORCH_CHECK(global_step >= 1, op, ": step must be >= 1, got ", global_step);
   TORCH_CHECK(weights.dim() == 2 && weights.sym_stride(1) == 1, op,
               ": weights must be 2-D (num_rows, dim) with contiguous rows, got shape ", weights.sym_sizes(),
               " and strides ", weights.sym_strides());
@@ -130,8 +132,7 @@ std::pair<at::Tensor, at::Tensor> sum_duplicate_rows_cpu(const at::Tensor& indic
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                          const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op,
                          bool sorted_unique) {
-  check_row_optimizer_arguments(weights, state, indices, grad, hyper, op);
-  TORCH_CHECK(global_step >= 1, op, ": step must be >= 1, got ", global_step);
+  check_row_optimizer_arguments(weights, state, indices, grad, hyper, global_step, op);
   // Before any route: the CPU writing a mode 'r' mapping is a SIGSEGV, a GPU writing it ruins the CUDA context.
   check_host_memory_writable(weights, op, "weights");
   check_host_memory_writable(state, op, "state");

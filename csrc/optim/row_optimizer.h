@@ -49,8 +49,10 @@ int64_t optimizer_record_stride_bytes(const at::Tensor& weights, const at::Tenso
 OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state, char* weights_base,
                              float* state_base);
 
-// The shared checks of apply_row_optimizer (also used by the Meta kernel).
+// The shared checks of apply_row_optimizer (also used by the Meta kernel and the row cache): every check that needs
+// no tensor values, the global step's among them.
 void check_row_optimizer_arguments(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
-                                   const at::Tensor& grad, const OptimizerHyper& hyper, const char* op);
+                                   const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step,
+                                   const char* op);
 
 }  // namespace speedtorch

@@ -34,6 +34,27 @@ def test_gather_and_scatter():
         assert torch.ops.speedtorch.gather(table, ids).device.type == "cpu"
 
 
+def test_row_optimizer_step():
+    # The Meta kernel runs every check that needs no values, the step's among them (it used to accept step 0).
+    weights, ids, grad = torch.empty(10, 8), torch.tensor([1, 2]), torch.empty(2, 8)
+    state = torch.empty(10, 2 * 8 + 4)
+    for step in (0, -3):
+        with pytest.raises(RuntimeError, match=f"step must be >= 1, got {step}"):
+            torch.ops.speedtorch.row_optimizer_step_(weights, state, ids, grad, "adam", {}, step, False)
+        with FakeTensorMode():
+            fake = [torch.empty(t.shape, dtype=t.dtype) for t in (weights, state, ids, grad)]
+            with pytest.raises(RuntimeError, match=f"step must be >= 1, got {step}"):
+                torch.ops.speedtorch.row_optimizer_step_(*fake, "adam", {}, step, False)
+        meta = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (weights, state, ids, grad)]
+        with pytest.raises(RuntimeError, match=f"step must be >= 1, got {step}"):
+            torch.ops.speedtorch.row_optimizer_step_(*meta, "adam", {}, step, False)
+    with FakeTensorMode():
+        fake = [torch.empty(t.shape, dtype=t.dtype) for t in (weights, state, ids, grad)]
+        torch.ops.speedtorch.row_optimizer_step_(*fake, "adam", {}, 1, False)
+        with pytest.raises(RuntimeError, match="grad must have shape"):
+            torch.ops.speedtorch.row_optimizer_step_(*fake[:3], torch.empty(3, 8), "adam", {}, 1, False)
+
+
 def test_gather_dequant():
     with FakeTensorMode():
         table, ids = torch.empty(20, 40, dtype=torch.uint8), torch.tensor([[1, 2], [3, 4]])
