@@ -51,8 +51,7 @@ struct DistinctRows {
   int64_t count() const { return rows.numel(); }
 };
 
-DistinctRows sum_duplicate_rows(const at::Tensor& indices, const at::Tensor& grad, const at::Device& device) {
-  const at::Tensor dev_idx = indices_on(indices, device).to(at::kLong);
+DistinctRows sum_duplicate_rows(const at::Tensor& dev_idx, const at::Tensor& grad, const at::Device& device) {
   const auto [unique, inverse, counts] = at::_unique2(dev_idx, /*sorted=*/true, /*return_inverse=*/true);
   at::Tensor summed = at::zeros({unique.numel(), grad.size(1)}, grad.options().device(device).dtype(at::kFloat))
                           .index_add_(0, inverse, grad.to(device, at::kFloat));
@@ -145,11 +144,16 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
   TORCH_CHECK(device.is_cuda(), op, ": a host table needs its gradients on a GPU or on the CPU, got ", grad.device());
   c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device.index());
-  const IndexSpan span = validated_span(indices, weights.size(0), stream.stream(), sorted_unique, op);
+  // The values checked are the values used: host indices are copied into memory of our own before the check (the
+  // copy to the GPU is asynchronous, and would otherwise read the caller's tensor after the check, when a changed
+  // id could reach the CPU share unchecked; the kernels check their rows themselves as well).
+  const at::Tensor ids = indices.is_cpu() ? private_pinned_copy(indices) : indices;
+  const IndexSpan span = validated_span(ids, weights.size(0), stream.stream(), sorted_unique, op);
+  const at::Tensor dev_ids = (ids.is_cpu() ? ids.to(device, /*non_blocking=*/true) : indices_on(ids, device))
+                                 .to(at::kLong);
   // Checked distinct: the rows and gradients go to the kernel as they are.
-  const DistinctRows batch =
-      sorted_unique ? DistinctRows{indices_on(indices, device).to(at::kLong), grad.to(device, at::kFloat).contiguous()}
-                    : sum_duplicate_rows(indices, grad, device);
+  const DistinctRows batch = sorted_unique ? DistinctRows{dev_ids, grad.to(device, at::kFloat).contiguous()}
+                                           : sum_duplicate_rows(dev_ids, grad, device);
   if (weights.is_cuda()) {
     step_gpu_resident_table(weights, state, batch, hyper, global_step, device.index(), stream.stream());
   } else {

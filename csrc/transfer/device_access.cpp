@@ -74,11 +74,14 @@ at::Tensor indices_on(const at::Tensor& indices, const at::Device& device) {
   if (!indices.is_cpu()) return indices.to(device);
   // Host indices go through a pinned copy of our own, made now, even when the caller's tensor is pinned already:
   // the asynchronous copy reads it after this call returns, when the caller may have changed its tensor, and the
-  // op checked the values it saw. The copy is PyTorch's pinned allocator's, which keeps the block until the copy
-  // to the GPU is done.
-  const at::Tensor staged = at::empty(indices.sizes(), indices.options().pinned_memory(true));
-  staged.copy_(indices);
-  return staged.to(device, /*non_blocking=*/true);
+  // op checked the values it saw.
+  return private_pinned_copy(indices).to(device, /*non_blocking=*/true);
+}
+
+at::Tensor private_pinned_copy(const at::Tensor& host_indices) {
+  at::Tensor staged = at::empty(host_indices.sizes(), host_indices.options().pinned_memory(true));
+  staged.copy_(host_indices);
+  return staged;
 }
 
 namespace {

@@ -45,6 +45,11 @@ void note_uva_use(const at::Tensor& host, UvaAccess access, const c10::cuda::CUD
 // cannot change what the kernels read).
 at::Tensor indices_on(const at::Tensor& indices, const at::Device& device);
 
+// Host indices copied now into pinned memory of our own (PyTorch's pinned allocator, which keeps the block until an
+// asynchronous copy from it is done). A caller that checks these values and then copies them to the GPU with
+// .to(device, non_blocking) uses exactly the values it checked, whatever the caller does to its own tensor.
+at::Tensor private_pinned_copy(const at::Tensor& host_indices);
+
 // Validates indices before anything is launched and returns their span: on the host for CPU indices; for CUDA
 // indices with one one-block summary kernel (cuda/index_summary_kernel.h) and a wait for the indices' stream (the
 // indices come to the host only to name a bad one). Both end in cpu/index_range_check.h (check_index_tensor), which

@@ -235,6 +235,31 @@ def test_host_indices_are_checked_under_deferred_checks_too(deferred_checks):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("uva_fraction", [-1.0, 0.0, 0.5])
+def test_host_ids_changed_after_the_call_never_reach_the_table(uva_fraction):
+    # The step checks the caller's pinned host ids, then copies them to the GPU asynchronously: it used to read the
+    # caller's tensor after the check, so an id changed meanwhile (here: while the stream is held by a long kernel)
+    # was used unchecked, and the CPU share wrote past the table. The values used are now a copy taken before the
+    # check. uva_fraction -1: every row over UVA; 0: every row by CPU threads; 0.5: both.
+    n, d = 64, 8
+    w, s = make_table(n, d, "sgd", {"lr": 1.0}, "pinned")
+    w0, s0 = w.clone(), s.clone()
+    ids = torch.tensor([3, 9, 20], dtype=torch.int64).pin_memory()
+    grad = torch.ones(3, d, device="cuda")
+    with speedtorch.transfer_config_override(uva_fraction=uva_fraction):
+        torch.cuda._sleep(200_000_000)  # hold the stream: the step's own copies and kernels queue behind it
+        torch.ops.speedtorch.row_optimizer_step_(w, s, ids, grad, "sgd", {"lr": 1.0}, 1, True)
+        ids.fill_(1 << 40)
+        synchronize()
+    expected = w0.clone()
+    expected[[3, 9, 20]] -= 1.0
+    assert torch.equal(w, expected)
+    untouched = torch.ones(n, dtype=torch.bool)
+    untouched[[3, 9, 20]] = False
+    assert torch.equal(s[untouched], s0[untouched])
+
+
+@pytest.mark.gpu
 def test_a_gpu_cache_checks_the_claim_on_the_gpu():
     table = speedtorch.PinnedEmbedding(10, 4)
     table.set_optimizer("adam", {}, True)
