@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "embedding/embedding_pickle.h"
 #include "io/atomic_file.h"
 
 TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
@@ -17,4 +18,8 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
   m.def("replace_file(str temporary, str path) -> ()", [](const std::string& temporary, const std::string& path) {
     speedtorch::io::replace_file(temporary, path, "speedtorch.jit_save");
   });
+  // Whether a sidecar that cannot be written makes pickling on this thread raise rather than fall back to inline
+  // (embedding_pickle.h); returns the previous setting. jit_save turns it on around its save to a temporary.
+  m.def("set_sidecar_failures_raise(bool raise_on_failure) -> bool",
+        [](bool raise_on_failure) { return speedtorch::set_sidecar_failures_raise(raise_on_failure); });
 }

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <optional>
+#include <utility>
 
 #include "io/embedding_files.h"
 
@@ -13,6 +15,8 @@ namespace speedtorch {
 namespace {
 
 constexpr int64_t kDefaultInlineMaxBytes = int64_t{64} << 20;
+
+thread_local bool sidecar_failures_raise = false;
 
 const std::string& text_field(const c10::Dict<std::string, std::string>& d, const std::string& key) {
   const auto it = d.find(key);
@@ -41,6 +45,10 @@ std::string how_resolved(const std::string& path) {
 
 }  // namespace
 
+bool set_sidecar_failures_raise(bool raise_on_failure) {
+  return std::exchange(sidecar_failures_raise, raise_on_failure);
+}
+
 int64_t inline_max_bytes() {
   const char* env = std::getenv("SPEEDTORCH_INLINE_MAX_BYTES");
   if (env == nullptr || *env == '\0') return kDefaultInlineMaxBytes;
@@ -68,11 +76,22 @@ PickledEmbedding pickle_embedding(const c10::intrusive_ptr<PinnedEmbedding>& e) 
   c10::Dict<std::string, double> options;
   std::vector<at::Tensor> tensors;
   const std::string sidecar = e->sidecar();
+  std::optional<io::EmbeddingMeta> saved;
   if (!sidecar.empty()) {
-    const std::string resolved = resolve_sidecar_path(sidecar);
     // Pickling is not only torch.jit.save: copy.deepcopy of a scripted model pickles too. Files that already hold
     // this very table are left alone, so a copy never rewrites them; a changed table is saved.
-    const io::EmbeddingMeta meta = e->save_unless_held(resolved);
+    try {
+      saved = e->save_unless_held(resolve_sidecar_path(sidecar));
+    } catch (const c10::Error& error) {
+      if (sidecar_failures_raise) throw;
+      TORCH_WARN("PinnedEmbedding: the sidecar '", sidecar, "' could not be written (", error.what_without_backtrace(),
+                 "); the table and its optimizer state are pickled inline instead, since torch.jit.save has already "
+                 "truncated its target and a refusal would lose the model saved there. speedtorch.jit_save raises "
+                 "here and keeps the old file");
+    }
+  }
+  if (saved) {
+    const io::EmbeddingMeta& meta = *saved;
     text.insert("dtype", io::dtype_name(meta.dtype));
     text.insert("optimizer", meta.optimizer);
     ints.insert("num_rows", meta.num_rows);
@@ -87,7 +106,7 @@ PickledEmbedding pickle_embedding(const c10::intrusive_ptr<PinnedEmbedding>& e) 
   } else {
     // A warning, not a refusal: torch.jit.save has already truncated the target file when this runs, so refusing
     // here would destroy the model saved there before (issue 22). The table is kept inline, whatever its size.
-    if (e->nbytes() > inline_max_bytes()) {
+    if (sidecar.empty() && e->nbytes() > inline_max_bytes()) {
       TORCH_WARN("PinnedEmbedding: this table and its optimizer state take ", e->nbytes(), " bytes, more than the ",
                  inline_max_bytes(), " that SPEEDTORCH_INLINE_MAX_BYTES keeps inside a saved model; they are pickled "
                  "inline all the same, with a copy of them in host memory meanwhile. Call "

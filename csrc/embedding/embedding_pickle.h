@@ -16,9 +16,11 @@
 // changed table writes them. At load, a relative path is resolved against $SPEEDTORCH_SIDECAR_DIR
 // if set, else the process's current directory; a missing, truncated or different sidecar (hash mismatch) is an
 // error naming the file. Tables above SPEEDTORCH_INLINE_MAX_BYTES (default 64 MiB, weights + state) without a
-// sidecar are saved inline with a warning (a copy of them is held in host memory while the model is written): a
-// refusal would come too late, as torch.jit.save truncates the target file before it pickles anything, and would
-// destroy the model saved there before.
+// sidecar are saved inline with a warning (a copy of them is held in host memory while the model is written), and
+// so is a table whose sidecar cannot be written: a refusal would come too late, as torch.jit.save truncates the
+// target file before it pickles anything, and would destroy the model saved there before. Only inside a
+// set_sidecar_failures_raise(true) (speedtorch.jit_save, which writes a temporary and keeps the old file) does a sidecar
+// that cannot be written raise.
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -40,6 +42,11 @@ constexpr int64_t kPickleVersion = 1;
 
 PickledEmbedding pickle_embedding(const c10::intrusive_ptr<PinnedEmbedding>& embedding);
 c10::intrusive_ptr<PinnedEmbedding> unpickle_embedding(PickledEmbedding state);
+
+// Whether a sidecar that cannot be written makes pickling on this thread raise instead of falling back to inline
+// (off by default); returns the previous setting. For callers that write the model to a temporary, so that nothing
+// is lost by refusing (speedtorch.jit_save).
+bool set_sidecar_failures_raise(bool raise_on_failure);
 
 // The bytes above which a table needs a sidecar ($SPEEDTORCH_INLINE_MAX_BYTES, default 64 MiB).
 int64_t inline_max_bytes();

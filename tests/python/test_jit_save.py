@@ -46,16 +46,23 @@ def test_plain_torch_jit_save_inlines_a_table_past_the_limit_with_a_warning(tmp_
     assert torch.equal(loaded.emb.table(), model.emb.table()) and torch.equal(loaded.emb.state(), model.emb.state())
 
 
-def test_plain_torch_jit_save_loses_the_old_file_when_pickling_fails(tmp_path):
-    """Why jit_save exists: torch truncates the file before our pickling can fail (here: an unwritable sidecar)."""
+def test_plain_torch_jit_save_keeps_the_table_inline_when_the_sidecar_cannot_be_written(tmp_path, capfd):
+    """torch truncates the file before our pickling runs: a refusal there (an unwritable sidecar) used to leave
+    neither the old model nor the new one. The table is pickled inline instead, with a warning naming the sidecar
+    (on stderr, as above)."""
     path = tmp_path / "model.pt"
     torch.jit.save(_scripted(), str(path))
     model = _scripted()
+    model.emb.copy_(torch.full((100, 8), 7.0))
     model.emb.set_sidecar(str(tmp_path / "no-such-folder" / "users.npy"))
-    with pytest.raises(RuntimeError, match="no-such-folder"):
-        torch.jit.save(model, str(path))
-    with pytest.raises(RuntimeError):
-        torch.jit.load(str(path))
+    capfd.readouterr()
+    torch.jit.save(model, str(path))
+    warning = capfd.readouterr().err
+    assert "no-such-folder" in warning and "pickled inline instead" in warning
+    loaded = torch.jit.load(str(path))
+    assert torch.equal(loaded.emb.table(), model.emb.table()) and torch.equal(loaded.emb.state(), model.emb.state())
+    assert loaded.emb.step_count() == model.emb.step_count()
+    assert not (tmp_path / "no-such-folder").exists()
 
 
 def test_jit_save_keeps_the_old_file_when_pickling_fails(tmp_path):
@@ -77,10 +84,14 @@ def test_jit_save_keeps_the_old_file_when_the_sidecar_cannot_be_written(tmp_path
     model = _scripted()
     model.emb.copy_(torch.full((100, 8), 7.0))  # the new model differs from the saved one
     model.emb.set_sidecar(str(tmp_path / "no-such-folder" / "users.npy"))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="no-such-folder"):
         speedtorch.jit_save(model, path)
     assert _first_rows(path).shape == (3, 8)
     assert torch.equal(_first_rows(path), before) and not torch.equal(before, torch.full((3, 8), 7.0))
+    assert sorted(os.listdir(tmp_path)) == ["model.pt"]  # no temporary left behind
+    # The setting is restored: a plain torch.jit.save afterwards falls back to inline, with a warning.
+    torch.jit.save(model, str(tmp_path / "plain.pt"))
+    assert torch.equal(torch.jit.load(str(tmp_path / "plain.pt")).emb.table(), model.emb.table())
 
 
 def test_concurrent_jit_saves_to_one_path_each_land_whole(tmp_path):
