@@ -26,6 +26,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "command_line_numbers.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -340,12 +342,10 @@ Options parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) die("option " + flag + " needs a value");
     const std::string v = argv[i + 1];
-    char* end = nullptr;
     const auto number = [&](long long min, long long max) {
-      errno = 0;
-      const long long x = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || errno || x < min || x > max) die(flag + ": not an integer in range: " + v);
-      return x;
+      const auto x = speedtorch::examples::whole_integer(v, min, max);
+      if (!x) die(flag + ": not an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]: " + v);
+      return *x;
     };
     if (flag == "--host") o.host = v;
     else if (flag == "--port") o.port = static_cast<int>(number(1, 65535));

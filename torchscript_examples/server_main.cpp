@@ -28,6 +28,7 @@
 #include <functional>
 #include <string>
 
+#include "command_line_numbers.h"
 #include "http_server.h"
 #include "model_runner.h"
 #include "recommender_routes.h"
@@ -46,30 +47,24 @@ using namespace speedtorch::serving;
   std::exit(2);
 }
 
-// `text` as a whole decimal integer in [min, max] (atoi would take "4x" as 4 and "abc" as 0), or exit 2 saying why.
+// `text` as a whole decimal integer in [min, max] (command_line_numbers.h), or exit 2 saying why.
 long long parse_integer(const std::string& flag, const std::string& text, long long min, long long max) {
-  errno = 0;
-  char* end = nullptr;
-  const long long value = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' || errno == ERANGE ||
-      value < min || value > max) {
+  const auto value = speedtorch::examples::whole_integer(text, min, max);
+  if (!value) {
     usage_error(flag + " takes an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got '" +
                 text + "'");
   }
-  return value;
+  return *value;
 }
 
 // `text` as a whole decimal number of seconds in (0, max], or exit 2.
 double parse_seconds(const std::string& flag, const std::string& text, double max) {
-  errno = 0;
-  char* end = nullptr;
-  const double value = text.empty() ? 0 : std::strtod(text.c_str(), &end);
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' || errno == ERANGE ||
-      !(value > 0 && value <= max)) {
+  const auto value = speedtorch::examples::whole_number(text, 0, max);
+  if (!value || *value == 0) {
     usage_error(flag + " takes a number of seconds in (0, " + std::to_string(static_cast<int>(max)) + "], got '" +
                 text + "'");
   }
-  return value;
+  return *value;
 }
 
 // Gives the calling thread a CUDA stream of its own on `device` (nothing for a CPU device): work it queues waits for

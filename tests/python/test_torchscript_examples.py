@@ -101,6 +101,16 @@ def test_cpp_trainer_matches_python(saved, tmp_path):
     torch.testing.assert_close(trained.lookup(ids), model.lookup(ids), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("steps, lr", [("4x", "0.5"), ("abc", "0.5"), ("", "0.5"), ("3", "0.5y"), ("3", "nan")])
+def test_cpp_trainer_refuses_numbers_it_cannot_read_whole(saved, steps, lr):
+    # It used to read "4x" as 4 steps and "abc" as none (strtol), and "0.5y" as 0.5.
+    folder, _ = saved
+    out = subprocess.run([binary("speedtorch_trainer"), str(folder / "model.pt"), str(folder / "batches.pt"), steps,
+                          lr], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout
+    assert f"got '{steps if lr == '0.5' else lr}'" in out.stderr and out.stdout == ""
+
+
 def test_aoti_package_gives_the_scripted_models_answers(saved, aoti_package):
     # The package run from Python, its table passed in: the rows bit for bit, the scores within rounding.
     _, model = saved
