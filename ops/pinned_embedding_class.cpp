@@ -53,7 +53,7 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
       .def_static("state_width", &PinnedEmbedding::state_width,
                   "Floats of optimizer state per row for an optimizer, its options and a row width")
       .def_static("canonical_optimizer_name", &speedtorch::canonical_optimizer_name,
-                  "The one name an optimizer is known by (\"Adam\", \"sparse_adam\" -> \"adam\"), as optimizer() "
+                  "The one name an optimizer is known by (\"Adam\" -> \"adam\", \"SparseAdam\" -> \"sparse_adam\"), as optimizer() "
                   "reports it")
       .def("save", &PinnedEmbedding::save,
            "Saves rows, optimizer state and configuration to path (+ .state.npy, .meta.json), atomically",

@@ -99,6 +99,10 @@ struct OptimizerHyper {
   bool per_row_step = false;
   // float16/bfloat16 weights rounded stochastically after each update (rounded_weight()); float32 tables ignore it.
   bool stochastic_rounding = false;
+  // Adam as torch.optim.SparseAdam computes it ("sparse_adam"): eps is added to sqrt(v) before the bias correction,
+  // (sqrt(v) + eps) / sqrt(1 - beta2^k), where torch.optim.Adam adds it after, sqrt(v) / sqrt(1 - beta2^k) + eps.
+  // Early steps and small gradients tell the two apart (eps is 30x larger in effect at step 1).
+  bool sparse_adam = false;
 };
 
 // State vectors per row for a configuration.
@@ -142,6 +146,7 @@ struct RowStep {
   float clr = 0.f;  // Adagrad: lr / (1 + (k - 1) * lr_decay); Adamax: lr / (1 - beta1^k); ASGD: eta
   float mu = 1.f;   // ASGD averaging weight
   float denom = 1.f;  // row-wise Adam: rowwise_adam_denominator() of this row
+  float adam_eps = 0.f;  // Adam: the eps added to the bias-corrected sqrt(v) (h.eps, or SparseAdam's h.eps / bc2_sqrt)
 };
 
 // Row-wise Adam, once per row: moves the row's second moment (`second`, one float) on by the row's mean squared
@@ -165,6 +170,7 @@ SPEEDTORCH_HOST_DEVICE RowStep row_step(const OptimizerHyper& h, int32_t row_k, 
     case OptimizerKind::kRowwiseAdam:
       s.bc1 = static_cast<float>(1.0 - pow(static_cast<double>(h.beta1), k));
       s.bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(static_cast<double>(h.beta2), k)));
+      s.adam_eps = h.sparse_adam ? h.eps / s.bc2_sqrt : h.eps;
       break;
     case OptimizerKind::kAdamax:
       s.clr = static_cast<float>(h.lr / (1.0 - pow(static_cast<double>(h.beta1), k)));
@@ -221,7 +227,7 @@ SPEEDTORCH_HOST_DEVICE float update_element_of_kind(Kind kind, const OptimizerHy
         v_hat = fmaxf(*s2, v);
         *s2 = v_hat;
       }
-      const float denom = sqrtf(v_hat) / r.bc2_sqrt + h.eps;
+      const float denom = sqrtf(v_hat) / r.bc2_sqrt + r.adam_eps;
       return w - (h.lr / r.bc1) * (m / denom);
     }
     case OptimizerKind::kAdamax: {

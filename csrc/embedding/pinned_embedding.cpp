@@ -283,7 +283,7 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
     state_buffer_ = std::make_shared<PinnedHostBuffer>(n == 0 ? 1 : static_cast<std::size_t>(state_bytes));
     state_ = tensor_over(state_buffer_, 0, {n, state_floats}, {state_floats, 1}, at::kFloat);
   }
-  optimizer_ = optimizer_name(hyper.kind);
+  optimizer_ = optimizer_name(hyper);
   options_ = options.copy();
   step_ = 0;
   if (cache_) {  // a cache for the new layout; should building it fail, the table is left with none, not a stale one

@@ -58,8 +58,12 @@ const char* optimizer_name(OptimizerKind kind) {
   return "unknown";
 }
 
+const char* optimizer_name(const OptimizerHyper& hyper) {
+  return hyper.sparse_adam ? "sparse_adam" : optimizer_name(hyper.kind);
+}
+
 std::string canonical_optimizer_name(const std::string& kind) {
-  return optimizer_name(parse_optimizer(kind, c10::Dict<std::string, double>()).kind);
+  return optimizer_name(parse_optimizer(kind, c10::Dict<std::string, double>()));
 }
 
 namespace {
@@ -136,6 +140,7 @@ OptimizerHyper parse_optimizer(const std::string& kind_name, const c10::Dict<std
   bool sparse_adam = false;
   const KindInfo* info = &find_kind(kind_name, &sparse_adam);
   OptimizerHyper h = default_hyper(*info);
+  h.sparse_adam = sparse_adam;
   for (const auto& entry : options) {
     const std::string key = entry.key();
     const double v = entry.value();

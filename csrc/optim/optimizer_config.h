@@ -10,8 +10,8 @@
 
 namespace speedtorch {
 
-// kind: sgd, adagrad, adam, adamw, adamax, rmsprop, adadelta, asgd, rprop (also "sparse_adam", an alias of adam
-// without weight decay). Options are floats; booleans are 0 or 1; betas are beta1/beta2; Rprop's etas and
+// kind: sgd, adagrad, adam, adamw, adamax, rmsprop, adadelta, asgd, rprop, rowwise_adagrad, rowwise_adam, and
+// sparse_adam (torch.optim.SparseAdam: Adam without weight decay or amsgrad, eps added before the bias correction). Options are floats; booleans are 0 or 1; betas are beta1/beta2; Rprop's etas and
 // step_sizes are etaminus/etaplus and step_size_min/step_size_max; per_row_step=1 selects per-row bias
 // correction; stochastic_rounding=1 rounds updated float16/bfloat16 weights stochastically (every kind).
 OptimizerHyper parse_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options);
@@ -22,10 +22,12 @@ c10::Dict<std::string, double> optimizer_defaults(const std::string& kind);
 
 // The canonical name of a kind ("adam", ...).
 const char* optimizer_name(OptimizerKind kind);
+// The canonical name of a configuration: its kind's, or "sparse_adam" for SparseAdam's arithmetic.
+const char* optimizer_name(const OptimizerHyper& hyper);
 
-// The one name an optimizer is known by, whatever name it was given ("Adam", "sparse_adam" and "SparseAdam" are
-// "adam"): what tables report, files and checkpoints record, and every comparison of optimizers uses. Throws for
-// an unknown name, as parse_optimizer does.
+// The one name an optimizer is known by, whatever name it was given ("Adam" is "adam", "SparseAdam" is
+// "sparse_adam"): what tables report, files and checkpoints record, and every comparison of optimizers uses. Throws
+// for an unknown name, as parse_optimizer does.
 std::string canonical_optimizer_name(const std::string& kind);
 
 }  // namespace speedtorch

@@ -106,7 +106,8 @@ class PinnedEmbeddingAPI:
 
     @staticmethod
     def canonical_optimizer_name(kind: str) -> str:
-        """The one name an optimizer is known by, whatever name it was given ("Adam", "sparse_adam": "adam")."""
+        """The one name an optimizer is known by, whatever name it was given ("Adam": "adam", "SparseAdam":
+        "sparse_adam")."""
         raise _documentation_only()
 
     @staticmethod

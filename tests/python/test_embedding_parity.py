@@ -16,9 +16,11 @@ N, D = 60, 6
 
 
 def pair(embedding_kwargs=None, bag=None, optimizer="sgd", lr=0.5, **host_kwargs):
-    """A HostEmbedding and the nn module it replaces, with the same rows, and an optimizer for each."""
+    """A HostEmbedding and the nn module it replaces, with the same rows, and an optimizer for each: SGD, or for
+    "adam" / "sparse_adam" torch's SparseAdam and the table's "sparse_adam" (the same arithmetic)."""
     embedding_kwargs = dict(embedding_kwargs or {})
-    host = HostEmbedding(N, D, device="cpu", seed=3, optimizer=optimizer, optimizer_options={"lr": lr},
+    host_optimizer = "sgd" if optimizer == "sgd" else "sparse_adam"
+    host = HostEmbedding(N, D, device="cpu", seed=3, optimizer=host_optimizer, optimizer_options={"lr": lr},
                          mode=bag, **embedding_kwargs, **host_kwargs)
     # torch has no sparse gradient with scale_grad_by_freq or mode="max": a dense one there (the same SGD update).
     sparse = not embedding_kwargs.get("scale_grad_by_freq") and bag != "max"
@@ -68,11 +70,10 @@ def batches(shape=(5, 4), count=4, with_padding=None):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "sparse_adam"])
 def test_the_same_script_trains_both_alike(optimizer):
-    host, host_opt, ref, ref_opt = pair(optimizer="adam" if optimizer == "sparse_adam" else "sgd", lr=0.05)
-    if optimizer == "sparse_adam":
-        host.table.set_optimizer_options({"lr": 0.05, "eps": 1e-12})
+    host, host_opt, ref, ref_opt = pair(optimizer=optimizer, lr=0.05)
+    if optimizer == "sparse_adam":  # torch's default eps: "sparse_adam" adds it where SparseAdam does
         host_opt = HostEmbeddingOptimizer(host)
-        ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=0.05, eps=1e-12)
+        ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=0.05)
     compare(host, host_opt, ref, ref_opt, batches())
 
 

@@ -25,8 +25,8 @@ class Model(torch.nn.Module):
         return self.tower(self.users(ids)).squeeze(-1)
 
 
-def make_models(n, d, device, lr, eps=1e-12):
-    host = HostEmbedding(n, d, device=device, seed=0, optimizer="adam", optimizer_options={"lr": lr, "eps": eps})
+def make_models(n, d, device, lr, optimizer="sparse_adam"):
+    host = HostEmbedding(n, d, device=device, seed=0, optimizer=optimizer, optimizer_options={"lr": lr})
     ref = torch.nn.Embedding(n, d, sparse=True, device=device)
     with torch.no_grad():
         ref.weight.copy_(host.weight)
@@ -61,10 +61,11 @@ def standard_loop(model, optimizer, device, steps=8, scale=None, poison_step=Non
 @pytest.mark.parametrize("scale", [None, 1024.0])
 def test_the_standard_loop_trains_like_sparse_adam(device, scale):
     """The target: one combined optimizer, an LR schedule, GradScaler and zero_grad drive HostEmbedding to the numbers
-    of nn.Embedding(sparse=True) + SparseAdam (eps tiny: SparseAdam adds it before the bias correction, Adam after)."""
+    of nn.Embedding(sparse=True) + SparseAdam, default eps (optimizer="sparse_adam": SparseAdam adds eps before the
+    bias correction, Adam after; the test used to hide that with eps=1e-12)."""
     a, b = make_models(200, 8, device, lr=0.05)
     opt_a = CombinedOptimizer([HostEmbeddingOptimizer(a), torch.optim.Adam(dense_parameters(a), lr=0.01)])
-    opt_b = CombinedOptimizer([torch.optim.SparseAdam(b.users.parameters(), lr=0.05, eps=1e-12),
+    opt_b = CombinedOptimizer([torch.optim.SparseAdam(b.users.parameters(), lr=0.05),
                                torch.optim.Adam(b.tower.parameters(), lr=0.01)])
     standard_loop(a, opt_a, device, scale=scale)
     standard_loop(b, opt_b, device, scale=scale)
@@ -76,6 +77,36 @@ def test_the_standard_loop_trains_like_sparse_adam(device, scale):
     torch.testing.assert_close(a.tower.weight, b.tower.weight, **tol)
     assert a.users.table.step_count() == 8
     assert opt_a.param_groups[0]["lr"] == pytest.approx(0.05)  # the schedule reached the table's group
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_adam_matches_torch_where_eps_decides(device):
+    """Gradients of 1e-9 (a saturated logit's): there eps, not the gradient, sets the step, so where eps enters
+    decides the result. "sparse_adam" follows torch.optim.SparseAdam; "adam" follows torch.optim.Adam (its moves are
+    30x SparseAdam's at step 1 here, so a mix-up cannot pass)."""
+    moved = {}
+    for optimizer in ("sparse_adam", "adam"):
+        host = HostEmbedding(50, 4, device=device, seed=0, optimizer=optimizer, optimizer_options={"lr": 0.01})
+        ref = torch.nn.Embedding(50, 4, sparse=True, device=device)
+        with torch.no_grad():
+            ref.weight.copy_(host.weight)
+        start = ref.weight.detach().cpu().clone()
+        ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=0.01)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            ids = torch.randint(0, 20, (32,), generator=gen).to(device)
+            for emb in (host, ref):
+                (emb(ids).sum() * 1e-9).backward()
+            host.step()
+            ref_opt.step()
+            ref_opt.zero_grad()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        moved[optimizer] = (host.weight.detach().cpu() - start).abs().max().item()
+        if optimizer == "sparse_adam":
+            torch.testing.assert_close(host.weight.detach().cpu(), ref.weight.detach().cpu(), rtol=1e-5, atol=1e-7)
+            assert host.table.optimizer() == "sparse_adam"
+    assert moved["adam"] > 10 * moved["sparse_adam"]
 
 
 def test_grad_scaler_unscales_the_rows_gradient():
@@ -119,7 +150,7 @@ def test_a_scheduler_changes_the_learning_rate_without_resetting_the_state():
     """LambdaLR over a HostEmbeddingOptimizer equals LambdaLR over SparseAdam, step by step: lr changes in place,
     the moments and the step count stay (before, set_optimizer with a new lr zeroed them)."""
     a, b = make_models(100, 4, "cpu", lr=0.1)
-    opts = [HostEmbeddingOptimizer(a.users), torch.optim.SparseAdam(b.users.parameters(), lr=0.1, eps=1e-12)]
+    opts = [HostEmbeddingOptimizer(a.users), torch.optim.SparseAdam(b.users.parameters(), lr=0.1)]
     scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in opts]
     gen = torch.Generator().manual_seed(1)
     for _ in range(6):
