@@ -212,6 +212,30 @@ def scenario_bad_ids(rank, cfg):
     return out
 
 
+def scenario_two_tables(rank, cfg):
+    """Tables A (every row 1.0) and B (every row 2.0) looked up by ids on every host: once by every rank alike, then
+    with rank ``skipper`` skipping A's lookup, so that its lookup of B meets the others' lookup of A. Returns the
+    values each lookup gave (or its error), per table."""
+    from speedtorch.distributed import DistributedHostEmbedding
+
+    tables = {}
+    for name, value in (("A", 1.0), ("B", 2.0)):
+        tables[name] = DistributedHostEmbedding(cfg["rows"], cfg["dim"], device=DEVICE, shm_dir=cfg["shm_dir"])
+        tables[name].table.copy_(torch.full((cfg["rows"], cfg["dim"]), value))
+    ids = torch.arange(cfg["rows"])
+    out = {"aligned": [], "skipped": []}
+    with torch.no_grad():
+        for name in ("A", "B"):
+            out["aligned"].append((name, tables[name](ids).unique().tolist()))
+        for name in ("B",) if rank == cfg["skipper"] else ("A", "B"):
+            try:
+                out["skipped"].append((name, tables[name](ids).unique().tolist()))
+            except RuntimeError as e:
+                out["skipped"].append((name, f"{type(e).__name__}: {e}"))
+                break  # the ranks no longer agree on where they are: stop, as docs/distributed.md says
+    return out
+
+
 def scenario_build(rank, cfg):
     """Builds a table with per-rank arguments (mismatches must be refused on every rank)."""
     from speedtorch.distributed import DistributedHostEmbedding

@@ -305,6 +305,22 @@ def test_several_hosts_every_rank_raises_when_a_rank_fails_or_skips_a_collective
     assert_matches(assemble(results, "blocks"), reference(2, "adam", {"lr": 0.01}, 3, ranks_at={1: [], 2: [1]}))
 
 
+def test_several_hosts_a_rank_that_skips_one_tables_forward_makes_every_rank_raise_naming_both_tables(shm_dir):
+    """Two tables, two hosts: rank 1 skips A's lookup and runs B's, which meets rank 0's lookup of A (both the first
+    lookup of their table). The headers name the table, so both ranks raise, naming both tables, instead of rank 0
+    getting B's rows as A's and rank 1 A's rows as B's."""
+    cfg = dict(rows=ROWS, dim=DIM, shm_dir=shm_dir, skipper=1, timeout=15)
+    results = succeeded(launch(2, 1, "two_tables", cfg, deadline=120))
+    for r in range(2):
+        assert results[r]["aligned"] == [("A", [1.0]), ("B", [2.0])], results[r]
+        # Its first lookup after the skip raised (no rows of the other table came back as this one's).
+        assert [name for name, _ in results[r]["skipped"]] == ["A" if r == 0 else "B"], results[r]
+        error = results[r]["skipped"][0][1]
+        assert error.startswith("RuntimeError") and \
+            f"rank 1 is in a lookup (a forward or a prefetch) of table #1 ({ROWS} rows x {DIM})" in error and \
+            f"where rank 0 is in a lookup (a forward or a prefetch) of table #0 ({ROWS} rows x {DIM})" in error, error
+
+
 def test_ranks_that_disagree_on_the_table_all_fail(shm_dir):
     cfg = dict(shm_dir=shm_dir, kwargs=dict(num_embeddings=ROWS, embedding_dim=DIM), per_rank={1: {"embedding_dim": 7}})
     results = launch(2, 2, "build", cfg, deadline=120)

@@ -7,14 +7,22 @@ skipped one (a forward it did not run) would meet another stage's exchange and r
 error. So each exchange starts with a fixed-size header from every rank to every rank, carrying the row counts the
 exchange needs anyway and:
 
-- the exchange's number on the sending rank and its kind (a lookup, or ``step()``): every rank checks that all
-  ranks are at the same exchange, so ranks that no longer pair up all raise ``RuntimeError``;
+- the table the exchange belongs to, the exchange's number on the sending rank and its kind (a lookup, or
+  ``step()``): every rank checks that all ranks are at the same exchange of the same table, so ranks that no longer
+  pair up all raise ``RuntimeError``. The kind alone is not enough: with two tables, a rank that skips table A's
+  forward and runs table B's would meet the others' lookup of A, lookup against lookup;
 - the sending rank's status: a rank whose ids failed its own checks still takes part, flagging the failure, so the
   other ranks raise an ``IndexError`` naming it instead of waiting for, or reading, rows that will not come;
 - how many rows the sending rank sends in all, so every rank knows whether any rank has anything to send.
 
 Every rank receives the same headers (each rank sends the same fields to all, only the counts differ), so every rank
 makes the same decision.
+
+A table's identity is a number the ranks agree on when they build it (``ShardedHostTable``: the largest of the
+ranks' next free numbers, so it is the same on every rank even if their counts of earlier tables differ, and no two
+tables of one process share it). Not a hash of the table's arguments: two tables of the same shape and optimizer
+(the common case: several feature tables) would hash alike. Construction is itself a collective, so tables built in
+the same order on every rank get the same numbers.
 """
 
 from __future__ import annotations
@@ -28,16 +36,27 @@ __all__ = ["ExchangeHeaders", "LOOKUP", "STEP"]
 
 LOOKUP, STEP = 0, 1  # the kinds of exchange
 _KIND_NAMES = {LOOKUP: "a lookup (a forward or a prefetch)", STEP: "step()"}
-_NUMBER, _KIND, _BAD_ID, _HAS_BAD_ID, _COUNT, _TOTAL = range(6)  # the fields of a header (int64 each)
-_FIELDS = 6
+_TABLE, _NUMBER, _KIND, _BAD_ID, _HAS_BAD_ID, _COUNT, _TOTAL = range(7)  # the fields of a header (int64 each)
+_FIELDS = 7
 HEADER_BYTES = 8 * _FIELDS
 
 
-class ExchangeHeaders:
-    """This rank's exchanges on the default process group, numbered from 0 (every rank counts the same ones)."""
+# Table number -> how errors name it ("table #1 (1000 rows x 16)"). Every rank built the same tables under the same
+# numbers, so a rank can name the table another rank's header points at.
+_TABLE_NAMES: dict[int, str] = {}
 
-    def __init__(self, world_size: int, device: torch.device, num_rows: int):
-        self.world_size, self.device, self.num_rows = world_size, device, num_rows
+
+def _table_name(table: int) -> str:
+    return _TABLE_NAMES.get(table, f"table #{table}")
+
+
+class ExchangeHeaders:
+    """This rank's exchanges of table number ``table`` on the default process group, numbered from 0 (every rank
+    counts the same ones); ``name`` is how errors name the table."""
+
+    def __init__(self, world_size: int, device: torch.device, table: int, name: str):
+        self.world_size, self.device, self.table = world_size, device, table
+        _TABLE_NAMES[table] = name
         self.opened = 0
 
     def open(self, kind: int, send_counts: torch.Tensor, bad_id: Optional[int] = None):
@@ -47,6 +66,7 @@ class ExchangeHeaders:
         Returns the send and receive counts (lists) and how many rows all ranks send in all. Raises on every rank
         when the ranks are not all at this exchange, and on the other ranks when any flagged a bad id."""
         header = torch.zeros(self.world_size, _FIELDS, dtype=torch.int64, device=self.device)
+        header[:, _TABLE] = self.table
         header[:, _NUMBER] = self.opened
         header[:, _KIND] = kind
         if bad_id is not None:
@@ -63,18 +83,20 @@ class ExchangeHeaders:
         if flagged and bad_id is None:
             first, value = flagged[0]
             more = f" ({len(flagged) - 1} more rank(s) hold ids out of range)" if len(flagged) > 1 else ""
-            raise IndexError(f"speedtorch.distributed: rank {first}'s ids hold {value}, out of range for a table of "
-                             f"{self.num_rows} rows{more}; every rank raises this error in this forward (rank "
+            raise IndexError(f"speedtorch.distributed: rank {first}'s ids hold {value}, out of range for "
+                             f"{_table_name(self.table)}{more}; every rank raises this error in this forward (rank "
                              f"{first}'s own error says where its input holds it)")
         return send_counts.tolist(), [h[_COUNT] for h in headers], sum(h[_TOTAL] for h in headers)
 
     def _check_paired(self, headers: list) -> None:
+        def where(h: list) -> str:
+            return f"{_KIND_NAMES[h[_KIND]]} of {_table_name(h[_TABLE])} (its exchange #{h[_NUMBER]} of that table)"
+
         first = headers[0]
         for r, h in enumerate(headers):
-            if (h[_NUMBER], h[_KIND]) != (first[_NUMBER], first[_KIND]):
+            if (h[_TABLE], h[_NUMBER], h[_KIND]) != (first[_TABLE], first[_NUMBER], first[_KIND]):
                 raise RuntimeError(
-                    f"speedtorch.distributed: the ranks' collectives no longer pair up: rank {r} is in "
-                    f"{_KIND_NAMES[h[_KIND]]} (its exchange #{h[_NUMBER]}) where rank 0 is in "
-                    f"{_KIND_NAMES[first[_KIND]]} (#{first[_NUMBER]}). Every rank must call step() once per step and, "
-                    f"with several hosts, run every forward and prefetch of the table alike, in the same order "
+                    f"speedtorch.distributed: the ranks' collectives no longer pair up: rank {r} is in {where(h)} "
+                    f"where rank 0 is in {where(first)}. Every rank must call step() of every table once per step "
+                    f"and, with several hosts, run every forward and prefetch of every table alike, in the same order "
                     f"(docs/distributed.md); a rank with no batch forwards an empty one")

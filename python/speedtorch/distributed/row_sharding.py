@@ -19,8 +19,8 @@ A fence across the host's ranks then ends the step, so no rank reads a row in st
 is done. With one host, stages 1 and 3 carry nothing and are skipped: the same code with a shortcut.
 
 Each exchange (a lookup's, a step's) opens with a header from every rank to every rank (exchange_headers.py): the row
-counts, and what keeps the ranks' collectives paired; a rank that fails its checks, or is at another exchange, makes
-every rank raise instead of reading rows of another exchange.
+counts, and what keeps the ranks' collectives paired; a rank that fails its checks, or is at another exchange (of this
+table or of another), makes every rank raise instead of reading rows of another exchange.
 """
 
 from __future__ import annotations
@@ -79,14 +79,17 @@ def _all_to_all(send: torch.Tensor, send_counts: list[int], recv_counts: list[in
 class RowSharding:
     """Moves ids, rows and gradients between the ranks for one table; see the module docstring."""
 
-    def __init__(self, layout: RowLayout, shard, host_group, comm_device: torch.device, reduction: str):
+    def __init__(self, layout: RowLayout, shard, host_group, comm_device: torch.device, reduction: str,
+                 table_id: int):
         self.layout = layout
         self.shard = shard  # this host's rows (a PinnedEmbedding shared by the host's ranks)
         self.host_group = host_group
         self.comm_device = comm_device  # where collectives take tensors: cpu for Gloo, the GPU for NCCL
         self.reduction = reduction
         self.host_start = layout.host_range(layout.topology.host)[0]
-        self.headers = ExchangeHeaders(layout.topology.world_size, comm_device, layout.num_rows)
+        # table_id: the number every rank agreed on for this table (ShardedHostTable), carried by every header
+        self.headers = ExchangeHeaders(layout.topology.world_size, comm_device, table_id,
+                                       f"table #{table_id} ({layout.num_rows} rows x {shard.dim()})")
         # What this rank's collectives cost since construction (bench/distributed.py reads them): bytes sent to
         # other ranks, and host seconds inside collective calls (with NCCL, the waits for split sizes and fences).
         self.bytes_sent = 0

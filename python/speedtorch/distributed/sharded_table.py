@@ -24,6 +24,9 @@ __all__ = ["ShardedHostTable"]
 
 _INIT_BLOCK_ROWS = 1 << 16  # rows per seeded block of the initialisation (values depend on seed and row only)
 
+# The number the next table built in this process may take (exchange_headers.py: a table's identity in the headers).
+_next_table_id = 0
+
 
 def _control_group():
     # Object exchanges and barriers run on the CPU: Gloo, whatever the data path's backend.
@@ -58,9 +61,9 @@ class ShardedHostTable:
         self.control_group = _control_group()
         if local_world_size is None:
             local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-        self._check_same_everywhere(num_rows=num_rows, dim=dim, dtype=str(dtype), optimizer=optimizer,
-                                    options=sorted(options.items()), reduction=reduction,
-                                    local_world_size=local_world_size)
+        self.table_id = self._check_same_everywhere(num_rows=num_rows, dim=dim, dtype=str(dtype),
+                                                    optimizer=optimizer, options=sorted(options.items()),
+                                                    reduction=reduction, local_world_size=local_world_size)
         if reduction not in ("mean", "sum"):
             raise ValueError(f"ShardedHostTable: reduction must be 'mean' or 'sum', got {reduction!r}")
         if num_rows < 1 or dim < 1:
@@ -77,19 +80,26 @@ class ShardedHostTable:
         shard = open_host_shard(topology, host_group, end - start, dim, dtype, optimizer, options, shm_dir)
         comm_device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
             else torch.device("cpu")
-        self.sharding = RowSharding(self.layout, shard, host_group, comm_device, reduction)
+        self.sharding = RowSharding(self.layout, shard, host_group, comm_device, reduction, self.table_id)
         self.shard = shard
         self._num_rows = num_rows
 
-    def _check_same_everywhere(self, **config) -> None:
+    def _check_same_everywhere(self, **config) -> int:
+        """Checks that every rank builds the same table and returns the table's number, agreed by every rank."""
         # Before any other collective: a rank whose table differs would otherwise hang or corrupt the others.
+        global _next_table_id
         everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, config, group=self.control_group)
-        for rank, other in enumerate(everyone):
+        dist.all_gather_object(everyone, (config, _next_table_id), group=self.control_group)
+        for rank, (other, _) in enumerate(everyone):
             for name, value in other.items():
-                if value != everyone[0][name]:
+                if value != everyone[0][0][name]:
                     raise ValueError(f"ShardedHostTable: every rank must build the same table, but rank {rank} has "
-                                     f"{name}={value!r} where rank 0 has {name}={everyone[0][name]!r}")
+                                     f"{name}={value!r} where rank 0 has {name}={everyone[0][0][name]!r}")
+        # The largest proposal: the same on every rank, and above every number this process gave out before (a rank
+        # whose count differs, say it built a table in an earlier process group, cannot make two ranks disagree).
+        table_id = max(proposed for _, proposed in everyone)
+        _next_table_id = table_id + 1
+        return table_id
 
     # --- what HostEmbedding uses -----------------------------------------------------------------------------------
 
