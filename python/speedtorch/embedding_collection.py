@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from . import PinnedEmbedding
 from .nn import HostEmbedding
+from .ops import _first_out_of_range, check_indices
 from .sparse_features import SparseFeatures
 from .table_state import adopt_options, checked_extra_state, entry_shapes, table_extra_state
 
@@ -136,7 +137,7 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         self._feature_table = feature_table
         self._feature_group = [self._group_of_table[t] for t in feature_table]
         self._feature_offset = torch.tensor([self._offset_of_table[t] for t in feature_table], dtype=torch.int64)
-        self._feature_rows = torch.tensor([tables[t].num_embeddings for t in feature_table], dtype=torch.int64)
+        self._feature_rows = [tables[t].num_embeddings for t in feature_table]
         self._feature_mean = torch.tensor([tables[t].pooling == "mean" for t in feature_table])
         self.feature_dims = [tables[t].embedding_dim for t in feature_table]
         self._constants: dict = {}
@@ -185,8 +186,7 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         again then, so nothing stale is used."""
         plan = self._plan(next_features)
         for group, lookup in zip(self._groups, plan):
-            with self._naming_bad_ids(lookup):
-                group.module.prefetch(lookup.ids)
+            group.module.prefetch(lookup.ids)
         self._prefetched = (next_features, plan)
 
     def _take_prefetched(self, features):
@@ -197,7 +197,7 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         if self.device.type == "cuda":  # made on the stream prefetch() ran on, used on this one from here
             current = torch.cuda.current_stream(self.device)
             for lookup in plan:
-                for t in (lookup.ids, lookup.bad, lookup.lengths, lookup.weights, lookup.mean):
+                for t in (lookup.ids, lookup.lengths, lookup.weights, lookup.mean):
                     if t is not None and t.is_cuda:
                         t.record_stream(current)
         return plan
@@ -214,14 +214,15 @@ class HostEmbeddingBagCollection(torch.nn.Module):
             raise ValueError(f"HostEmbeddingBagCollection: input has {features.shape[1]} columns, the collection "
                              f"has {len(self.feature_names)} features {self.feature_names}")
         ids = features.to(self.device, non_blocking=True)
+        if ids.shape[0]:  # each column's smallest and largest id (one pass; one wait for a GPU)
+            self._check_ranges(_extremes_on_host(*torch.aminmax(ids, dim=0)), ids, "input")
         c = self._device_constants(ids.device)
         plan = []
         for g, group in enumerate(self._groups):
             cols = c["group_features"][g]
             local = ids if cols is None else ids.index_select(1, cols)
             offset = c["offset"] if cols is None else c["offset"][cols]
-            rows = c["rows"] if cols is None else c["rows"][cols]
-            plan.append(_Lookup(*_group_ids(local, offset, rows), one_hot=True, columns=group.features))
+            plan.append(_Lookup(local.to(torch.int64) + offset, one_hot=True, columns=group.features))
         return plan
 
     def _plan_bags(self, kjt: SparseFeatures) -> list["_Lookup"]:
@@ -237,29 +238,34 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         per_feature = lengths.sum(1)
         feature_of_value = torch.repeat_interleave(c["feature_index"], per_feature, output_size=kjt.values.numel())
         values = kjt.values.to(torch.int64)
-        ids, bad = _group_ids(values, c["offset"][feature_of_value], c["rows"][feature_of_value])
+        if values.device.type == "cpu":  # each feature's run of values: one pass in all
+            self._check_ranges(values.split(per_feature.tolist()), kjt.values, "input.values", per_feature)
+        else:  # each feature's smallest and largest id (0 for a feature without ids): one wait for the GPU
+            lo, hi = (values.new_zeros(num_features).scatter_reduce(0, feature_of_value, values, reduce,
+                                                                    include_self=False) for reduce in ("amin", "amax"))
+            self._check_ranges(_extremes_on_host(lo, hi), kjt.values, "input.values", per_feature)
+        ids = values + c["offset"][feature_of_value]
         plan = []
         for g, group in enumerate(self._groups):
             cols = c["group_features"][g]
             if cols is None:
-                g_ids, g_bad, g_lengths, g_weights = ids, bad, lengths, kjt.weights
+                g_ids, g_lengths, g_weights = ids, lengths, kjt.weights
             else:
                 mine = c["feature_group"][feature_of_value] == g
-                g_ids, g_bad = ids[mine], bad[mine]
+                g_ids = ids[mine]
                 g_lengths = lengths.index_select(0, cols)
                 g_weights = None if kjt.weights is None else kjt.weights[mine]
             mean = c["mean"] if cols is None else c["mean"][cols]
             if g_weights is not None and bool(self._feature_mean[group.features].any()):
                 raise ValueError("HostEmbeddingBagCollection: per-sample weights need sum pooling; tables "
                                  f"{[t.name for t, _ in group.tables if t.pooling == 'mean']} pool by mean")
-            plan.append(_Lookup(g_ids, g_bad, one_hot=False, columns=group.features, lengths=g_lengths,
+            plan.append(_Lookup(g_ids, one_hot=False, columns=group.features, lengths=g_lengths,
                                 weights=g_weights, mean=mean, any_mean=bool(self._feature_mean[group.features].any())))
         return plan
 
     def _pool(self, group: _Group, lookup: "_Lookup") -> torch.Tensor:
         """This group's part of the output: (batch, its features x dim), features in ascending order."""
-        with self._naming_bad_ids(lookup):
-            inverse, rows = group.module.distinct_rows(lookup.ids)
+        inverse, rows = group.module.distinct_rows(lookup.ids)
         dim = rows.shape[-1]
         if lookup.one_hot:  # a bag of one id: its row, whatever the pooling (as HostEmbedding's mode=None)
             if rows.device.type == "cpu":  # index_select's backward (index_add_) is the fast one on the CPU
@@ -292,8 +298,36 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         columns.sort(key=lambda fc: fc[0])
         return torch.cat([c for _, c in columns], dim=1)
 
-    def _naming_bad_ids(self, lookup: "_Lookup"):
-        return _BadIdNamer(self, lookup)
+    def _check_ranges(self, per_feature: Sequence[torch.Tensor], caller_ids: torch.Tensor, arg: str,
+                      counts: Optional[torch.Tensor] = None) -> None:
+        """Every feature's ids in its table's range, by the library's one rule (speedtorch.ops.check_indices) over
+        ``per_feature[f]`` (feature f's ids on the host, or its smallest and largest). Raises the rule's error for the
+        first place ``caller_ids`` (the caller's tensor, named ``arg``) holds an id out of its table's range: a
+        (batch, features) input, or (``counts``: ids per feature) the values of SparseFeatures, feature by feature."""
+        refused = []
+        for f, ids in enumerate(per_feature):
+            try:
+                check_indices(ids, self._feature_rows[f])
+            except IndexError:
+                refused.append(f)
+        if not refused:
+            return
+        # Per refused feature, the caller's ids with every other feature's zeroed (row 0 is in every table), so that
+        # the rule finds the feature's first bad place in the caller's tensor; the first of those places is named.
+        probes = []
+        for f in refused:
+            probe = torch.zeros_like(caller_ids)
+            if counts is None:
+                probe[:, f] = caller_ids[:, f]
+            else:
+                start, end = int(counts[:f].sum()), int(counts[:f + 1].sum())
+                probe[start:end] = caller_ids[start:end]
+            probes.append((_first_out_of_range(probe, self._feature_rows[f])[0], f, probe))
+        _, f, probe = min(probes, key=lambda p: p[0])
+        table = self.tables[self._feature_table[f]].name
+        check_indices(probe, self._feature_rows[f],
+                      f"HostEmbeddingBagCollection, feature {self.feature_names[f]!r} (table {table!r})", arg)
+        raise AssertionError("HostEmbeddingBagCollection: internal error: the range check did not repeat")
 
     def _device_constants(self, device: torch.device) -> dict:
         """The per-feature tables of the plan, on ``device`` (made once per device)."""
@@ -302,7 +336,6 @@ class HostEmbeddingBagCollection(torch.nn.Module):
             everything = list(range(len(self.feature_names)))
             self._constants[key] = {
                 "offset": self._feature_offset.to(device),
-                "rows": self._feature_rows.to(device),
                 "mean": self._feature_mean.to(device),
                 "feature_index": torch.arange(len(self.feature_names), device=device),
                 "feature_group": torch.tensor(self._feature_group, device=device),
@@ -311,25 +344,6 @@ class HostEmbeddingBagCollection(torch.nn.Module):
                                    for g in self._groups],
             }
         return self._constants[key]
-
-    def _bad_id_message(self, lookup: "_Lookup") -> Optional[str]:
-        bad = lookup.bad.reshape(-1).nonzero()
-        if bad.numel() == 0:
-            return None
-        position = int(bad[0, 0])
-        if lookup.one_hot:
-            row, col = divmod(position, len(lookup.columns))
-            feature = lookup.columns[col]
-            where = f"sample {row}"
-        else:
-            per_feature = lookup.lengths.sum(1).cumsum(0).tolist()
-            col = next(i for i, end in enumerate(per_feature) if position < end)
-            feature = lookup.columns[col]
-            where = f"value {position - (per_feature[col - 1] if col else 0)} of the feature"
-        rows = int(self._feature_rows[feature])
-        table = self.tables[self._feature_table[feature]].name
-        return (f"HostEmbeddingBagCollection: feature {self.feature_names[feature]!r} ({where}) names a row out of "
-                f"range for table {table!r} of {rows} rows (ids must be in [0, {rows}))")
 
     # --- optimizer ------------------------------------------------------------------------------------------------
 
@@ -475,11 +489,10 @@ class _SumBagsCPU(torch.autograd.Function):
 
 @dataclass
 class _Lookup:
-    """One group's part of a batch: its row ids (``bad`` marks the ones out of their table's range, set to -1 so the
-    gather refuses them), and for bags, the lengths (features x batch), weights and mean pooling per feature."""
+    """One group's part of a batch: its row ids (each feature's ids checked in its table's range, plus the table's
+    row offset), and for bags, the lengths (features x batch), weights and mean pooling per feature."""
 
     ids: torch.Tensor
-    bad: torch.Tensor
     one_hot: bool
     columns: list
     lengths: Optional[torch.Tensor] = None
@@ -488,28 +501,9 @@ class _Lookup:
     any_mean: bool = False
 
 
-class _BadIdNamer:
-    """Turns the gather's refusal of a -1 row (an id out of its table's range) into an error naming the feature."""
-
-    def __init__(self, collection: HostEmbeddingBagCollection, lookup: _Lookup):
-        self.collection, self.lookup = collection, lookup
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, traceback):
-        if kind is not None and issubclass(kind, IndexError):
-            message = self.collection._bad_id_message(self.lookup)
-            if message is not None:
-                raise IndexError(message) from error
-        return False
-
-
-def _group_ids(local: torch.Tensor, offset: torch.Tensor, rows: torch.Tensor):
-    """The group's row ids of ``local`` ids (offset added), -1 where an id is outside its table; and where."""
-    local = local.to(torch.int64)
-    bad = (local < 0) | (local >= rows)
-    return torch.where(bad, torch.full_like(local, -1), local + offset), bad
+def _extremes_on_host(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per feature, its smallest and largest id as a host tensor of two (one copy from the GPU for all features)."""
+    return torch.stack([lo, hi], 1).cpu().unbind(0)
 
 
 def _group_key(config: TableConfig, defaults: dict) -> tuple:

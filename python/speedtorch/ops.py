@@ -59,6 +59,31 @@ def check_indices(indices: torch.Tensor, num_rows: int, op: str = "speedtorch.ch
     torch.ops.speedtorch.check_indices(indices, int(num_rows), op, arg)
 
 
+def _first_out_of_range(indices: torch.Tensor, num_rows: int) -> tuple[int, int] | None:
+    """``(flat position, value)`` of the first index of ``indices`` outside ``[0, num_rows)``, or None: found by
+    :func:`check_indices` alone (the shortest prefix it refuses, by bisection), for a caller that must hand the value
+    on rather than raise (the distributed table flags it to every rank). For error paths: up to log2(n) checks."""
+    flat = indices.reshape(-1)
+
+    def refused(count: int) -> bool:
+        try:
+            check_indices(flat[:count], num_rows)
+        except IndexError:
+            return True
+        return False
+
+    if not refused(flat.numel()):
+        return None
+    accepted, rejected = 0, flat.numel()  # the prefix of `accepted` ids passes, that of `rejected` does not
+    while rejected - accepted > 1:
+        middle = (accepted + rejected) // 2
+        if refused(middle):
+            rejected = middle
+        else:
+            accepted = middle
+    return rejected - 1, int(flat[rejected - 1])
+
+
 def pinned_empty(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A zero-filled host tensor in exact-size pinned memory (no power-of-two rounding)."""
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):

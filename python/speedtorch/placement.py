@@ -15,6 +15,7 @@ row, with one table-wide step count: a row gets the same update wherever it live
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional
 
@@ -176,7 +177,10 @@ class HybridTable:
         self.device = torch.device(device)
         self.num_hot = max(0, min(int(num_hot), host.num_rows()))
         self.refresh = int(refresh)
-        self.remap = torch.full((host.num_rows(),), -1, dtype=torch.int32, device=self.device)
+        # remap is the middle of _route, whose two extra -1 entries (cold) take the ids out of range: those go to
+        # the host table, whose check (the library's one rule) refuses them before any row is touched (_refusing).
+        self._route = torch.full((host.num_rows() + 2,), -1, dtype=torch.int32, device=self.device)
+        self.remap = self._route[1:-1]
         self.hot_ids = torch.empty(0, dtype=torch.int64, device=self.device)
         self.hot_table = torch.empty(0, host.dim(), dtype=host.table().dtype, device=self.device)
         self.hot_state = torch.empty(0, host.state().shape[1], dtype=torch.float32, device=self.device)
@@ -284,38 +288,52 @@ class HybridTable:
     def _split(self, ids: torch.Tensor):
         usable = self._device_rows_usable()
         n = self.host.num_rows()
-        bad = (ids < 0) | (ids >= n)
-        slots = self.remap[ids.clamp(0, n - 1)]  # clamped: a bad id must not index the remap (a device assert)
-        hot = (slots >= 0) & ~bad & usable
-        # One stable sort puts the cold positions first and the hot ones after; the split size and the count of
-        # bad ids come back in a single sync.
+        # Clamped onto _route's ends, an id out of range reads -1 (cold; indexing past the remap would be a device
+        # assert): the host table's row operation refuses it, and _refusing names it.
+        slots = self._route[ids.clamp(-1, n) + 1]
+        hot = (slots >= 0) & usable
+        # One stable sort puts the cold positions first and the hot ones after; the split size comes back in one
+        # sync.
         order = torch.sort(hot.to(torch.uint8), stable=True).indices
-        num_hot, num_bad = torch.stack([hot.sum(), bad.sum()]).tolist()
-        if num_bad:
-            check_indices(ids, n, "HybridTable")  # the library's rule words the error
-        cold_count = ids.numel() - num_hot
+        cold_count = ids.numel() - int(hot.sum())
         return order[cold_count:], order[:cold_count], slots
+
+    @contextlib.contextmanager
+    def _refusing(self, indices: torch.Tensor):
+        """The host table refuses an id out of range by its place among the cold ids: the library's rule
+        (speedtorch.ops.check_indices) names the caller's place in ``indices`` instead."""
+        try:
+            yield
+        except IndexError:
+            try:
+                check_indices(indices, self.host.num_rows(), "HybridTable")
+            except IndexError as named:
+                raise named from None
+            raise  # every id is in range: the host's error was about something else
 
     def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
         device = self.device if device is None else torch.device(device)
         ids = indices.to(self.device).reshape(-1)
         hot_pos, cold_pos, slots = self._split(ids)
-        # The split's sizes are already on the host (_split synchronized once for them): counting adds no sync.
-        record_cache_lookups(hot_pos.numel(), cold_pos.numel())
         rows = torch.empty(ids.numel(), self.dim(), dtype=self.hot_table.dtype, device=device)
         if hot_pos.numel():
             rows[hot_pos.to(device)] = torch.ops.speedtorch.gather(self.hot_table, slots[hot_pos], device)
         if cold_pos.numel():
-            rows[cold_pos.to(device)] = self.host.gather(ids[cold_pos], device)
+            with self._refusing(indices):
+                rows[cold_pos.to(device)] = self.host.gather(ids[cold_pos], device)
+        # The split's sizes are already on the host (_split synchronized once for them): counting adds no sync.
+        record_cache_lookups(hot_pos.numel(), cold_pos.numel())
         return rows.reshape(*indices.shape, self.dim())
 
     def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor, sorted_unique: bool = False) -> None:
         ids = indices.to(self.device).reshape(-1)
         grad = grad.reshape(ids.numel(), self.dim())
         hot_pos, cold_pos, slots = self._split(ids)
-        # The host step goes first (empty or not): it advances the table-wide step count both parts use.
+        # The host step goes first (empty or not): it advances the table-wide step count both parts use, and it
+        # refuses an id out of range before either part is touched.
         # sorted_unique holds for both parts: the split keeps the order of positions, and slots follow id order.
-        self.host.apply_gradients(ids[cold_pos], grad[cold_pos.to(grad.device)], sorted_unique)
+        with self._refusing(indices):
+            self.host.apply_gradients(ids[cold_pos], grad[cold_pos.to(grad.device)], sorted_unique)
         if hot_pos.numel():
             torch.ops.speedtorch.row_optimizer_step_(self.hot_table, self.hot_state, slots[hot_pos],
                                                      grad[hot_pos.to(grad.device)], self.host.optimizer(),
@@ -331,10 +349,11 @@ class HybridTable:
         ids = indices.to(self.device).reshape(-1)
         src = src.reshape(ids.numel(), self.dim())
         hot_pos, cold_pos, slots = self._split(ids)
+        if cold_pos.numel():  # first: it refuses an id out of range before either part is written
+            with self._refusing(indices):
+                self.host.scatter_(ids[cold_pos], src[cold_pos.to(src.device)])
         if hot_pos.numel():
             torch.ops.speedtorch.scatter_(self.hot_table, slots[hot_pos], src[hot_pos.to(src.device)])
-        if cold_pos.numel():
-            self.host.scatter_(ids[cold_pos], src[cold_pos.to(src.device)])
 
     def record_stream(self, stream) -> None:
         """Marks the device tensors as used on ``stream`` (Tensor.record_stream): the caching allocator keeps their

@@ -207,6 +207,11 @@ def scenario_bad_ids(rank, cfg):
     errors.append(_step_or_error(m, rank, 1, cfg, bad_id=rank == cfg["bad_rank"]))
     errors.append(_step_or_error(m, rank, 2, cfg, empty=rank == cfg.get("empty_rank")))
     out = {"errors": errors, "blocks": blocks(m)}
+    if rank == cfg.get("table_gather_rank"):  # one host only (a lookup there is no collective): the table itself
+        try:
+            m.table.gather(torch.tensor([[0, 1, 2], [3, cfg["rows"], 4]]))
+        except IndexError as e:
+            out["table_gather"] = str(e)
     if cfg.get("skipper") is not None:  # every rank raises in its first exchange of step 3 (and stops there)
         errors.append(_step_or_error(m, rank, 3, cfg, forward=rank != cfg["skipper"], step_after_error=False))
     return out

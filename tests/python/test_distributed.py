@@ -281,11 +281,14 @@ def test_a_killed_rank_fails_the_others_within_the_timeout(shm_dir):
 def test_one_host_an_out_of_range_id_fails_its_rank_only_and_a_rank_may_skip_a_forward(shm_dir):
     """One host: a forward moves no row between ranks, so a rank whose forward raised (here an id out of range, named
     where its batch holds it) may skip that step's forward and still call step(); the others train on."""
-    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, shm_dir=shm_dir, bad_rank=1, timeout=15)
+    cfg = dict(rows=ROWS, dim=DIM, batch=BATCH, shm_dir=shm_dir, bad_rank=1, table_gather_rank=1, timeout=15)
     results = succeeded(launch(2, 2, "bad_ids", cfg, deadline=120))
     assert results[0]["errors"] == [None, None, None]
     error = results[1]["errors"][1]
     assert error.startswith("IndexError") and f"input holds {ROWS} at flat position 5;" in error, error
+    # The sharded table itself, in the library's words, at the place in the caller's indices (of their shape).
+    assert results[1]["table_gather"].startswith(f"ShardedHostTable (rank 1): indices holds {ROWS} at flat position 4 "
+                                                 f"(indices[1, 1]); every index must be in [0, {ROWS})"), results[1]
     assert_matches(assemble(results, "blocks"), reference(2, "adam", {"lr": 0.01}, 3, ranks_at={1: [0]}))
 
 

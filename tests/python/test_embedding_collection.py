@@ -166,14 +166,60 @@ def test_an_id_out_of_its_tables_range_names_the_feature(kind, bad):
     before = collection.weight("t3").clone()
     if kind == "one_hot":
         features = torch.tensor([[0, 1, 2, 3, 4], [5, bad, 6, 7, 8]])
+        where = rf"input holds {bad} at flat position 6 \(input\[1, 1\]\)"
     else:
         features = SparseFeatures(FEATURES, torch.tensor([0, 1, bad, 2, 3, 4]), torch.tensor([1, 0, 0, 2, 1, 0, 1, 0,
                                                                                            1, 0]))
-    with pytest.raises(IndexError, match=f"feature 't1' .*table 't1' of 17 rows"):
+        where = rf"input.values holds {bad} at flat position 2"
+    # The library's rule (speedtorch.ops.check_indices) words it, as HostEmbedding's: the feature, its table and
+    # the table's rows, the id and where the caller put it.
+    named = rf"feature 't1' \(table 't1'\): {where}; every index must be in \[0, 17\) for a table of 17 rows"
+    with pytest.raises(IndexError, match=named):
         collection(features)
-    with pytest.raises(IndexError, match="feature 't1'"):
+    with pytest.raises(IndexError, match=named):
         collection.prefetch(features)
     assert torch.equal(collection.weight("t3"), before)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_out_of_range_id_is_named_where_the_caller_put_it(device, index_dtype):
+    """At its place in the caller's input: not among the group's sorted distinct ids, not in group or feature order.
+    Several ids out of range: the first place holding one is named, whatever feature it is."""
+    collection = make(device)
+    rows = {f: c.num_embeddings for f, c in zip(FEATURES, [TABLES[0], TABLES[1], TABLES[2], TABLES[3], TABLES[3]])}
+    gen = torch.Generator().manual_seed(5)
+    one_hot = torch.stack([torch.randint(0, rows[f], (4,), generator=gen) for f in FEATURES], dim=1)
+    one_hot[2, 4] = 23  # f3b (t3, 23 rows, the first group): flat position 14
+    one_hot[3, 2] = 11  # t2 (11 rows, the second group, and an earlier feature): flat position 17
+    with pytest.raises(IndexError, match=r"^HostEmbeddingBagCollection, feature 'f3b' \(table 't3'\): input holds 23 "
+                                         r"at flat position 14 \(input\[2, 4\]\); every index must be in \[0, 23\)"):
+        collection(one_hot.to(index_dtype))
+    one_hot[2, 4] = 0
+    with pytest.raises(IndexError, match=r"feature 't2' \(table 't2'\): input holds 11 at flat position 17 "
+                                         r"\(input\[3, 2\]\); every index must be in \[0, 11\) for a table of 11 rows"):
+        collection.prefetch(one_hot.to(index_dtype))
+
+    # values and lengths: feature by feature, sample by sample (4 samples); f3a's bags start at value 1 + 0 + 5 = 6.
+    lengths = torch.tensor([0, 1, 0, 0, 0, 0, 0, 0, 2, 1, 1, 1, 1, 1, 1, 0, 0, 0, 3, 3])
+    values = torch.tensor([7, 5, 6, 1, 2, 3, 4, 22, -3, 5, 9, 0, 1, -7, 23])  # -3 at 8: f3a's 3rd id (sample 2's bag)
+    kjt = SparseFeatures(FEATURES, values.to(index_dtype), lengths)
+    with pytest.raises(IndexError, match=r"^HostEmbeddingBagCollection, feature 'f3a' \(table 't3'\): input.values "
+                                         r"holds -3 at flat position 8; every index must be in \[0, 23\)"):
+        collection(kjt)
+    with pytest.raises(IndexError, match=r"feature 'f3a' \(table 't3'\): input.values holds -3 at flat position 8;"):
+        collection.prefetch(kjt)
+    values[8] = 1
+    with pytest.raises(IndexError, match=r"feature 'f3b' \(table 't3'\): input.values holds -7 at flat position 13;"):
+        collection(SparseFeatures(FEATURES, values.to(index_dtype), lengths))
+
+    weights = {c.name: collection.weight(c.name).clone() for c in TABLES}
+    assert all(torch.equal(collection.weight(name), w) for name, w in weights.items())  # nothing was touched
+    values[13], values[14] = 2, 4
+    collection(SparseFeatures(FEATURES, values.to(index_dtype), lengths)).sum().backward()  # it still works
+    one_hot[3, 2] = 10
+    collection(one_hot.to(index_dtype)).sum().backward()
+    collection.step()
 
 
 def test_bad_inputs_say_what_is_wrong():

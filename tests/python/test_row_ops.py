@@ -286,6 +286,32 @@ def test_one_index_rule_for_the_operators_and_the_python_layers():
     with pytest.raises(IndexError, match="HostEmbedding.set_hot_rows: hot row ids " + rule):
         cached.set_hot_rows(ids)
 
+    # HybridTable's row operations: the host table's rule refuses an id out of range (it goes to the host side of
+    # the split, even beside hot rows 0 and 9, where ids below and above the range would clamp), before either side
+    # is touched; the error names its place in the caller's indices.
+    host = speedtorch.PinnedEmbedding(10, 4, torch.float32)
+    host.set_optimizer("sgd", {"lr": 0.1}, True)
+    host.normal_(0.0, 1.0, 3)
+    hybrid = HybridTable(host, "cpu", 2, hot_rows=torch.tensor([0, 9]))
+    rows, step = hybrid.table().clone(), hybrid.step_count()
+    with pytest.raises(IndexError, match=r"^HybridTable: indices holds 12 at flat position 3 \(indices\[1, 1\]\); "
+                                         r"every index must be in \[0, 10\) for a table of 10 rows"):
+        hybrid.gather(torch.tensor([[9, 0], [3, 12]]))
+    with pytest.raises(IndexError, match=r"^HybridTable: indices holds -1 at flat position 2; every index"):
+        hybrid.apply_gradients(torch.tensor([9, 0, -1, 4]), torch.ones(4, 4))
+    with pytest.raises(IndexError, match=r"^HybridTable: indices holds 10 at flat position 2 \(indices\[1, 0\]\);"):
+        hybrid.scatter_(torch.tensor([[0, 9], [10, 1]]), torch.zeros(2, 2, 4))
+    assert torch.equal(hybrid.table(), rows) and hybrid.step_count() == step  # neither side was touched
+    torch.testing.assert_close(hybrid.gather(torch.tensor([9, 3, 0])), rows[[9, 3, 0]])
+
+    # The first index the rule refuses, and its value, found by the rule alone (for callers that hand it on).
+    from speedtorch.ops import _first_out_of_range
+
+    assert _first_out_of_range(ids, 10) == (3, 12)
+    assert _first_out_of_range(torch.tensor([[4, -2], [11, 0]], dtype=torch.int32), 10) == (1, -2)
+    assert _first_out_of_range(torch.tensor([0, 9, 9]), 10) is None
+    assert _first_out_of_range(torch.empty(0, dtype=torch.int64), 0) is None
+
 
 def test_meta_tensors():
     table = torch.empty(100, 16, device="meta")

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .. import PinnedEmbedding
-from ..ops import check_indices
+from ..ops import _first_out_of_range, check_indices
 from .host_shard import open_host_shard
 from .row_sharding import RowLayout, RowSharding
 from .topology import HostTopology
@@ -138,11 +138,15 @@ class ShardedHostTable:
     def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
         ids = indices.reshape(-1).to(torch.int64)
         device = ids.device if device is None else torch.device(device)
-        bad = (ids < 0) | (ids >= self._num_rows)
-        if bool(bad.any()):
-            first = int(bad.nonzero()[0, 0])
-            self.sharding.refuse_lookup(int(ids[first]))  # with several hosts, every rank raises with this one
-            check_indices(ids, self._num_rows, f"ShardedHostTable (rank {self.layout.topology.rank})")  # words it
+        refused, owner = None, f"ShardedHostTable (rank {self.layout.topology.rank})"
+        try:  # the library's rule decides and words it, naming the place in the caller's indices (of their shape)
+            check_indices(ids.view(indices.shape), self._num_rows, owner)
+        except IndexError as error:
+            refused = error
+        if refused is not None:
+            _, bad_id = _first_out_of_range(ids, self._num_rows)
+            self.sharding.refuse_lookup(bad_id)  # with several hosts, every rank raises with this one
+            raise refused
         return self.sharding.gather(ids, device).reshape(*indices.shape, self.dim())
 
     def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor) -> None:
