@@ -125,7 +125,9 @@ class HostEmbedding(torch.nn.Module):
             16-bit tables: rounding to nearest loses every update smaller than half a step of the format).
             :class:`speedtorch.optim.HostEmbeddingOptimizer` changes them between steps (LR schedules).
         update: ``"step"`` (gradients wait for a step) or ``"backward"`` (applied as backward reaches the rows; then
-            neither GradScaler nor zero_grad can act on them).
+            neither GradScaler nor zero_grad can act on them: a GradScaler stepping a
+            :class:`speedtorch.optim.HostEmbeddingOptimizer` that holds such a table raises, since the update it
+            applied used the scaled gradient).
         device: where forward's output lives (default: the current CUDA device when there is one, else the CPU).
             ``model.to(...)``, ``.cuda()``, ``.cpu()`` and ``.half()`` / ``.float()`` / ... change the device and
             dtype forward returns, never the table's memory or dtype (see ``_apply`` below).
@@ -150,7 +152,11 @@ class HostEmbedding(torch.nn.Module):
     The table is the module's ``weight``, a :class:`speedtorch.nn.HostTableParameter` (shares the table's memory;
     ``named_parameters()`` and ``state_dict()`` show it) whose ``grad`` holds the rows' gradient until the update.
     With ``placement="hybrid"`` the parameter is a placeholder on the meta device (a tensor kept over the host rows
-    would keep the row cache from working); ``weight`` and ``state_dict()`` hand out the rows themselves.
+    would keep the row cache from working); ``weight`` and ``state_dict()`` hand out the rows themselves, and its
+    ``detach()`` raises (``torch.optim.swa_utils.AveragedModel`` would otherwise average nothing).
+
+    ``load_state_dict`` takes this module's checkpoints and ``nn.Embedding``'s (``weight`` alone): see
+    :meth:`_load_from_state_dict`.
     """
 
     # TorchScript compiles properties unless told not to; `weight` syncs placements in Python.
@@ -248,7 +254,8 @@ class HostEmbedding(torch.nn.Module):
 
     def _init_runtime_state(self) -> None:
         """The table parameter and what lives only while the module runs (not saved, pickled or copied)."""
-        param = HostTableParameter(self._parameter_data())
+        data = self._parameter_data()
+        param = (_RowCachePlaceholder if data.is_meta else HostTableParameter)(data)
         param._grad_shape = (self.num_embeddings, self.embedding_dim)
         param._owner = weakref.ref(self)  # its requires_grad_ freezes this module (model.requires_grad_(False))
         object.__setattr__(self, "_table_param", param)  # a plain reference, for the code paths below
@@ -671,15 +678,28 @@ class HostEmbedding(torch.nn.Module):
         set_table_extra_state(self.table, state, type(self).__name__)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
+        # `weight` is the table's entry, written below (for hybrid, the rows, not the placeholder parameter); it keeps
+        # the parameter's place, first.
+        param = self._parameters.pop("weight", None)
+        if param is not None:
+            destination[prefix + "weight"] = None
+        try:
+            super()._save_to_state_dict(destination, prefix, keep_vars)
+        finally:
+            if param is not None:
+                self._parameters["weight"] = param
         self._sync_for_host_access()
         for name, value in self._table_tensors().items():
             destination[prefix + name] = value
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        # All or nothing, as nn.Module's: the extra state (optimizer options) and every entry are checked before
-        # anything changes; the options are adopted only then (they may re-lay the optimizer state out).
+        """Loads this module's checkpoint: all or nothing, as nn.Module's: the extra state (optimizer options) and
+        every entry are checked before anything changes; the options are adopted only then (they may re-lay the
+        optimizer state out). A checkpoint holding ``weight`` and none of the other entries (``optimizer_state``,
+        ``optimizer_step``, ``_extra_state``) is an ``nn.Embedding``'s: its rows are loaded (strict or not) and the
+        table's optimizer state, step count and options stay as they are (a new module's: zero state, step 0), as
+        loading an ``nn.Embedding``'s weight leaves its torch optimizer's state alone."""
         extra = prefix + "_extra_state"
         targets = self._table_tensors()
         ours = {prefix + name for name in targets} | {extra}
@@ -692,6 +712,9 @@ class HostEmbedding(torch.nn.Module):
         finally:
             if param is not None:
                 self._parameters["weight"] = param
+        if prefix + "weight" in state_dict and not any(key in state_dict for key in ours - {prefix + "weight"}):
+            self._load_weight_only(state_dict, prefix, targets, missing_keys, error_msgs)
+            return
         options = None
         if extra in state_dict:
             if extra in missing_keys:
@@ -710,6 +733,20 @@ class HostEmbedding(torch.nn.Module):
 
     def _copy_table_tensors(self, found: dict) -> None:
         copy_table_entries(self.table, found)
+
+    @torch.no_grad()
+    def _load_weight_only(self, state_dict, prefix, targets, missing_keys, error_msgs) -> None:
+        # nn.Embedding's checkpoint: the rows alone; nothing else of the table is missing from it.
+        if prefix + "_extra_state" in missing_keys:
+            missing_keys.remove(prefix + "_extra_state")
+        found = load_table_entries({"weight": tuple(targets["weight"].shape)}, state_dict, prefix, missing_keys,
+                                   error_msgs, type(self).__name__)
+        if found is None or error_msgs:
+            return
+        self._sync_for_host_access()
+        self.table.copy_(found["weight"].detach())
+        self._table_param.grad = None
+        self._prefetched = None
 
     def _sync_for_host_access(self) -> None:
         # Updates still running on the GPU must land before the host rows are handed out or overwritten.
@@ -794,6 +831,21 @@ class HostEmbedding(torch.nn.Module):
             copy.deepcopy(table, memo)
         new.__setstate__(state)
         return new
+
+
+class _RowCachePlaceholder(HostTableParameter):
+    """The table parameter of ``placement="hybrid"``: the table's shape and dtype on the meta device (a tensor kept
+    over the host rows would stand the row cache aside; ``HostEmbedding.weight`` hands out the rows). Code that reads
+    or writes parameters' values through ``detach()``, as ``torch.optim.swa_utils.AveragedModel`` (EMA, SWA) does,
+    would read and write nothing there: ``detach()`` raises instead."""
+
+    def detach(self):
+        raise RuntimeError(
+            "HostEmbedding(placement='hybrid'): the table parameter in parameters() is a placeholder on the meta device "
+            "(the rows live in pinned host memory and the row cache), so code that averages or copies parameter "
+            "values through it (torch.optim.swa_utils.AveragedModel: EMA, SWA) would silently do nothing. Use "
+            "placement='host' or 'gpu' for a model you average, or average the table through `weight`, which hands "
+            "out its rows: ema_table.weight.lerp_(table.weight, 1 - decay) (docs/training.md)")
 
 
 # What __getstate__ leaves out: rebuilt by _init_runtime_state.

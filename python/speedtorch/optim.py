@@ -142,7 +142,8 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
       one does not count a step (Adam's bias correction).
     - :meth:`zero_grad` drops the pending gradients.
     - ``GradScaler``: ``scaler.unscale_(opt)`` divides the pending gradients by the scale and finds non-finite values;
-      ``scaler.step(opt)`` skips the update when there were any.
+      ``scaler.step(opt)`` skips the update when there were any. A table with ``update="backward"`` has applied its
+      (scaled) gradient already: a GradScaler stepping an optimizer that holds one raises (use ``update="step"``).
     - :meth:`state_dict` / :meth:`load_state_dict`: the hyper-parameters (what a scheduler changed). The rows'
       optimizer state and step count are in the module's ``state_dict()`` (shared with the table, never copied
       twice): save both, as for any model and optimizer.
@@ -186,10 +187,18 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
         # Keep the table's options as sparse as they were: the given ones, and the ones that left their default.
         module.set_optimizer_options({k: v for k, v in wanted.items() if k in current or v != defaults[k]})
 
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        # Asked by an enabled torch.amp.GradScaler's step alone; True only while a table updates during backward
+        # (_refuse_grad_scaler says why). GradScaler then leaves the gradients to this optimizer and sets its
+        # ``found_inf`` before calling step, which is how step learns that a GradScaler drives it.
+        return bool(_tables_updated_in_backward(self))
+
     @torch.no_grad()
     def step(self, closure=None):
         """Hands each group's hyper-parameters to its table (when they changed) and applies the table's pending
         gradient in one fused update. ``closure`` (optional) recomputes the loss first, as torch.optim's."""
+        _refuse_grad_scaler(self)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -248,9 +257,15 @@ class CombinedOptimizer(torch.optim.Optimizer):
     def state(self, value) -> None:  # torch.optim.Optimizer.__init__ sets an empty one
         pass
 
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        # As HostEmbeddingOptimizer's: GradScaler must not unscale for us and step the tables' optimizer unseen.
+        return bool(_tables_updated_in_backward(self))
+
     @torch.no_grad()
     def step(self, closure=None):
         """Steps every optimizer (``closure`` runs once, first)."""
+        _refuse_grad_scaler(self)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -299,6 +314,33 @@ def host_embeddings_stepped_by(optimizers) -> list:
         elif isinstance(o, CombinedOptimizer):
             found.extend(host_embeddings_stepped_by(o.optimizers))
     return found
+
+
+def _tables_updated_in_backward(optimizer) -> list:
+    """The HostEmbedding modules ``optimizer`` steps that apply their update during backward (``update="backward"``)
+    and train."""
+    return [m for m in host_embeddings_stepped_by(optimizer) if m.update == "backward" and m.trains]
+
+
+def _refuse_grad_scaler(optimizer) -> None:
+    """Raises when an enabled ``torch.amp.GradScaler`` steps ``optimizer`` while it holds a table with
+    ``update="backward"``. Such a table applied its gradient as backward reached its rows: scaled by the loss scale
+    (1024 moves a row 1024 times too far), and before any check for inf/NaN, so GradScaler can neither unscale it nor
+    skip the step. GradScaler.step reads ``_step_supports_amp_scaling`` (True for such an optimizer) and then sets
+    ``found_inf`` on the optimizer before calling its step: that attribute is the sign, whatever the scale (it
+    changes during training)."""
+    if "found_inf" not in optimizer.__dict__:
+        return
+    optimizer.__dict__.pop("found_inf", None)  # GradScaler deletes them after the step, which will not come
+    optimizer.__dict__.pop("grad_scale", None)
+    tables = ", ".join(f"{type(m).__name__}({m.num_embeddings}, {m.embedding_dim})"
+                       for m in _tables_updated_in_backward(optimizer))
+    raise RuntimeError(
+        f"{type(optimizer).__name__}: a GradScaler steps a table built with update='backward' ({tables}). That table "
+        "applies its gradient during backward, before GradScaler can unscale it or check it for inf/NaN, so the "
+        "update uses the scaled gradient (the rows this backward reached have already moved by it). Build the table "
+        "with update='step' (the default: its gradient then waits for the step, where GradScaler unscales it and "
+        "skips non-finite steps), or train it without a GradScaler (bfloat16 autocast needs no loss scaling)")
 
 
 def _refuse_tables_in_other_optimizers(optimizer, args, kwargs) -> None:  # noqa: ARG001 (the hook's signature)

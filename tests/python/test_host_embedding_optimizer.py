@@ -146,6 +146,43 @@ def test_grad_scaler_skips_a_step_with_non_finite_gradients(device):
     assert a.users.weight.grad is None
 
 
+@pytest.mark.parametrize("combined", [False, True])
+@pytest.mark.parametrize("scale", [1024.0, 1.0])
+def test_grad_scaler_refuses_tables_updated_in_backward(combined, scale):
+    """update="backward" applies the gradient inside backward, scaled by the loss scale and unchecked for inf/NaN:
+    with a CombinedOptimizer and scale 1024 the row moved 27.8 instead of ~0.03, silently, and without a dense
+    optimizer GradScaler failed with "No inf checks were recorded". Now a GradScaler stepping such a table raises,
+    at any scale (it grows during training), saying to use update="step"."""
+    emb = HostEmbedding(20, 4, device="cpu", seed=0, optimizer="sgd", optimizer_options={"lr": 0.1},
+                        update="backward")
+    model = torch.nn.Sequential(emb, torch.nn.Linear(4, 1))
+    opt = HostEmbeddingOptimizer(model)
+    if combined:
+        opt = CombinedOptimizer([opt, torch.optim.SGD(dense_parameters(model), lr=0.1)])
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    scaler.scale(model(torch.tensor([3, 3])).sum()).backward()
+    with pytest.raises(RuntimeError, match=r"update='backward'.*scaled gradient.*update='step'"):
+        scaler.step(opt)
+    # Explicit unscale_ first (for clipping) does not hide it either.
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    scaler.scale(model(torch.tensor([3])).sum()).backward()
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match="update='backward'"):
+        scaler.step(opt)
+    # Without a GradScaler (or with a disabled one) the same optimizer steps: a scheduler's lr reaches the table.
+    opt.zero_grad()
+    opt.param_groups[0]["lr"] = 0.25
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    scaler.scale(model(torch.tensor([3])).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert emb.table.optimizer_options()["lr"] == pytest.approx(0.25)
+    assert "found_inf" not in opt.__dict__ and "grad_scale" not in opt.__dict__
+    # update="step" tables keep GradScaler's own path: unscaled by it, as test_grad_scaler_unscales_the_rows_gradient.
+    emb.update = "step"
+    assert not HostEmbeddingOptimizer(model)._step_supports_amp_scaling
+
+
 def test_a_scheduler_changes_the_learning_rate_without_resetting_the_state():
     """LambdaLR over a HostEmbeddingOptimizer equals LambdaLR over SparseAdam, step by step: lr changes in place,
     the moments and the step count stay (before, set_optimizer with a new lr zeroed them)."""

@@ -102,6 +102,43 @@ def test_strict_loading_reports_missing_and_mismatched_entries():
     assert target.emb.step_count() == 1 and target.emb.optimizer_options() == {"lr": 0.1}
 
 
+@pytest.mark.parametrize("placement", ["host", "hybrid", "gpu"])
+@pytest.mark.parametrize("optimizer", ["adam", None])
+@pytest.mark.parametrize("strict", [True, False])
+def test_an_nn_embedding_checkpoint_loads_its_rows(placement, optimizer, strict):
+    """nn.Embedding's state_dict holds `weight` alone. Strict loading used to ask for optimizer_state,
+    optimizer_step and _extra_state, and strict=False returned without loading the rows, even into a frozen table.
+    Now the rows load; the table's optimizer state, step count and options stay as they were."""
+    ref = torch.nn.Sequential(torch.nn.Embedding(1000, 8), torch.nn.Linear(8, 1))
+    model = Model(placement=placement, optimizer=optimizer)
+    if optimizer:
+        model.train_steps(2)
+    before = {"state": model.users.table.state().clone() if optimizer else None,
+              "step": model.users.table.step_count(), "options": model.users.table.optimizer_options()}
+    state = {k.replace("0.", "users.").replace("1.", "dense."): v for k, v in _round_trip(ref.state_dict()).items()}
+    result = model.load_state_dict(state, strict=strict)
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    assert torch.equal(model.users.weight, ref[0].weight.detach())
+    assert torch.equal(model.dense.weight, ref[1].weight)
+    assert model.users.table.step_count() == before["step"]
+    assert model.users.table.optimizer_options() == before["options"]
+    if optimizer:
+        assert torch.equal(model.users.table.state(), before["state"])
+    # Rows of another shape are refused, and nothing changes.
+    weight = model.users.weight.clone()
+    with pytest.raises(RuntimeError, match=r"size mismatch for users\.weight"):
+        model.load_state_dict({**state, "users.weight": torch.zeros(999, 8)}, strict=strict)
+    assert torch.equal(model.users.weight, weight)
+
+
+def test_an_nn_embedding_checkpoint_into_a_16_bit_table():
+    ref = torch.nn.Embedding(50, 4)
+    emb = HostEmbedding(50, 4, dtype=torch.bfloat16, device="cpu")
+    emb.load_state_dict(ref.state_dict())
+    assert torch.equal(emb.weight, ref.weight.detach().to(torch.bfloat16))
+    assert emb.table.step_count() == 0 and not emb.table.state().any()  # a new module's state: zero
+
+
 # Every optimizer, under the names users write (torch.optim's class names too): a checkpoint names its optimizer
 # canonically whatever the placement, so it loads into any other.
 OPTIMIZERS = ["sgd", "adagrad", "adam", "adamw", "adamax", "rmsprop", "adadelta", "asgd", "rprop", "rowwise_adagrad",

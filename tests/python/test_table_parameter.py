@@ -79,6 +79,47 @@ def test_clip_grad_norm_counts_table_rows_and_dense_gradients():
     assert clip_grad_norm_(ref_emb.parameters(), 1.0).item() == pytest.approx(2.0 * 2.0)
 
 
+def test_ema_with_averaged_model_averages_the_table():
+    """torch.optim.swa_utils.AveragedModel (EMA): the copy's table follows the model's as its dense weights do."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    model = Model()
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.5))
+    ema.update_parameters(model)  # the first update copies
+    start = model.users.weight.clone()
+    model(torch.tensor([1, 2])).sum().backward()
+    model.users.step()
+    assert not torch.equal(model.users.weight, start)
+    ema.update_parameters(model)
+    torch.testing.assert_close(ema.module.users.weight, 0.5 * start + 0.5 * model.users.weight)
+    torch.testing.assert_close(ema.module(torch.tensor([1])), ema.module.tower(ema.module.users.weight[1]))
+
+
+def test_ema_of_a_hybrid_table_raises_and_weight_averages_it():
+    """placement="hybrid": the parameter is a placeholder on the meta device, so AveragedModel averaged nothing,
+    silently. Now it raises; averaging through `weight` (the rows) works."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    emb = HostEmbedding(100, 4, device="cpu", seed=0, optimizer="sgd", optimizer_options={"lr": 1.0},
+                        placement="hybrid", cache_rows=32)
+    ema = AveragedModel(emb, multi_avg_fn=get_ema_multi_avg_fn(0.5))
+    with pytest.raises(RuntimeError, match=r"placement='hybrid'.*AveragedModel.*lerp_"):
+        ema.update_parameters(emb)
+    assert list(emb.state_dict()) == ["weight", "_extra_state", "optimizer_state", "optimizer_step"]  # still saves
+    # The documented way: average the rows through `weight`.
+    emb(torch.tensor([1, 2])).sum().backward()
+    emb.step()
+    emb(torch.tensor([1])).sum().backward()  # the rows now sit in the cache
+    emb.step()
+    table = ema.module
+    with torch.no_grad():
+        table.weight.lerp_(emb.weight, 0.5)
+    expected = 0.5 * HostEmbedding(100, 4, device="cpu", seed=0, placement="hybrid", cache_rows=32).weight + \
+        0.5 * emb.weight
+    torch.testing.assert_close(table.weight, expected)
+    torch.testing.assert_close(table(torch.tensor([1, 2])), expected[[1, 2]])
+
+
 @pytest.mark.gpu
 def test_model_cuda_moves_the_dense_part_and_keeps_the_table_in_host_memory():
     model = Model()
