@@ -21,7 +21,8 @@ test: build test-cpp test-python test-package
 # torch 2.11 from PyPI when no torch >= 2.4 is importable (an existing torch is reused: it must match the build);
 # the test tools, and matplotlib (bench/plot_sweeps.py, which tests/python/test_bench_sweeps.py runs);
 # from Debian when their headers are missing: nlohmann-json and xxHash (the library's meta files and content hashes:
-# required) and GoogleTest (the C++ tests: optional); tritonclient (PyPI: the example server's protocol tests).
+# required) and GoogleTest (the C++ tests: optional); tritonclient (PyPI: the example server's protocol tests) and
+# prometheus_client (PyPI: its parser reads the server's /metrics in tests/python/test_server_metrics.py).
 deps:
 	@$(PYTHON) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split(\"+\")[0].split(\".\")[:2]); sys.exit(v < (2, 4))" 2>/dev/null \
 	  || $(PYTHON) -m pip install "torch==2.11.0"
@@ -35,6 +36,8 @@ deps:
 	  || echo "GoogleTest not installed: the C++ tests are skipped"
 	@$(PYTHON) -c "import tritonclient.http" 2>/dev/null || $(PYTHON) -m pip install -q "tritonclient[http]" \
 	  || echo "tritonclient not installed: the server's Open Inference Protocol tests with it are skipped"
+	@$(PYTHON) -c "import prometheus_client.parser" 2>/dev/null || $(PYTHON) -m pip install -q prometheus_client \
+	  || echo "prometheus_client not installed: the server's /metrics test with its parser is skipped"
 
 build: deps
 	cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) $(CMAKE_ARGS)

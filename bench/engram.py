@@ -10,7 +10,8 @@ Sections (each prints its figures and ratios; ``--json`` writes them all):
    token, 16 rows each.
 3. training: the small GPT of speedtorch/engram_gpt.py on the standard library's bytes, its Engram tables in pinned
    host RAM (prefetched, asynchronous updates) against the same tables in GPU memory (the same code, the same
-   batches): ms per step and the ratio (target <= 1.02), and host RAM without prefetch.
+   batches): ms per step and the ratio (target <= 1.02), and host RAM without prefetch. ``--max-sms N`` bounds the
+   prefetch's gather to N SMs (the transfer option ``max_sms``), so the backward it runs beside keeps the rest.
 4. scale: one Engram table of ``--big-rows`` rows (300M) of bf16 trained in the GPT on one GPU: ms per step, and the
    process's resident memory against the table's raw bytes (rows + optimizer state).
 
@@ -18,6 +19,7 @@ Without a GPU it trains the GPT at a CPU size (the loss falls) and times the CPU
 
     python bench/engram.py                      # the GPU figures (bash bench/engram_gpu.sh builds and runs it)
     python bench/engram.py --skip-scale --json out.json
+    python bench/engram.py --skip-scale --max-sms 16   # the prefetch's gather on at most 16 SMs
 """
 
 from __future__ import annotations
@@ -158,10 +160,12 @@ def section_decode(args) -> dict:
             "lookup_1024_p90_us": full90}
 
 
-def train_way(config: EngramConfig, data, device, steps: int, prefetch: bool, autocast: bool) -> dict:
+def train_way(config: EngramConfig, data, device, steps: int, prefetch: bool, autocast: bool,
+              max_sms=None) -> dict:
     torch.manual_seed(0)
     model = EngramGPT(config, device)
-    trainer = Trainer(model, lr=1e-3 if device.type == "cuda" else 1e-2, prefetch=prefetch, autocast=autocast)
+    trainer = Trainer(model, lr=1e-3 if device.type == "cuda" else 1e-2, prefetch=prefetch, autocast=autocast,
+                      max_sms=max_sms)
     times, losses = [], []
     for i in range(steps):
         if device.type == "cuda":
@@ -193,8 +197,9 @@ def section_training(args, device) -> dict:
         if device.type != "cuda" and placement == "gpu":
             continue
         r = train_way(EngramConfig(placement=placement, **config), data, device, steps, prefetch,
-                      autocast=device.type == "cuda")
+                      autocast=device.type == "cuda", max_sms=args.max_sms)
         r["way"] = name
+        r["max_sms"] = args.max_sms if prefetch else None
         results[name] = r
         rows_out.append(r)
     base = results.get("GPU memory (prefetch)")
@@ -202,7 +207,8 @@ def section_training(args, device) -> dict:
         r["vs GPU memory"] = r["ms/step"] / base["ms/step"] if base else float("nan")
     print(f"\n[3] training the Engram GPT ({config['layers']} layers x {config['width']}, Engram at layers "
           f"{config['engram_layers']}, {2 * config['hash_heads']} rows a token per layer), batch {batch} x {seq} "
-          "bytes of the standard library (target: host RAM <= 1.02x GPU memory)")
+          "bytes of the standard library (target: host RAM <= 1.02x GPU memory); prefetch gather on "
+          f"{'every SM' if not args.max_sms else f'at most {args.max_sms} SMs'}")
     print(format_table(rows_out, ["way", "ms/step", "vs GPU memory", "first loss", "last loss", "table GB"]))
     return results
 
@@ -220,7 +226,7 @@ def section_scale(args, device) -> dict:
     memory = model.engram_modules()[0]
     raw = memory.rows.table.nbytes()
     resident = rss_bytes() - before
-    trainer = Trainer(model, autocast=True)
+    trainer = Trainer(model, autocast=True, max_sms=args.max_sms)
     data = batches(tokens, starts, 8, 1024, args.steps + 1)
     times = []
     for i in range(min(args.steps, 10)):
@@ -245,8 +251,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30, help="training steps per way")
     parser.add_argument("--big-rows", type=int, default=300_000_000, help="rows of the scale section's table")
     parser.add_argument("--skip-scale", action="store_true", help="leave out section 4")
+    parser.add_argument("--max-sms", type=int, default=None,
+                        help="bound the training prefetch's gather to this many SMs (default: no bound)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
+    if args.max_sms is not None and args.max_sms < 0:
+        parser.error("--max-sms must be >= 0 (0: every SM)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"speedtorch {speedtorch.__version__} ({speedtorch.build_info()}), torch {torch.__version__}, "
           f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'no GPU: CPU sizes'}")

@@ -4,7 +4,7 @@
 // takes gigabytes. Error messages describe a bad value by its type, or by its text when it is a scalar, never by
 // dumping a whole list.
 //
-// Free of torch so that the fuzz target (tests/fuzz/fuzz_request_json.cpp) drives it directly.
+// Free of torch so that the fuzz target (tests/fuzz/fuzz_request_body.cpp) drives it directly.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -154,11 +154,18 @@ class EngramGPT(torch.nn.Module):
 
 
 class Trainer:
-    """Trains an :class:`EngramGPT`: ``step(batch, next_batch=None) -> loss`` (a float tensor on the device)."""
+    """Trains an :class:`EngramGPT`: ``step(batch, next_batch=None) -> loss`` (a float tensor on the device).
 
-    def __init__(self, model: EngramGPT, lr: float = 3e-3, prefetch: bool = True, autocast: bool = False):
+    ``max_sms``: the SMs the prefetch's gather may take (``NgramHashEmbedding.prefetch``'s ``max_sms``; the rest are
+    left to the backward it runs beside); ``None``: no bound."""
+
+    def __init__(self, model: EngramGPT, lr: float = 3e-3, prefetch: bool = True, autocast: bool = False,
+                 max_sms: Optional[int] = None):
+        if max_sms is not None and int(max_sms) < 0:
+            raise ValueError(f"max_sms must be >= 0 (0: every SM) or None, got {max_sms}")
         self.model = model
         self.prefetch = prefetch
+        self.max_sms = None if max_sms is None else int(max_sms)
         self.autocast = autocast  # the forward in bfloat16 autocast (on a GPU)
         self.dense = torch.optim.AdamW(model.dense_parameters(), lr=lr, weight_decay=0.0)
 
@@ -170,7 +177,7 @@ class Trainer:
         loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), targets.to(device).reshape(-1))
         if self.prefetch and next_batch is not None:  # read under the backward; rows this step updates re-read
             for memory in self.model.engram_modules():
-                memory.prefetch(next_batch[0], next_batch[2])
+                memory.prefetch(next_batch[0], next_batch[2], max_sms=self.max_sms)
         loss.backward()
         for memory in self.model.engram_modules():
             memory.step()

@@ -18,12 +18,14 @@ dense optimizer and the next forward's first layers with ``"step"``), and every 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, Sequence, Union
 
 import torch
 
 from .ngram import NgramHash
 from .nn import HostEmbedding
+from .ops import transfer_config_override
 
 __all__ = ["NgramHashEmbedding"]
 
@@ -145,11 +147,21 @@ class NgramHashEmbedding(torch.nn.Module):
         rows = self.rows(ids)  # (batch, seq, columns, embedding_dim)
         return rows.reshape(ids.shape[0], ids.shape[1], self.output_dim)
 
-    def prefetch(self, next_tokens: torch.Tensor, next_document_starts: Optional[torch.Tensor] = None) -> None:
+    def prefetch(self, next_tokens: torch.Tensor, next_document_starts: Optional[torch.Tensor] = None, *,
+                 max_sms: Optional[int] = None) -> None:
         """Starts reading the rows of the next batch (on a side stream on a GPU) while this step computes. Pass the
-        same tensor objects to the next forward. Rows this step's update changes are read again at that forward."""
+        same tensor objects to the next forward. Rows this step's update changes are read again at that forward.
+
+        ``max_sms``: bound the prefetch's gather to this many SMs (the transfer option ``max_sms``; 0: every SM), so
+        it leaves the rest to the model's kernels running beside it; ``None`` leaves the setting as it is. Applied as
+        :class:`speedtorch.TrainPipeline` does, by :func:`speedtorch.transfer_config_override` around the gather
+        only (the hash and the forward's re-read of updated rows run unbounded), and restored when it returns."""
+        if max_sms is not None and int(max_sms) < 0:
+            raise ValueError(f"max_sms must be >= 0 (0: every SM) or None, got {max_sms}")
         ids = self.row_ids(next_tokens, next_document_starts)
-        self.rows.prefetch(ids)
+        bound = transfer_config_override(max_sms=int(max_sms)) if max_sms is not None else contextlib.nullcontext()
+        with bound:
+            self.rows.prefetch(ids)
         self._prefetched = (next_tokens, next_document_starts, ids)
 
     @torch.no_grad()

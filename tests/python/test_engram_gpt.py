@@ -3,8 +3,10 @@ a few dozen training steps that lower the loss, with the Engram table in (pinned
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+import speedtorch
 from speedtorch.engram_gpt import EngramConfig, EngramGPT, Trainer, batches, stdlib_corpus
 
 
@@ -50,3 +52,31 @@ def test_the_demo_command_trains(capsys, monkeypatch):
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "standard library" in out and "step    2  loss" in out
+
+
+def test_the_trainer_bounds_each_prefetch_to_max_sms(monkeypatch):
+    """Issue 26: Trainer(max_sms=...) hands the bound to every Engram layer's prefetch (its gather runs under the
+    transfer option, restored after); without it, the setting is never touched."""
+    seen = []
+    real = speedtorch.ngram_embedding.transfer_config_override
+
+    def record(**options):
+        seen.append(options)
+        return real(**options)
+
+    monkeypatch.setattr(speedtorch.ngram_embedding, "transfer_config_override", record)
+    tokens, starts = stdlib_corpus(max_bytes=50_000)
+    config = EngramConfig(layers=2, width=32, heads=2, engram_layers=(0, 1), hash_heads=2, max_order=3,
+                          rows_per_head=512, engram_dim=8)
+    data = batches(tokens, starts, batch=2, seq=16, count=3)
+    torch.manual_seed(0)
+    trainer = Trainer(EngramGPT(config, torch.device("cpu")), max_sms=6)
+    for i in range(2):
+        trainer.step(data[i], data[i + 1])
+    assert seen == [{"max_sms": 6}] * 4  # two steps, two Engram layers each
+    assert speedtorch.transfer_config()["max_sms"] == 0.0
+    seen.clear()
+    Trainer(trainer.model).step(data[0], data[1])
+    assert seen == []
+    with pytest.raises(ValueError, match="max_sms"):
+        Trainer(trainer.model, max_sms=-2)

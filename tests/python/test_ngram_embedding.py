@@ -38,14 +38,15 @@ def target(step, shape):
     return torch.randn(shape, generator=torch.Generator().manual_seed(100 + step))
 
 
-def train(module, tokens_list, prefetch=False):
+def train(module, tokens_list, prefetch=False, max_sms=None):
     outputs = []
     for i, tokens in enumerate(tokens_list):
         out = module(tokens)
         loss = F.mse_loss(out.float(), target(i, out.shape).to(out.device))
         loss.backward()
         if prefetch and i + 1 < len(tokens_list):
-            module.prefetch(tokens_list[i + 1])  # before this step's update: rows it changes are read again
+            # before this step's update: rows it changes are read again
+            module.prefetch(tokens_list[i + 1], max_sms=max_sms)
         module.step()
         outputs.append(out.detach().cpu())
     return outputs
@@ -112,6 +113,65 @@ def test_prefetch_needs_the_same_tensor():
     assert module.rows._prefetched is None  # the unused prefetch is dropped, not tracked for ever
 
 
+class _SeesMaxSms:
+    """Stands in for a module's table: records the transfer option ``max_sms`` in force at each gather."""
+
+    def __init__(self, table, seen, fail=False):
+        self._table, self._seen, self._fail = table, seen, fail
+
+    def gather(self, *args, **kwargs):
+        self._seen.append(speedtorch.transfer_config()["max_sms"])
+        if self._fail:
+            raise RuntimeError("gather failed")
+        return self._table.gather(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._table, name)
+
+
+def test_prefetch_max_sms_bounds_the_gather_only_and_is_restored():
+    """Issue 26: the prefetch's gather runs under max_sms; the hash, the forward and everything after run under the
+    setting that was in force before, also when the gather raises."""
+    module = make()
+    first, second = batches(2)
+    seen = []
+    module.rows.table = _SeesMaxSms(module.rows.table, seen)
+    with speedtorch.transfer_config_override(max_sms=5):  # whatever was set before the prefetch comes back
+        module.prefetch(first, max_sms=3)
+        assert seen == [3.0] and speedtorch.transfer_config()["max_sms"] == 5.0
+        out = module(first)  # takes the prefetched rows: no gather
+        assert seen == [3.0]
+        module(second)  # an ordinary forward's gather: unbounded by the prefetch's option
+        assert seen == [3.0, 5.0]
+        module.prefetch(second)  # None: the setting is left alone
+        assert seen == [3.0, 5.0, 5.0]
+        module.rows.table = _SeesMaxSms(module.rows.table._table, seen, fail=True)
+        with pytest.raises(RuntimeError, match="gather failed"):
+            module.prefetch(first, max_sms=7)
+        assert seen[-1] == 7.0 and speedtorch.transfer_config()["max_sms"] == 5.0
+    assert speedtorch.transfer_config()["max_sms"] == 0.0
+    assert torch.equal(out.detach(), module.rows.weight[module.hash(first)].reshape(3, 12, -1))
+
+
+def test_prefetch_max_sms_none_touches_no_setting(monkeypatch):
+    calls = []
+    monkeypatch.setattr(speedtorch.ngram_embedding, "transfer_config_override", lambda **o: calls.append(o))
+    module = make()
+    module.prefetch(batches(1)[0])
+    assert calls == []
+    with pytest.raises(ValueError, match="max_sms"):
+        module.prefetch(batches(1)[0], max_sms=-1)
+
+
+def test_prefetch_with_max_sms_changes_no_bit():
+    data = batches(5)
+    reference = make()
+    plain = train(reference, data)
+    for bounded in (make(), make(placement="hybrid", cache_rows=32)):
+        assert all(torch.equal(a, b) for a, b in zip(plain, train(bounded, data, prefetch=True, max_sms=2)))
+        assert torch.equal(bounded.rows.weight, reference.rows.weight)
+
+
 def test_quantized_copy_serves_the_trained_rows():
     module = make()
     train(module, batches(2))
@@ -135,6 +195,23 @@ def test_gpu_training_prefetch_and_placements_agree_bit_for_bit():
         train(module, data, prefetch)
         torch.cuda.synchronize()
         assert torch.equal(module.rows.weight.cpu(), host.rows.weight.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_sms", [1, 4])
+def test_gpu_prefetch_with_max_sms_is_bit_identical(max_sms):
+    """Issue 26: the prefetch's gather bounded to a few SMs on its side stream (async updates on, host placement)
+    trains the same bits as no prefetch, and leaves the process's setting as it was."""
+    data = batches(5, batch=4, seq=64)
+    reference = make(device="cuda", async_update=False)
+    expected = train(reference, data)
+    before = speedtorch.transfer_config()["max_sms"]
+    for module in (make(device="cuda"), make(device="cuda", placement="hybrid", cache_rows=32)):
+        outputs = train(module, data, prefetch=True, max_sms=max_sms)
+        torch.cuda.synchronize()
+        assert speedtorch.transfer_config()["max_sms"] == before
+        assert all(torch.equal(a, b) for a, b in zip(outputs, expected))
+        assert torch.equal(module.rows.weight.cpu(), reference.rows.weight.cpu())
 
 
 @pytest.mark.gpu
