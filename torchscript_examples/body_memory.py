@@ -7,7 +7,8 @@ memory bound (issue 27). Each shape runs in a fresh server (the peak, VmHWM, onl
 
 Shapes (each a /lookup body of exactly --max-body-bytes): numbers `{"ids":[1,1,...]}`, floats `[1.5,...]`, lists
 `[[],[],...]`, strings `["","",...]`, objects `[{},{},...]`, whitespace (`[1]` and blanks: the body alone, nothing
-parsed). The server refuses the large ones with 413 after parsing them (more ids than --max-batch).
+parsed). The server refuses bodies of more than 1,048,576 values with 400 before parsing them (request_json.h);
+smaller ones it parses, then refuses with 413 when they hold more ids than --max-batch.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@
 
 namespace speedtorch::serving {
 
-int json_nesting_depth(std::string_view text, int limit) {
+JsonExtent json_extent(std::string_view text, int depth_limit, int64_t value_limit) {
+  JsonExtent extent;
   int depth = 0;
-  int deepest = 0;
   bool in_string = false;
   bool escaped = false;
   for (const char c : text) {
@@ -21,18 +21,31 @@ int json_nesting_depth(std::string_view text, int limit) {
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > deepest) deepest = depth;
-      if (deepest > limit) return deepest;
+      ++extent.values;  // the container's first value (an upper bound: it may be empty)
+      if (++depth > extent.depth) extent.depth = depth;
+      if (extent.depth > depth_limit) return extent;
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
+    } else if (c == ',' && ++extent.values > value_limit) {
+      return extent;
     }
   }
-  return deepest;
+  return extent;
+}
+
+int json_nesting_depth(std::string_view text, int limit) {
+  return json_extent(text, limit, std::numeric_limits<int64_t>::max()).depth;
 }
 
 std::optional<nlohmann::json> parse_json_object(std::string_view body, std::string& error) {
-  if (json_nesting_depth(body) > kMaxJsonDepth) {
+  const JsonExtent extent = json_extent(body);
+  if (extent.depth > kMaxJsonDepth) {
     error = "the request body nests lists or objects deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+    return std::nullopt;
+  }
+  if (extent.values > kMaxJsonValues) {
+    error = "the request body holds more than " + std::to_string(kMaxJsonValues) +
+            " values; split the request (or send ids as a binary tensor, /v2)";
     return std::nullopt;
   }
   nlohmann::json value = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);

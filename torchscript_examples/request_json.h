@@ -1,7 +1,8 @@
 // Reading the server's JSON request bodies safely: untrusted text in, checked values out, nothing recursive on the
-// input. A body is refused before it is parsed when its brackets nest deeper than kMaxJsonDepth (a linear scan):
-// nlohmann::json parses iteratively, but writing or comparing a value recurses, and 60 MB of '[' parsed in full
-// takes gigabytes. Error messages describe a bad value by its type, or by its text when it is a scalar, never by
+// input. A body is refused before it is parsed when its brackets nest deeper than kMaxJsonDepth or it holds more than
+// kMaxJsonValues values (one linear scan): nlohmann::json parses iteratively, but writing or comparing a value
+// recurses, 60 MB of '[' parsed in full takes gigabytes, and a parsed value costs 16 to 110 bytes of memory for
+// the 2 or 3 bytes of its text (docs/torchscript.md, the memory bound). Error messages describe a bad value by its type, or by its text when it is a scalar, never by
 // dumping a whole list.
 //
 // Free of torch so that the fuzz target (tests/fuzz/fuzz_request_body.cpp) drives it directly.
@@ -20,6 +21,19 @@ namespace speedtorch::serving {
 
 // Deeper than any request the server takes (a list of rows is depth 3; a v2 inference request about 6).
 constexpr int kMaxJsonDepth = 32;
+// More values than a request needs: 1M numbers is an /update of 8,192 rows of 128 (binary /v2 tensors are not JSON).
+// It bounds what parsing one body can take, about 110 MiB for the costliest values ({}).
+constexpr int64_t kMaxJsonValues = int64_t{1} << 20;
+
+// What the scan before parsing finds in a body, outside strings: the deepest nesting of [ and { (0 for a scalar)
+// and an upper bound on the number of values (1 + commas + lists and objects opened). It stops once either passes
+// its limit, so a refused body is scanned only that far.
+struct JsonExtent {
+  int depth = 0;
+  int64_t values = 1;
+};
+JsonExtent json_extent(std::string_view text, int depth_limit = kMaxJsonDepth,
+                       int64_t value_limit = kMaxJsonValues);
 
 // The deepest nesting of [ and { in `text` outside strings (0 for a scalar). Stops counting past `limit` + 1.
 int json_nesting_depth(std::string_view text, int limit = kMaxJsonDepth);
