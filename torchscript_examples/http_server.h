@@ -9,7 +9,8 @@
 //   none is idle the newcomer gets 503 (a listen backlog of `backlog` holds connections not yet accepted).
 // - Limits on the head and the body (HttpRequestParser: chunked bodies included); only one request per connection
 //   is read at a time, so memory is bounded by max_connections x (max_head_bytes + one answer) plus the bodies
-//   being read (max_body_bytes each, at most max_connections x max_body_bytes).
+//   being read (max_body_bytes each, twice that for a moment while a body is handed to a worker: docs/torchscript.md
+//   gives the whole bound, parsing included).
 // - stop() (from any thread; not a signal handler): takes the connections already waiting in the backlog, stops
 //   listening, answers every request it has received whole, closes the rest, and run() returns when all answers
 //   are written.
