@@ -18,6 +18,7 @@ import copy
 import inspect
 import math
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Optional
 
 import numpy as np
@@ -881,6 +882,30 @@ class _PickledTable:
             table.enable_cache(self.cache_slots, device)
         return table
 
+
+
+def _copied_to_another_process(pickled: _PickledTable):
+    """How a table travels through multiprocessing (the arguments of a spawned process or DataLoader worker, a
+    Queue): as a copy of its bytes, the per-process copy docs/training.md ("Worker processes") describes.
+    torch.multiprocessing would share the tensors instead, through a descriptor that closes with the temporary
+    tensors pickling made, so a spawned process failed to start ("bad value(s) in fds_to_keep")."""
+    state = dict(vars(pickled))
+    for name in ("rows", "state"):
+        if state[name] is not None:
+            state[name] = (state[name].dtype, state[name].contiguous().view(torch.uint8).numpy())
+    return _table_from_another_process, (state,)
+
+
+def _table_from_another_process(state: dict) -> _PickledTable:
+    out = _PickledTable()
+    for name, value in state.items():
+        if name in ("rows", "state") and value is not None:
+            value = torch.from_numpy(value[1]).view(value[0])
+        setattr(out, name, value)
+    return out
+
+
+ForkingPickler.register(_PickledTable, _copied_to_another_process)
 
 def _options(options: Optional[dict], dtype: torch.dtype) -> dict:
     """Optimizer options as the table takes them (floats), with stochastic rounding for 16-bit tables unless the
