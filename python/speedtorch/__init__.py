@@ -2,6 +2,11 @@
 
 The kernels live in a C++/CUDA library registered with PyTorch's dispatcher (``torch.ops.speedtorch``,
 ``torch.classes.speedtorch``); this package loads it and adds Python conveniences.
+
+``speedtorch.PinnedEmbedding`` is that library's TorchScript custom class (a ``torch.ScriptClass``), which carries
+no docstrings and whose documentation cannot be set from Python: ``help(speedtorch.PinnedEmbedding)`` shows
+torch.ScriptClass. ``help(speedtorch.PinnedEmbeddingAPI)`` documents its methods, and ``repr(table)`` says what a
+table is. docs/api.md lists every public name.
 """
 
 from __future__ import annotations

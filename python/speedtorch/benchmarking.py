@@ -49,6 +49,7 @@ def median_seconds(fn: Callable[[], object], reps: int = 10, warmup: int = 3) ->
 
 
 def gbps(nbytes: int, seconds: float) -> float:
+    """Throughput in GB/s (10^9 bytes per second) of ``nbytes`` moved in ``seconds``."""
     return nbytes / seconds / 1e9
 
 

@@ -622,10 +622,13 @@ class GPUPytorchOptimizerFactory(OptimizerFactory):
         super().__init__(given_optimizer, total_classes, embed_dimension, model, variable_name, dtype, CPUPinn=False)
 
     def saveTorch(self, saveFileName) -> None:
+        """``torch.save`` of the state collections, a dict by state name (:meth:`getTorchVar`), to ``saveFileName``."""
         torch.save(self.getTorchVar(), saveFileName)
 
     @torch.no_grad()
     def loadTorch(self, loadFileName) -> None:
+        """Reads a file written by :meth:`saveTorch` into the state collections, in place; raises ValueError when its
+        state names or shapes differ from theirs."""
         collections = self.getTorchVar()
         loaded = torch.load(loadFileName, map_location=self.parameter.device, weights_only=True)
         if not isinstance(loaded, dict) or set(loaded) != set(collections):

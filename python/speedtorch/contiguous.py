@@ -119,6 +119,8 @@ class ContiguousParams:
         self._impl.assert_buffer_is_valid()
 
     def buffer_is_valid(self) -> bool:
+        """Whether every parameter and its ``.grad`` are still views of the flat buffers (False once one was replaced
+        instead of updated in place); :meth:`assert_buffer_is_valid` names the culprit."""
         return self._impl.buffer_is_valid()
 
     def zero_grad(self) -> None:
@@ -130,6 +132,7 @@ class ContiguousParams:
         return self._impl.num_params()
 
     def num_groups(self) -> int:
+        """How many flat buffers there are: one per (device, dtype) of the parameters."""
         return self._impl.num_groups()
 
     def group_of(self, index: int) -> int:

@@ -45,6 +45,7 @@ def set_stats_enabled(enabled: bool) -> None:
 
 
 def stats_enabled() -> bool:
+    """Whether the counters are counting (:func:`set_stats_enabled`; on by default)."""
     return bool(torch.ops.speedtorch.stats_enabled())
 
 

@@ -144,6 +144,8 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         self._prefetched = None
 
     def extra_repr(self) -> str:
+        """The module's repr lines: table and feature counts, the device, and each group's tables, size, optimizer and
+        placement."""
         lines = [f"{len(self.tables)} tables, {len(self.feature_names)} features, device={self.device}"]
         for g, group in enumerate(self._groups):
             m = group.module

@@ -70,6 +70,10 @@ def batches(tokens: torch.Tensor, document_starts: torch.Tensor, batch: int, seq
 
 @dataclass
 class EngramConfig:
+    """The model's sizes: ``layers`` blocks of ``width`` with ``heads`` attention heads, Engram blocks at
+    ``engram_layers``; the Engram hash and table (``hash_heads``, ``max_order``, ``rows_per_head``, ``engram_dim``) and
+    how the tables live and train (``placement``, ``optimizer``, ``optimizer_options``, ``dtype``)."""
+
     layers: int = 4
     width: int = 256
     heads: int = 4
@@ -139,12 +143,17 @@ class EngramGPT(torch.nn.Module):
         self.to(device)
 
     def engram_modules(self) -> list[NgramHashEmbedding]:
+        """The Engram tables (:class:`speedtorch.nn.NgramHashEmbedding`), one per Engram layer: what :class:`Trainer`
+        prefetches and steps."""
         return [block.memory for block in self.engrams.values()]
 
     def dense_parameters(self) -> list[torch.nn.Parameter]:
+        """The trainable parameters outside the Engram tables (for a dense optimizer such as AdamW)."""
         return [p for p in self.parameters() if p.requires_grad]
 
     def forward(self, tokens: torch.Tensor, document_starts: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits ``(batch, seq, 257)`` for ``tokens`` ``(batch, seq)`` (bytes, 256 = padding); ``document_starts``
+        marks where packed documents begin (the n-grams never span two)."""
         x = self.embed(tokens.to(self.head.weight.device, non_blocking=True))
         for i, block in enumerate(self.blocks):
             if str(i) in self.engrams:
@@ -170,6 +179,9 @@ class Trainer:
         self.dense = torch.optim.AdamW(model.dense_parameters(), lr=lr, weight_decay=0.0)
 
     def step(self, batch, next_batch=None) -> torch.Tensor:
+        """One training step on ``batch`` = ``(inputs, targets, document_starts)``: forward, prefetch of
+        ``next_batch``'s Engram rows (if given), backward, the tables' fused update and AdamW. Returns the loss
+        (detached)."""
         inputs, targets, starts = batch
         device = self.model.head.weight.device
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):

@@ -58,6 +58,8 @@ def _pinned_bandwidth(index: int, nbytes: int = 256 << 20) -> tuple[float, float
 
 
 def report() -> str:
+    """What ``python -m speedtorch info`` prints: the library and its build, torch, CPU threads, host RAM, and each GPU
+    with its measured pinned-copy bandwidth."""
     lines = [
         f"speedtorch library: {library_path()}",
         f"build:              {build_info()}",

@@ -150,9 +150,12 @@ class NgramHash(torch.nn.Module):
         self.register_buffer("bucket_sizes", bucket_sizes.clone())
 
     def extra_repr(self) -> str:
+        """The module's repr line: vocabulary size, heads, maximum order, table rows, padding id."""
         return (f"vocab_size={self.vocab_size}, heads={self.heads}, max_order={self.max_order}, "
                 f"num_rows={self.num_rows}, pad_id={self.pad_id}")
 
     def forward(self, tokens: torch.Tensor, document_starts: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Row ids ``(batch, seq, (max_order - 1) * heads)`` of the tokens' n-grams (:func:`ngram_hash`), each column's
+        offset into the one table; ``document_starts`` (bool, like ``tokens``) marks where packed documents begin."""
         return torch.ops.speedtorch.ngram_hash(tokens, self.multipliers, self.bucket_sizes, self.pad_id,
                                                document_starts)

@@ -120,13 +120,16 @@ class NgramHashEmbedding(torch.nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """Where the rows are gathered to and forward's output lives."""
         return self.rows.device
 
     @property
     def num_rows(self) -> int:
+        """Rows of the table: the sum of the hash's bucket sizes."""
         return self.hash.num_rows
 
     def extra_repr(self) -> str:
+        """The module's repr line: the output width."""
         return f"output_dim={self.output_dim}"
 
     def row_ids(self, tokens: torch.Tensor, document_starts: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -137,6 +140,8 @@ class NgramHashEmbedding(torch.nn.Module):
         return self.hash(tokens, document_starts)
 
     def forward(self, tokens: torch.Tensor, document_starts: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The tokens' n-gram rows, ``(batch, seq, output_dim)`` (see the class); uses the rows of a :meth:`prefetch`
+        made for these very tensors."""
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and prefetched[0] is tokens and prefetched[1] is document_starts:
             ids = prefetched[2]  # the very tensor the rows were prefetched for
@@ -170,6 +175,7 @@ class NgramHashEmbedding(torch.nn.Module):
         self.rows.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
+        """Drops the gradients pending since the last :meth:`step` (HostEmbedding.zero_grad)."""
         self.rows.zero_grad()
 
     def quantized(self, format: str = "fp8_e4m3_ue8m0", **options):

@@ -39,6 +39,7 @@ class NgramHashLookup(torch.nn.Module):
         self.output_dim = self.hash.columns * rows.dim
 
     def extra_repr(self) -> str:
+        """The module's repr line: the quantized rows and the device."""
         return f"{self.rows!r}, device={self.device}"
 
     def forward(self, tokens: torch.Tensor, document_starts: Optional[torch.Tensor] = None,

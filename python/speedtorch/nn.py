@@ -15,8 +15,10 @@ rows ever occupy GPU memory. docs/training.md shows the standard loop; docs/api.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Optional
 
 import numpy as np
@@ -88,10 +90,29 @@ def _exporting() -> bool:
     return _IS_EXPORTING() and not _IS_DYNAMO_COMPILING()
 
 
-@torch.compiler.disable
+def _outside_graph(reason: str):
+    """torch.compiler.disable, telling dynamo why where it takes a reason (fullgraph=True's refusal shows it)."""
+    if "reason" in inspect.signature(torch.compiler.disable).parameters:
+        return torch.compiler.disable(reason=reason)
+    return torch.compiler.disable
+
+
+@_outside_graph("speedtorch.nn.HostEmbedding: a lookup that trains the table runs outside the graph (its backward "
+                "hands the rows' gradient to the module, a side effect no graph holds), which fullgraph=True refuses; "
+                "compile without fullgraph=True, or look up without a gradient (torch.no_grad(), eval(), a frozen "
+                "table). docs/training.md, Compilers")
 def _forward_outside_graph(module, input, offsets, per_sample_weights):
     # Under torch.compile, a HostEmbedding that trains runs eagerly: its backward hands the rows' gradient to the
     # module (a side effect no graph holds). The compiled graph breaks around it.
+    return module._forward_eager(input, offsets, per_sample_weights)
+
+
+@_outside_graph("speedtorch.nn.HostEmbedding: the rows of placement='hybrid' (its row cache) or of a "
+                "DistributedHostEmbedding are in no tensor a graph can hold: the lookup runs outside the graph, which "
+                "fullgraph=True refuses; compile without fullgraph=True, or use placement='host' or 'gpu'. "
+                "docs/training.md, Compilers")
+def _forward_untensored_outside_graph(module, input, offsets, per_sample_weights):
+    # The same graph break, for rows that no tensor holds (the reason above is what fullgraph=True reports).
     return module._forward_eager(input, offsets, per_sample_weights)
 
 
@@ -108,7 +129,8 @@ class HostEmbedding(torch.nn.Module):
         padding_idx: this row gets no gradient (and is never updated); a new table starts with it zero. In bags its
             entries are left out (``nn.EmbeddingBag``'s rule).
         max_norm, norm_type: rows looked up whose ``norm_type``-norm exceeds ``max_norm`` are scaled down to it, in
-            the table (``nn.Embedding``'s renormalisation).
+            the table (``nn.Embedding``'s renormalisation; a compiled or exported graph returns them scaled but
+            leaves the table as it was: docs/training.md, Compilers).
         scale_grad_by_freq: each id's gradient divided by its count in the batch.
         mode: ``None`` for ``nn.Embedding`` behaviour, ``"sum"``, ``"mean"`` or ``"max"`` for ``nn.EmbeddingBag``.
         include_last_offset: bags: ``offsets`` has one more entry, the end of the last bag.
@@ -386,6 +408,10 @@ class HostEmbedding(torch.nn.Module):
         if torch.compiler.is_compiling():
             if self._traceable():
                 return self._lookup_traceable(input, offsets, per_sample_weights)
+            if not self._rows_in_a_tensor():
+                if _exporting():
+                    raise RuntimeError(self._not_exportable())
+                return _forward_untensored_outside_graph(self, input, offsets, per_sample_weights)
             return _forward_outside_graph(self, input, offsets, per_sample_weights)
         return self._forward_eager(input, offsets, per_sample_weights)
 
@@ -457,15 +483,35 @@ class HostEmbedding(torch.nn.Module):
 
     def _traceable(self) -> bool:
         # What torch.compile / torch.export can hold in a graph: a lookup that hands no gradient to the module, over
-        # a table that is a tensor (host or gpu placement; hybrid rows may sit in the cache) and is not rewritten.
+        # a table that is a tensor (host or gpu placement; hybrid rows may sit in the cache).
         no_gradient = _exporting() or not self.trains or not self.training or not torch.is_grad_enabled()
-        return no_gradient and self.placement in ("host", "gpu") and self.max_norm is None and \
-            self._registers_weight()
+        return no_gradient and self._rows_in_a_tensor()
+
+    def _rows_in_a_tensor(self) -> bool:
+        return self.placement in ("host", "gpu") and self._registers_weight()
+
+    def _not_exportable(self) -> str:
+        if self._registers_weight():
+            what, rows, copy_ = ("a HostEmbedding with placement='hybrid'", "the row cache's rows",
+                                 "HostEmbedding.from_pretrained(module.weight, ...), or module.save(path) and "
+                                 "HostEmbedding.load(path, placement='host')")
+        else:
+            what, rows, copy_ = (type(self).__name__, "its rows (shared memory of the process group)",
+                                 "a HostEmbedding loaded from its torch.distributed.checkpoint, docs/distributed.md")
+        return (f"torch.export of {what} is not supported: {rows} are in no tensor the exported program can hold. "
+                f"Export a copy with placement='host' or 'gpu' instead ({copy_}), or keep this lookup out of the "
+                f"exported module (docs/training.md, Compilers)")
 
     def _lookup_traceable(self, input, offsets, per_sample_weights):
         ids = input.to(self.device)
         # Detached: no dense (num_embeddings x dim) gradient, even if something set the parameter's requires_grad.
         rows = torch.ops.speedtorch.gather(self._parameters["weight"].detach(), ids, self.device)
+        if self.max_norm is not None:
+            # The rows come back renormalised, as eager's; the graph does not write them into the table (in place,
+            # a graph can only do that by copying the whole table): the stored rows stay as they were.
+            norms = torch.linalg.vector_norm(rows.float(), self.norm_type, dim=-1, keepdim=True)
+            scale = torch.where(norms > self.max_norm, self.max_norm / (norms + 1e-7), torch.ones_like(norms))
+            rows = (rows.float() * scale).to(rows.dtype)
         rows = rows.to(self.output_dtype)
         if self.mode is None:
             return rows
@@ -888,6 +934,30 @@ class _PickledTable:
             table.enable_cache(self.cache_slots, device)
         return table
 
+
+
+def _copied_to_another_process(pickled: _PickledTable):
+    """How a table travels through multiprocessing (the arguments of a spawned process or DataLoader worker, a
+    Queue): as a copy of its bytes, the per-process copy docs/training.md ("Worker processes") describes.
+    torch.multiprocessing would share the tensors instead, through a descriptor that closes with the temporary
+    tensors pickling made, so a spawned process failed to start ("bad value(s) in fds_to_keep")."""
+    state = dict(vars(pickled))
+    for name in ("rows", "state"):
+        if state[name] is not None:
+            state[name] = (state[name].dtype, state[name].contiguous().view(torch.uint8).numpy())
+    return _table_from_another_process, (state,)
+
+
+def _table_from_another_process(state: dict) -> _PickledTable:
+    out = _PickledTable()
+    for name, value in state.items():
+        if name in ("rows", "state") and value is not None:
+            value = torch.from_numpy(value[1]).view(value[0])
+        setattr(out, name, value)
+    return out
+
+
+ForkingPickler.register(_PickledTable, _copied_to_another_process)
 
 def _options(options: Optional[dict], dtype: torch.dtype) -> dict:
     """Optimizer options as the table takes them (floats), with stochastic rounding for 16-bit tables unless the

@@ -51,37 +51,51 @@ class DeviceTable:
     # --- PinnedEmbedding's API ---------------------------------------------------------------------------------
 
     def num_rows(self) -> int:
+        """Rows of the table."""
         return self._table.shape[0]
 
     def dim(self) -> int:
+        """Width of a row."""
         return self._table.shape[1]
 
     def nbytes(self) -> int:
+        """Bytes of the rows and the optimizer state (float32), in device memory."""
         state = 0 if self._state is None else self._state.numel() * 4
         return self._table.numel() * self._table.element_size() + state
 
     def table(self) -> torch.Tensor:
+        """The ``num_rows x dim`` table tensor itself, in device memory (writes through it change the table)."""
         return self._table
 
     def mapping(self) -> str:
+        """``""``: not a mapped file (PinnedEmbedding's ``mapping()`` names one)."""
         return ""
 
     def state(self) -> Optional[torch.Tensor]:
+        """The optimizer state, ``num_rows x state_width`` float32 in device memory, or None before
+        :meth:`set_optimizer`."""
         return self._state
 
     def optimizer(self) -> str:
+        """The fused optimizer's canonical name, or ``""`` without one."""
         return self._optimizer
 
     def optimizer_options(self) -> dict[str, float]:
+        """The optimizer's hyper-parameters, by name (a copy)."""
         return dict(self._options)
 
     def step_count(self) -> int:
+        """Optimizer steps taken (the table-wide count the updates use)."""
         return self._step
 
     def set_step_count(self, step: int) -> None:
+        """Sets the step count (a checkpoint's)."""
         self._step = int(step)
 
     def set_optimizer(self, kind: str, options: dict, state_beside_rows: bool = True) -> None:  # noqa: ARG002
+        """Chooses the fused optimizer ``kind`` with ``options`` (checked as PinnedEmbedding checks them) and starts its
+        state at zero and the step count at 0. ``state_beside_rows`` is accepted for PinnedEmbedding's signature; the
+        state is a tensor of its own here."""
         options = {k: float(v) for k, v in options.items()}
         width = PinnedEmbedding.state_width(kind, options, self.dim())  # validates the name and options
         self._state = torch.zeros(self.num_rows(), width, dtype=torch.float32, device=self.device)
@@ -103,12 +117,18 @@ class DeviceTable:
         self._options = options
 
     def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
+        """Rows for ``indices`` (any shape), shaped ``indices.shape + (dim,)``, on ``device`` (default: the indices');
+        bad indices raise IndexError."""
         return torch.ops.speedtorch.gather(self._table, indices, None if device is None else torch.device(device))
 
     def scatter_(self, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        """Writes ``src`` (``indices.shape + (dim,)``) into those rows (a repeated id: its last row wins); returns the
+        table."""
         return torch.ops.speedtorch.scatter_(self._table, indices, src)
 
     def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor, sorted_unique: bool = False) -> None:
+        """One step of the fused optimizer on the rows ``indices`` with their gradients ``grad`` (moved to the table's
+        device); ``sorted_unique`` says the ids are sorted and distinct already. Raises without an optimizer."""
         if self._state is None:
             raise RuntimeError("DeviceTable.apply_gradients: no optimizer; call set_optimizer(kind, options) first")
         # The table stays where it was built while a module's forward may have moved (model.cuda() on a table
@@ -119,6 +139,7 @@ class DeviceTable:
         self._step += 1
 
     def normal_(self, mean: float, std: float, seed: Optional[int] = None) -> None:
+        """Fills the table with N(mean, std^2) values, in place; ``seed`` makes them reproducible."""
         generator = None
         if seed is not None:
             generator = torch.Generator(self.device).manual_seed(seed)
@@ -131,6 +152,7 @@ class DeviceTable:
                 t.record_stream(stream)
 
     def copy_(self, src: torch.Tensor) -> None:
+        """Copies ``src`` (``num_rows x dim``, any device and floating dtype) into the table."""
         if tuple(src.shape) != tuple(self._table.shape):
             raise RuntimeError(f"DeviceTable.copy_: src must have shape {tuple(self._table.shape)}, got "
                                f"{tuple(src.shape)}")
@@ -232,30 +254,40 @@ class HybridTable:
     # --- PinnedEmbedding's API ---------------------------------------------------------------------------------
 
     def num_rows(self) -> int:
+        """Rows of the table (all in the host table)."""
         return self.host.num_rows()
 
     def dim(self) -> int:
+        """Width of a row."""
         return self.host.dim()
 
     def nbytes(self) -> int:
+        """Bytes of the host table (rows and state) plus the device-resident rows and their state."""
         return self.host.nbytes() + self.hot_table.numel() * self.hot_table.element_size() + self.hot_state.numel() * 4
 
     def optimizer(self) -> str:
+        """The host table's optimizer (canonical name)."""
         return self.host.optimizer()
 
     def optimizer_options(self) -> dict[str, float]:
+        """The optimizer's hyper-parameters, by name."""
         return self.host.optimizer_options()
 
     def step_count(self) -> int:
+        """Optimizer steps taken (one count for the host and device rows)."""
         return self.host.step_count()
 
     def set_optimizer_options(self, options: dict) -> None:
+        """Changes the hyper-parameters in place (PinnedEmbedding.set_optimizer_options): the device rows use the new
+        ones from the next update."""
         self.host.set_optimizer_options(options)
 
     def set_step_count(self, step: int) -> None:
+        """Sets the step count (a checkpoint's)."""
         self.host.set_step_count(step)
 
     def mapping(self) -> str:
+        """The host table's mapping (the file it maps, or ``""``)."""
         return self.host.mapping()
 
     def table(self) -> torch.Tensor:
@@ -266,6 +298,8 @@ class HybridTable:
         return self.host.table()
 
     def state(self) -> torch.Tensor:
+        """The host table's optimizer state, with the device-resident rows' state written back first; while the caller
+        holds it, every row operation uses the host rows (see the class)."""
         self.sync_to_host()
         self._device_rows_stale = True
         return self.host.state()
@@ -312,6 +346,9 @@ class HybridTable:
             raise  # every id is in range: the host's error was about something else
 
     def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
+        """Rows for ``indices`` (any shape), shaped ``indices.shape + (dim,)``, on ``device`` (default: the table's
+        device): device-resident ones from device memory, the others from the host table. Counts cache hits and
+        misses."""
         device = self.device if device is None else torch.device(device)
         ids = indices.to(self.device).reshape(-1)
         hot_pos, cold_pos, slots = self._split(ids)
@@ -326,6 +363,9 @@ class HybridTable:
         return rows.reshape(*indices.shape, self.dim())
 
     def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor, sorted_unique: bool = False) -> None:
+        """One step of the fused optimizer on the rows ``indices`` with their gradients ``grad``, each row updated where
+        it lives (the host step first: it advances the table-wide step count and refuses bad ids before any row
+        changes); counts updates for the choice of hot rows."""
         ids = indices.to(self.device).reshape(-1)
         grad = grad.reshape(ids.numel(), self.dim())
         hot_pos, cold_pos, slots = self._split(ids)
@@ -346,6 +386,8 @@ class HybridTable:
                 self.update_hot_rows()
 
     def scatter_(self, indices: torch.Tensor, src: torch.Tensor) -> None:
+        """Writes ``src`` (``indices.shape + (dim,)``) into those rows, wherever each lives (a repeated id: its last row
+        wins)."""
         ids = indices.to(self.device).reshape(-1)
         src = src.reshape(ids.numel(), self.dim())
         hot_pos, cold_pos, slots = self._split(ids)
@@ -363,11 +405,14 @@ class HybridTable:
                 t.record_stream(stream)
 
     def copy_(self, src: torch.Tensor) -> None:
+        """Copies ``src`` (``num_rows x dim``) into the host table and the device-resident rows."""
         self.host.copy_(src)
         if self.hot_ids.numel() and not self._device_rows_stale:  # (stale ones are gathered again before use)
             self.hot_table.copy_(src[self.hot_ids.to(src.device)])
 
     def save(self, path: str) -> None:
+        """Writes the device-resident rows back, then saves the host table (:meth:`speedtorch.PinnedEmbedding.save`'s
+        files)."""
         self.sync_to_host()
         self.host.save(str(path))
 

@@ -170,12 +170,16 @@ class QuantizedRows:
 
     @property
     def num_rows(self) -> int:
+        """Rows of the table."""
         return self.table.shape[0]
 
     def nbytes(self) -> int:
+        """Bytes of the table: every row in its format (codes with their scales, biases and padding)."""
         return self.table.numel() * self.table.element_size()
 
     def gather(self, indices: torch.Tensor, device: Optional[Union[torch.device, str]] = None) -> torch.Tensor:
+        """Rows ``indices`` (any shape) dequantized to bfloat16, shaped ``indices.shape + (dim,)``, on ``device``
+        (default: the indices'): :func:`gather_dequant`."""
         return gather_dequant(self.table, indices, self.format, self.dim, device)
 
     def dequantize(self) -> torch.Tensor:

@@ -75,6 +75,9 @@ class _ItemsMixin:
 
 
 class SpeedtorchWay(_ItemsMixin):
+    """The user table in a :class:`speedtorch.nn.HostEmbedding` (fused Adam) of ``placement``; the item table an
+    ``nn.Embedding`` with SparseAdam, or (``items_in_speedtorch``) a HostEmbedding too."""
+
     def __init__(self, num_rows, dim, num_items, device, lr=1e-3, placement="host", state_beside_rows=True,
                  items_in_speedtorch=False):
         hot = hottest_users(num_rows, max(1, int(HOT_FRACTION * num_rows))) if placement == "hybrid" else None
@@ -89,6 +92,8 @@ class SpeedtorchWay(_ItemsMixin):
             self.item_opt = self.items  # its step() applies the fused update; zero_grad() drops pending gradients
 
     def step(self, users, items, labels):
+        """One training step on a batch (user ids, item ids, 0/1 labels): forward, backward, the fused update of the
+        user table and the item table's; returns the loss."""
         loss = self._loss(self.users(users), items.to(self.device), labels.to(self.device))
         self.item_opt.zero_grad()
         loss.backward()
@@ -109,6 +114,8 @@ class SparseAdamWay(_ItemsMixin):
         self._init_items(num_items, dim, device, lr)
 
     def step(self, users, items, labels):
+        """One training step on a batch (user ids, item ids, 0/1 labels) with SparseAdam on both tables; returns the
+        loss."""
         rows = self.users(users.to(self.table_device)).to(self.device)
         loss = self._loss(rows, items.to(self.device), labels.to(self.device))
         self.user_opt.zero_grad()
@@ -134,6 +141,8 @@ class TorchStagedWay(_ItemsMixin):
         return host.index_select(0, idx).to(self.device, non_blocking=True)
 
     def step(self, users, items, labels):
+        """One training step on a batch (user ids, item ids, 0/1 labels): the batch's user rows and Adam state fetched
+        from pinned host tensors, Adam applied on the compute device, written back; returns the loss."""
         unique, inverse = torch.unique(users, return_inverse=True)
         unique = unique.cpu()  # the host tables are indexed on the host
         rows = self._fetch(self.table, unique).requires_grad_()
@@ -155,6 +164,8 @@ class TorchStagedWay(_ItemsMixin):
 
 
 def make_way(way: str, num_rows: int, dim: int, num_items: int, device, lr: float = 1e-3):
+    """The way named ``way`` (one of ``WAYS``, see the module docstring) for a ``num_rows x dim`` user table and
+    ``num_items`` items, computing on ``device`` with learning rate ``lr``."""
     if way == "speedtorch":
         return SpeedtorchWay(num_rows, dim, num_items, device, lr)
     if way == "speedtorch_both_tables":

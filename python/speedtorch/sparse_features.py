@@ -56,6 +56,7 @@ class SparseFeatures:
 
     @property
     def batch_size(self) -> int:
+        """Samples in the batch: bags per feature (``lengths.numel() // len(keys)``)."""
         return self.lengths.numel() // len(self.keys)
 
     def check_lengths(self) -> None:
@@ -84,14 +85,20 @@ class SparseFeatures:
         return torch.cat([self.lengths.new_zeros(1), torch.cumsum(self.lengths, 0)])
 
     def to(self, device, non_blocking: bool = False) -> "SparseFeatures":
+        """A copy with ``values``, ``lengths`` and ``weights`` moved to ``device`` (``Tensor.to``; ``non_blocking`` as
+        there); keys are shared."""
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return SparseFeatures(self.keys, move(self.values), move(self.lengths), move(self.weights))
 
     def pin_memory(self) -> "SparseFeatures":
+        """A copy with the tensors in pinned host memory (``Tensor.pin_memory``), as a DataLoader with
+        ``pin_memory=True`` asks of a batch."""
         pin = lambda t: None if t is None else t.pin_memory()  # noqa: E731
         return SparseFeatures(self.keys, pin(self.values), pin(self.lengths), pin(self.weights))
 
     def record_stream(self, stream) -> None:
+        """Marks the CUDA tensors as used on ``stream`` (``Tensor.record_stream``), for a batch moved on a side stream;
+        CPU tensors are skipped."""
         for t in (self.values, self.lengths, self.weights):
             if t is not None and t.is_cuda:
                 t.record_stream(stream)

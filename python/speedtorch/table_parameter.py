@@ -49,6 +49,9 @@ class HostTableParameter(torch.nn.Parameter):
 
     @property
     def grad(self) -> Optional[torch.Tensor]:
+        """The table's pending gradient: a sparse COO tensor of the rows touched since the last update (shape
+        :attr:`grad_shape`), or None. Settable to such a tensor (or None), as ``nn.Embedding(sparse=True)``'s weight's
+        is."""
         return self.__dict__.get("_pending_grad")
 
     @grad.setter

@@ -26,6 +26,8 @@ FORMAT = "speedtorch.HostEmbedding/1"
 
 
 def table_entries(table) -> dict:
+    """The table's state_dict tensors, sharing its memory: ``weight``, ``optimizer_state`` (with an optimizer) and
+    ``optimizer_step`` (a 0-d int64 tensor)."""
     out = {"weight": table.table()}
     if table.optimizer():
         out["optimizer_state"] = table.state()
@@ -34,6 +36,7 @@ def table_entries(table) -> dict:
 
 
 def table_extra_state(table) -> dict:
+    """The table's ``_extra_state``: the format tag, the optimizer's name and its options."""
     return {"format": FORMAT, "optimizer": table.optimizer(), "optimizer_options": dict(table.optimizer_options())}
 
 

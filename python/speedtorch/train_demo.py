@@ -63,6 +63,8 @@ def _train_in_turns(names, args, device, batches, progress):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m speedtorch demo``: parses ``argv`` (see ``--help``), trains the recommender the ways the module
+    docstring describes and prints their loss and steps/s. Returns the exit status."""
     gpu = torch.cuda.is_available()
     parser = argparse.ArgumentParser(
         prog="python -m speedtorch demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,

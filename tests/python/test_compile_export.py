@@ -3,6 +3,8 @@ eager. (A PinnedEmbedding is used inside compiled code through its table: see do
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -180,3 +182,54 @@ def test_compile_fullgraph_of_a_host_table_read_by_the_gpu():
     compiled = torch.compile(model, fullgraph=True)
     with torch.no_grad():
         torch.testing.assert_close(compiled(ids), model(ids))
+
+
+# --- max_norm, placement="hybrid" (issue 25) ---------------------------------------------------------------------
+
+_DISABLE_HAS_REASON = "reason" in inspect.signature(torch.compiler.disable).parameters
+
+
+@pytest.mark.parametrize("mode", [None, "sum"])
+def test_compile_and_export_of_a_max_norm_lookup(mode):
+    """A max_norm lookup without gradient is in the graph: the rows come back renormalised, equal to eager's; the
+    graph leaves the stored rows as they were (eager writes them back)."""
+    torch._dynamo.reset()  # Recommender.forward compiled above: past the recompile limit dynamo would run it eagerly
+    ids = torch.tensor([[1, 3, 5], [7, 7, 2]])
+    eager = Recommender(mode=mode, max_norm=0.5).eval()
+    with torch.no_grad():
+        expected = eager(ids)
+    assert not torch.equal(eager.users.weight, Recommender(mode=mode, max_norm=0.5).users.weight)  # written back
+    model = Recommender(mode=mode, max_norm=0.5).eval()
+    model.head.load_state_dict(eager.head.state_dict())
+    before = model.users.weight.clone()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(ids), expected)
+    torch.testing.assert_close(torch.export.export(model, (ids,)).module()(ids), expected)
+    assert torch.equal(model.users.weight, before)
+
+
+def test_hybrid_placement_under_compile_and_export():
+    """placement='hybrid' keeps rows in a row cache no graph can hold: torch.compile breaks the graph around the
+    lookup (same results), fullgraph=True and torch.export refuse it saying so, and a host copy exports."""
+    torch._dynamo.reset()
+    model = Recommender(placement="hybrid", cache_rows=32).eval()
+    ids = torch.tensor([[1, 3, 5], [7, 7, 2]])
+    with torch.no_grad():
+        expected = model(ids)
+        with pytest.raises(Exception, match="placement='hybrid'" if _DISABLE_HAS_REASON else "disable"):
+            torch.compile(model, fullgraph=True, backend="eager")(ids)
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(model, backend="eager")(ids), expected)
+    with pytest.raises(RuntimeError, match="torch.export of a HostEmbedding with placement='hybrid' is not "
+                                           "supported.*placement='host'"):
+        torch.export.export(model, (ids,))
+    model.users = HostEmbedding.from_pretrained(model.users.weight)  # the advised copy: placement='host'
+    torch.testing.assert_close(torch.export.export(model, (ids,)).module()(ids), expected)
+
+
+@pytest.mark.skipif(not _DISABLE_HAS_REASON, reason="torch.compiler.disable(reason=) needs a newer torch")
+def test_fullgraph_refusal_of_a_training_lookup_says_why():
+    torch._dynamo.reset()
+    model = Recommender(optimizer="adam")
+    with pytest.raises(Exception, match="a lookup that trains the table runs outside the graph"):
+        torch.compile(model, fullgraph=True, backend="eager")(torch.tensor([[1, 2]]))

@@ -104,6 +104,8 @@ class DistributedHostEmbedding(HostEmbedding):
 
     def forward(self, input: torch.Tensor, offsets: Optional[torch.Tensor] = None,
                 per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """HostEmbedding's forward (rows of ``input``, or pooled bags with ``offsets`` / ``per_sample_weights``), the
+        rows read from every host's shard; with gradients enabled, marks the step that :meth:`step` must then apply."""
         if torch.is_grad_enabled():
             self._awaiting_step = True
         return super().forward(input, offsets, per_sample_weights)
@@ -164,6 +166,8 @@ class DistributedHostEmbedding(HostEmbedding):
         self.table.sharding.fence()
 
     def save(self, path: str) -> None:
+        """Raises: a sharded table is saved with ``torch.distributed.checkpoint`` (the error says how;
+        docs/distributed.md)."""
         self.table.save(path)  # explains the DCP way
 
     @property

@@ -40,6 +40,9 @@ __all__ = ["RowLayout", "RowSharding"]
 
 @dataclass(frozen=True)
 class RowLayout:
+    """Where each of ``num_rows`` rows lives under ``topology``: blocks of :attr:`block_rows` rows per rank, each host
+    holding its ranks' blocks as one range (see the module docstring)."""
+
     num_rows: int
     topology: HostTopology
 
@@ -49,6 +52,7 @@ class RowLayout:
         return max(1, math.ceil(self.num_rows / self.topology.world_size))
 
     def host_range(self, host: int) -> tuple[int, int]:
+        """The rows ``[start, end)`` that ``host`` holds (empty past the last row)."""
         span = self.block_rows * self.topology.local_world_size
         return min(host * span, self.num_rows), min((host + 1) * span, self.num_rows)
 
@@ -57,9 +61,12 @@ class RowLayout:
         return min(rank * self.block_rows, self.num_rows), min((rank + 1) * self.block_rows, self.num_rows)
 
     def host_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """The host holding each of ``ids`` (a tensor of row ids; same shape)."""
         return torch.div(ids, self.block_rows * self.topology.local_world_size, rounding_mode="floor")
 
     def owner_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rank that owns (alone writes) each of ``ids``: local rank ``id % local_world_size`` of the id's host, as
+        a global rank."""
         local_world = self.topology.local_world_size
         return self.host_of(ids) * local_world + ids % local_world
 

@@ -104,24 +104,31 @@ class ShardedHostTable:
     # --- what HostEmbedding uses -----------------------------------------------------------------------------------
 
     def num_rows(self) -> int:
+        """Rows of the whole table (every host's)."""
         return self._num_rows
 
     def dim(self) -> int:
+        """Width of a row."""
         return self.shard.dim()
 
     def optimizer(self) -> str:
+        """The fused optimizer's canonical name."""
         return self.shard.optimizer()
 
     def optimizer_options(self) -> dict:
+        """The optimizer's hyper-parameters, by name."""
         return self.shard.optimizer_options()
 
     def step_count(self) -> int:
+        """Optimizer steps taken (the same on every rank)."""
         return self.shard.step_count()
 
     def set_step_count(self, step: int) -> None:
+        """Sets the step count of this host's shard (a checkpoint's; every rank sets the same)."""
         self.shard.set_step_count(step)
 
     def mapping(self) -> str:
+        """``"shared"``: the host's rows are shared memory that its ranks map."""
         return "shared"
 
     def nbytes(self) -> int:
@@ -133,9 +140,13 @@ class ShardedHostTable:
         return self.shard.table()
 
     def state(self) -> torch.Tensor:
+        """This host's optimizer state (rows ``host_range`` of the layout), shared memory."""
         return self.shard.state()
 
     def gather(self, indices: torch.Tensor, device=None) -> torch.Tensor:
+        """Rows for ``indices`` (any shape, ids of the whole table), shaped ``indices.shape + (dim,)``, on ``device``
+        (default: the indices'). Rows on other hosts travel through collectives, so with several hosts every rank
+        calls it; an id out of range raises IndexError (and, with several hosts, makes every rank raise)."""
         ids = indices.reshape(-1).to(torch.int64)
         device = ids.device if device is None else torch.device(device)
         refused, owner = None, f"ShardedHostTable (rank {self.layout.topology.rank})"
@@ -161,6 +172,7 @@ class ShardedHostTable:
         self.shard.set_optimizer_options(options)
 
     def set_optimizer(self, *args, **kwargs) -> None:
+        """Raises: the optimizer is chosen at construction, on every rank alike."""
         raise RuntimeError("ShardedHostTable: the optimizer is chosen at construction, on every rank alike")
 
     # --- contents ----------------------------------------------------------------------------------------------------
@@ -201,6 +213,8 @@ class ShardedHostTable:
         self.sharding.fence()
 
     def save(self, path: str) -> None:  # noqa: ARG002
+        """Raises: a sharded table is saved with ``torch.distributed.checkpoint`` on every rank
+        (docs/distributed.md)."""
         raise RuntimeError("ShardedHostTable.save: a sharded table is saved with torch.distributed.checkpoint: "
                            "dcp.save(module.state_dict(), checkpoint_id=folder) on every rank "
                            "(docs/distributed.md)")

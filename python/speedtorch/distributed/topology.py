@@ -18,23 +18,31 @@ __all__ = ["HostTopology"]
 
 @dataclass(frozen=True)
 class HostTopology:
+    """How the ranks of a process group sit on hosts: ``world_size`` ranks, this process's ``rank``, and
+    ``local_world_size`` ranks per host, numbered host by host as torchrun does. :meth:`of` reads it from a process
+    group."""
+
     world_size: int
     rank: int
     local_world_size: int
 
     @property
     def num_hosts(self) -> int:
+        """How many hosts: ``world_size // local_world_size``."""
         return self.world_size // self.local_world_size
 
     @property
     def host(self) -> int:
+        """This rank's host: ``rank // local_world_size``."""
         return self.rank // self.local_world_size
 
     @property
     def local_rank(self) -> int:
+        """This rank's number within its host: ``rank % local_world_size``."""
         return self.rank % self.local_world_size
 
     def host_ranks(self, host: int) -> list[int]:
+        """The global ranks that run on ``host``, in order."""
         return list(range(host * self.local_world_size, (host + 1) * self.local_world_size))
 
     @classmethod

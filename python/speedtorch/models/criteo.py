@@ -48,19 +48,24 @@ class CriteoBatch:
     labels: torch.Tensor
 
     def to(self, device, non_blocking: bool = False) -> "CriteoBatch":
+        """The batch with its tensors moved to ``device`` (``Tensor.to``; ``non_blocking`` as there)."""
         return CriteoBatch(self.dense.to(device, non_blocking=non_blocking),
                            self.sparse.to(device, non_blocking=non_blocking),
                            self.labels.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "CriteoBatch":
+        """The batch with its tensors in pinned host memory (a DataLoader's ``pin_memory=True`` calls this)."""
         return CriteoBatch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory())
 
     def record_stream(self, stream) -> None:
+        """Marks the batch's tensors (a batch on a GPU) as used on ``stream`` (``Tensor.record_stream``), for a
+        batch moved on a side stream."""
         for t in (self.dense, self.sparse, self.labels):
             t.record_stream(stream)
 
     @property
     def batch_size(self) -> int:
+        """Samples in the batch."""
         return self.dense.shape[0]
 
 

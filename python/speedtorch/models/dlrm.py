@@ -101,6 +101,8 @@ class DLRM(nn.Module):
         self.top = mlp([width, *top], last_relu=False)
 
     def forward(self, dense: torch.Tensor, sparse) -> torch.Tensor:
+        """Logits ``(batch,)``: the bottom MLP of ``dense`` ``(batch, dense_features)``, the embeddings of ``sparse``
+        (ids or :class:`speedtorch.SparseFeatures`), their interaction, the top MLP."""
         pooled = self.embeddings(sparse)
         batch = dense.shape[0]
         with torch.autocast(dense.device.type, dtype=torch.bfloat16, enabled=self.amp):
@@ -121,6 +123,8 @@ class DLRMTrain(nn.Module):
         self.model = model
 
     def forward(self, batch):
+        """``(loss, logits)`` of a :class:`speedtorch.models.CriteoBatch`: binary cross-entropy with the batch's
+        labels."""
         logits = self.model(batch.dense, batch.sparse)
         return F.binary_cross_entropy_with_logits(logits, batch.labels), logits
 

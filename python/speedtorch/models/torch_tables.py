@@ -29,6 +29,9 @@ class TorchEmbeddingBags(nn.Module):
                                                   sparse=sparse, device=device, dtype=dtype) for config in tables)
 
     def forward(self, features: Union[torch.Tensor, SparseFeatures]) -> torch.Tensor:
+        """``(batch, sum of the tables' dims)``: each table's pooled bags, concatenated in table order. ``features`` is
+        a :class:`speedtorch.SparseFeatures` (one feature per table, in order) or a ``(batch, tables)`` tensor of one id
+        per sample and table."""
         if isinstance(features, SparseFeatures):
             offsets = features.offsets()
             batch = features.batch_size
