@@ -935,7 +935,6 @@ class _PickledTable:
         return table
 
 
-
 def _copied_to_another_process(pickled: _PickledTable):
     """How a table travels through multiprocessing (the arguments of a spawned process or DataLoader worker, a
     Queue): as a copy of its bytes, the per-process copy docs/training.md ("Worker processes") describes.
@@ -958,6 +957,7 @@ def _table_from_another_process(state: dict) -> _PickledTable:
 
 
 ForkingPickler.register(_PickledTable, _copied_to_another_process)
+
 
 def _options(options: Optional[dict], dtype: torch.dtype) -> dict:
     """Optimizer options as the table takes them (floats), with stochastic rounding for 16-bit tables unless the
