@@ -261,9 +261,10 @@ INSTANTIATE_TEST_SUITE_P(StateLayouts, StepsAndScatters, ::testing::Bool(),
 
 // Every optimizer step adds 1 to every row, so a consistent view has all rows equal to the step count. Saves taken
 // during training must be such views (rows, state and step count of one moment); so must every whole-table gather.
-// The overlap is built in, not hoped for: save i starts when the trainer has made (i + 1) * kStride steps, and the
-// trainer's next step starts only once that save has begun, so each save races a step for the lock; the readers
-// start before the first step and gather until the last one is done.
+// The overlap is built in, not hoped for: save i begins when the trainer has made (i + 1) * kStride steps, the
+// trainer's next step begins only once that save has begun, and the save is called only once that step has begun,
+// so each save's call overlaps a step's and the two race for the lock; the readers start before the first step and
+// gather until the last one is done.
 class SavesDuringTraining : public speedtorch::testing::TempDirTest {};
 
 TEST_F(SavesDuringTraining, EachSaveIsOneMomentOfTheTable) {
@@ -284,6 +285,7 @@ TEST_F(SavesDuringTraining, EachSaveIsOneMomentOfTheTable) {
   std::vector<std::pair<int, int>> raced_steps(kSaves);
   std::atomic<int> steps_done{0};
   std::atomic<int> saves_begun{0};
+  std::atomic<int> racing_steps_begun{0};
   std::atomic<int> readers_ready{0};
   std::atomic<bool> training{true};
   std::atomic<int> reads_during_training{0};
@@ -297,6 +299,7 @@ TEST_F(SavesDuringTraining, EachSaveIsOneMomentOfTheTable) {
         while (saves_begun.load() <= save) std::this_thread::yield();
       }
       const int begin = ticket++;
+      if (races) ++racing_steps_begun;
       e.apply_gradients(all, at::full({kRows, kDim}, -1.0f));
       if (races) raced_steps[save] = {begin, ticket++};
       ++steps_done;
@@ -308,6 +311,10 @@ TEST_F(SavesDuringTraining, EachSaveIsOneMomentOfTheTable) {
       while (steps_done.load() < (i + 1) * kStride) std::this_thread::yield();
       const int begin = ticket++;  // before the trainer may go on: its step begins after this save does
       ++saves_begun;
+      // The save is called only once the racing step has begun, so the two calls overlap by construction (on a
+      // loaded machine a save could otherwise end before the trainer's thread ran at all); which of the two takes
+      // the table's lock first is left to the scheduler.
+      while (racing_steps_begun.load() <= i) std::this_thread::yield();
       e.save(path("snap" + std::to_string(i)));
       save_calls[i] = {begin, ticket++};
     }
