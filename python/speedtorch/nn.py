@@ -90,30 +90,32 @@ def _exporting() -> bool:
     return _IS_EXPORTING() and not _IS_DYNAMO_COMPILING()
 
 
-def _outside_graph(reason: str):
-    """torch.compiler.disable, telling dynamo why where it takes a reason (fullgraph=True's refusal shows it)."""
-    if "reason" in inspect.signature(torch.compiler.disable).parameters:
-        return torch.compiler.disable(reason=reason)
-    return torch.compiler.disable
+def _eager_forward_outside_graph(reason: str):
+    """The module's eager forward behind a graph break (torch.compiler.disable), telling dynamo ``reason`` where it
+    takes one (fullgraph=True's refusal shows it)."""
+    disable = torch.compiler.disable
+    if "reason" in inspect.signature(disable).parameters:
+        disable = disable(reason=reason)
+
+    @disable
+    def forward(module, input, offsets, per_sample_weights):
+        return module._forward_eager(input, offsets, per_sample_weights)
+
+    return forward
 
 
-@_outside_graph("speedtorch.nn.HostEmbedding: a lookup that trains the table runs outside the graph (its backward "
-                "hands the rows' gradient to the module, a side effect no graph holds), which fullgraph=True refuses; "
-                "compile without fullgraph=True, or look up without a gradient (torch.no_grad(), eval(), a frozen "
-                "table). docs/training.md, Compilers")
-def _forward_outside_graph(module, input, offsets, per_sample_weights):
-    # Under torch.compile, a HostEmbedding that trains runs eagerly: its backward hands the rows' gradient to the
-    # module (a side effect no graph holds). The compiled graph breaks around it.
-    return module._forward_eager(input, offsets, per_sample_weights)
-
-
-@_outside_graph("speedtorch.nn.HostEmbedding: the rows of placement='hybrid' (its row cache) or of a "
-                "DistributedHostEmbedding are in no tensor a graph can hold: the lookup runs outside the graph, which "
-                "fullgraph=True refuses; compile without fullgraph=True, or use placement='host' or 'gpu'. "
-                "docs/training.md, Compilers")
-def _forward_untensored_outside_graph(module, input, offsets, per_sample_weights):
-    # The same graph break, for rows that no tensor holds (the reason above is what fullgraph=True reports).
-    return module._forward_eager(input, offsets, per_sample_weights)
+# Under torch.compile, a HostEmbedding that trains runs eagerly: its backward hands the rows' gradient to the module
+# (a side effect no graph holds). The compiled graph breaks around it.
+_forward_outside_graph = _eager_forward_outside_graph(
+    "speedtorch.nn.HostEmbedding: a lookup that trains the table runs outside the graph (its backward hands the rows' "
+    "gradient to the module, a side effect no graph holds), which fullgraph=True refuses; compile without "
+    "fullgraph=True, or look up without a gradient (torch.no_grad(), eval(), a frozen table). docs/training.md, "
+    "Compilers")
+# The same graph break for rows that no tensor holds.
+_forward_untensored_outside_graph = _eager_forward_outside_graph(
+    "speedtorch.nn.HostEmbedding: the rows of placement='hybrid' (its row cache) or of a DistributedHostEmbedding are "
+    "in no tensor a graph can hold: the lookup runs outside the graph, which fullgraph=True refuses; compile without "
+    "fullgraph=True, or use placement='host' or 'gpu'. docs/training.md, Compilers")
 
 
 class HostEmbedding(torch.nn.Module):
