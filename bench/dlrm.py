@@ -42,6 +42,7 @@ from speedtorch.benchmarking import format_table  # noqa: E402
 from speedtorch.models import (DLRM, MLPERF_POOLING_FACTORS, DLRMTrain, TorchEmbeddingBags, criteo_rows,  # noqa: E402
                                synthetic_batches)
 from speedtorch.nn import HostEmbedding  # noqa: E402
+from trace_summary import format_summary, profile_summary  # noqa: E402  (bench/trace_summary.py)
 
 # The DLRM MLPs (MLPerf's), and the CPU size's: those of the DLRM reference's Criteo Kaggle run (dim 16).
 FULL_MLPS = dict(bottom=(512, 256, 128), top=(1024, 1024, 512, 256, 1))
@@ -272,10 +273,11 @@ def section_gpu(args, device) -> dict:
     ways = {}
     for label, placement in (("host RAM, pipelined", "host"), ("host RAM, not pipelined", "host"),
                              (f"hybrid ({args.hot_fraction:.0%} cached), pipelined", "hybrid"),
-                             ("GPU memory (speedtorch placement='gpu'), pipelined", "gpu")):
-        if label.startswith("host RAM, not"):  # the same model as the pipelined host way, without prefetch
-            host = ways["host RAM, pipelined"]
-            ways[label] = Way(host.model, host.pipeline.optimizers, batches, device, prefetch=False)
+                             ("GPU memory (speedtorch placement='gpu'), pipelined", "gpu"),
+                             ("GPU memory (speedtorch placement='gpu'), not pipelined", "gpu")):
+        if "not pipelined" in label:  # the same model as the pipelined way before it, without prefetch
+            pipelined = ways[label.replace("not pipelined", "pipelined")]
+            ways[label] = Way(pipelined.model, pipelined.pipeline.optimizers, batches, device, prefetch=False)
             continue
         print(f"building {label}", flush=True)
         start = time.perf_counter()
@@ -294,6 +296,9 @@ def section_gpu(args, device) -> dict:
     gpu = timed["GPU memory (speedtorch placement='gpu'), pipelined"][0]
     results = [{"way": label, "ms/step": ms, "samples/s": args.batch / ms * 1e3, "vs all on GPU": ms / gpu,
                 "first loss": first, "last loss": last} for label, (ms, first, last) in timed.items()]
+    traces = trace_ways(ways, args.trace_steps, device)
+    for r in results:
+        r["trace"] = traces.get(r["way"])
     print(format_table(results, ["way", "ms/step", "samples/s", "vs all on GPU", "first loss", "last loss"]))
     host = timed["host RAM, pipelined"][0]
     print(f"host RAM, pipelined: {host / gpu:.3f}x the step time of every table on the GPU (target <= 1.05); "
@@ -302,6 +307,19 @@ def section_gpu(args, device) -> dict:
     return {"config": {"rows": sum(rows), "cap": args.cap, "dim": args.dim, "batch": args.batch,
                        "optimizer": args.optimizer, "hot_fraction": args.hot_fraction, "max_sms": args.max_sms},
             "ways": results}
+
+
+def trace_ways(ways: dict, steps: int, device) -> dict:
+    """Each way's trace summary over ``steps`` steps (bench/trace_summary.py): per stream busy and overlapped time,
+    GPU idle time and host waits, printed and returned by way."""
+    if steps <= 0 or device.type != "cuda":
+        return {}
+    out = {}
+    for label, way in ways.items():
+        way.run(1)
+        out[label] = profile_summary(way.run, steps)
+        print(format_summary(label, out[label]), flush=True)
+    return out
 
 
 def section_criteo1tb(args, device) -> dict:
@@ -398,6 +416,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--trace-steps", type=int, default=5,
+                        help="gpu: steps each way is traced for its per-stream summary (0: none)")
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -39,6 +39,7 @@ import speedtorch  # noqa: E402
 from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: E402
 from speedtorch.engram_gpt import EngramConfig, EngramGPT, Trainer, batches, stdlib_corpus  # noqa: E402
 from speedtorch.quantized import format_row_bytes, gather_dequant  # noqa: E402
+from trace_summary import format_summary, profile_summary  # noqa: E402  (bench/trace_summary.py)
 
 DIM = 256
 
@@ -161,7 +162,7 @@ def section_decode(args) -> dict:
 
 
 def train_way(config: EngramConfig, data, device, steps: int, prefetch: bool, autocast: bool,
-              max_sms=None) -> dict:
+              max_sms=None, trace_steps: int = 0, label: str = "") -> dict:
     torch.manual_seed(0)
     model = EngramGPT(config, device)
     trainer = Trainer(model, lr=1e-3 if device.type == "cuda" else 1e-2, prefetch=prefetch, autocast=autocast,
@@ -175,8 +176,15 @@ def train_way(config: EngramConfig, data, device, steps: int, prefetch: bool, au
         losses.append(float(loss))  # waits for the step's work
         times.append(time.perf_counter() - start)
     timed = times[min(5, steps // 3):]
-    return {"ms/step": statistics.median(timed) * 1e3, "first loss": losses[0], "last loss": losses[-1],
-            "table GB": sum(m.rows.table.nbytes() for m in model.engram_modules()) / 1e9}
+    out = {"ms/step": statistics.median(timed) * 1e3, "first loss": losses[0], "last loss": losses[-1],
+           "table GB": sum(m.rows.table.nbytes() for m in model.engram_modules()) / 1e9}
+    if trace_steps > 0 and device.type == "cuda":  # the same batches again: what overlaps, what waits
+        def run(n):
+            for i in range(n):
+                trainer.step(data[i], data[i + 1])
+        out["trace"] = profile_summary(run, min(trace_steps, steps))
+        print(format_summary(label, out["trace"]), flush=True)
+    return out
 
 
 def section_training(args, device) -> dict:
@@ -197,7 +205,7 @@ def section_training(args, device) -> dict:
         if device.type != "cuda" and placement == "gpu":
             continue
         r = train_way(EngramConfig(placement=placement, **config), data, device, steps, prefetch,
-                      autocast=device.type == "cuda", max_sms=args.max_sms)
+                      autocast=device.type == "cuda", max_sms=args.max_sms, trace_steps=args.trace_steps, label=name)
         r["way"] = name
         r["max_sms"] = args.max_sms if prefetch else None
         results[name] = r
@@ -251,8 +259,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30, help="training steps per way")
     parser.add_argument("--big-rows", type=int, default=300_000_000, help="rows of the scale section's table")
     parser.add_argument("--skip-scale", action="store_true", help="leave out section 4")
+    parser.add_argument("--sections", type=lambda t: t.split(","), default=["gather", "decode", "training", "scale"],
+                        help="which sections to run, comma-separated (default: all four)")
     parser.add_argument("--max-sms", type=int, default=None,
                         help="bound the training prefetch's gather to this many SMs (default: no bound)")
+    parser.add_argument("--trace-steps", type=int, default=5,
+                        help="training: steps each way is traced for its per-stream summary (0: none)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     if args.max_sms is not None and args.max_sms < 0:
@@ -266,6 +278,7 @@ def main() -> int:
     sections.append(("training", lambda: section_training(args, device)))
     if device.type == "cuda" and not args.skip_scale:
         sections.append(("scale", lambda: section_scale(args, device)))
+    sections = [(name, run) for name, run in sections if name in args.sections]
     results, failed = {}, []
     for name, run in sections:  # one section's failure is reported and the others still run
         try:

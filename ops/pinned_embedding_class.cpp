@@ -38,8 +38,10 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
            {torch::arg("kind"), torch::arg("options"), torch::arg("state_beside_rows") = true})
       .def("apply_gradients", &PinnedEmbedding::apply_gradients,
            "One optimizer step on the rows indices name (duplicates' gradients summed; sorted_unique=True: indices "
-           "are strictly increasing, checked, and the summing pass is skipped)",
-           {torch::arg("indices"), torch::arg("grad"), torch::arg("sorted_unique") = false})
+           "are strictly increasing, checked, and the summing pass is skipped; updated_rows, with sorted_unique: "
+           "also receives each row's new weights, row i for indices[i], on the device that does the work)",
+           {torch::arg("indices"), torch::arg("grad"), torch::arg("sorted_unique") = false,
+            torch::arg("updated_rows") = c10::IValue()})
       .def("set_optimizer_options", &PinnedEmbedding::set_optimizer_options,
            "Changes the optimizer's hyper-parameters in place (all options given; state and step count kept)",
            {torch::arg("options")})

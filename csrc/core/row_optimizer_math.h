@@ -64,6 +64,9 @@ struct OptimizerRows {
   int64_t state_stride_floats;
   int64_t dim;
   int64_t num_rows;
+  // Optional (GPU kernels only): the updated weights of the i-th row of the batch also go to updated + i x dim
+  // elements (device memory, the table's dtype), so the next forward can take them without reading the host again.
+  char* updated = nullptr;
 };
 
 // Hyper-parameters of every kind (each kind reads its own), with torch.optim's defaults.

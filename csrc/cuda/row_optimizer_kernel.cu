@@ -42,6 +42,12 @@ __device__ float group_sum(float value, const RowLanes& pos, int lanes) {
   return value;
 }
 
+// Where the i-th row of the batch's updated weights go besides the table (OptimizerRows::updated), or nullptr.
+template <typename T>
+__device__ T* updated_row(const OptimizerRows& t, int64_t i) {
+  return t.updated == nullptr ? nullptr : reinterpret_cast<T*>(t.updated) + i * t.dim;
+}
+
 // Whether `row` is one of the table's; flags it (once per group: lane 0) when not.
 __device__ bool row_in_table(int64_t row, int64_t position, int64_t num_rows, int lane, DeviceIndexError* error) {
   if (row >= 0 && row < num_rows) return true;
@@ -89,9 +95,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     float* s0 = header + kStateHeaderFloats;
     float* s1 = s0 + t.dim;
     float* s2 = s1 + t.dim;
+    T* kept = updated_row<T>(t, i);
     for (int64_t j = pos.lane; j < t.dim; j += lanes) {
-      w[j] = rounded_weight<T>(h, update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j, s2 + j),
-                               global_step, row, j);
+      const T value = rounded_weight<T>(h, update_element(h, r, static_cast<float>(w[j]), g[j], s0 + j, s1 + j,
+                                                          s2 + j),
+                                        global_step, row, j);
+      w[j] = value;
+      if (kept != nullptr) kept[j] = value;
     }
   }
 }
@@ -154,14 +164,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       float new_accumulator = 0.f;
       static_assert(kRowwiseAccumulatorFloat == 1, "the accumulator is the header's second float");
       r.clr = rowwise_adagrad_scale(h, head[u].y, r.first, group_sum(part, pos, lanes), t.dim, &new_accumulator);
+      T* kept = updated_row<T>(t, first + u);
 #pragma unroll
       for (int m = 0; m < PerLane; ++m) {
         const int64_t j = pos.lane + static_cast<int64_t>(m) * lanes;
         if (j < t.dim) {
-          store_streaming(w[u] + j,
-                          rounded_weight<T>(h, update_element(h, r, static_cast<float>(wv[u][m]), gv[u][m], nullptr,
+          const T value = rounded_weight<T>(h, update_element(h, r, static_cast<float>(wv[u][m]), gv[u][m], nullptr,
                                                               nullptr, nullptr),
-                                            global_step, row_id[u], j));
+                                            global_step, row_id[u], j);
+          store_streaming(w[u] + j, value);
+          if (kept != nullptr) kept[j] = value;
         }
       }
       if (pos.lane == 0) {  // every lane read the header in the first loop, before any lane got here
@@ -256,6 +268,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         WeightVector out;
         memcpy(&out, wt[k], sizeof(out));
         store_streaming(w[u] + lane + kLanes * k, out);
+        if (t.updated != nullptr) {
+          reinterpret_cast<WeightVector*>(updated_row<T>(t, first + u))[lane + kLanes * k] = out;
+        }
       }
       if (lane == 0) {
         store_streaming(header[u], make_float4(__int_as_float(__float_as_int(head[u].x) + 1), new_accumulator,
@@ -333,6 +348,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         WeightVector out;
         memcpy(&out, wt, sizeof(out));
         store_streaming(w[u] + v, out);
+        if (t.updated != nullptr) reinterpret_cast<WeightVector*>(updated_row<T>(t, first + u))[v] = out;
         auto* s0 = reinterpret_cast<float4*>(header[u] + kStateHeaderFloats);
         if (slots > 0) store_streaming(s0 + v, a[u]);
         if (slots > 1) store_streaming(s0 + vectors + v, b[u]);

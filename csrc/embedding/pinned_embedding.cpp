@@ -326,13 +326,16 @@ void PinnedEmbedding::move_rows(at::Tensor& destination) {
   }
 }
 
-void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tensor& grad, bool sorted_unique) {
+void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tensor& grad, bool sorted_unique,
+                                      const std::optional<at::Tensor>& updated_rows) {
   WriteLock write(lock_);
   check_writable("apply_gradients");
   TORCH_CHECK(state_.defined(), "PinnedEmbedding.apply_gradients: no optimizer; call set_optimizer(kind, options) "
               "first");
   const TransferConfigScope settings(transfer_overrides_, "PinnedEmbedding.apply_gradients");
   if (RowCache* cache = usable_cache()) {
+    TORCH_CHECK(!updated_rows.has_value(), "PinnedEmbedding.apply_gradients: updated_rows is not supported with a "
+                "row cache (its rows stay on the GPU already: gather them)");
     // The cache sums duplicates itself, so sorted_unique has nothing to skip there; the claim is still checked, so
     // that a caller gets the same answer whatever the placement.
     if (sorted_unique) check_sorted_unique_indices(indices, table_.size(0), "PinnedEmbedding.apply_gradients");
@@ -342,7 +345,7 @@ void PinnedEmbedding::apply_gradients(const at::Tensor& indices, const at::Tenso
     return;
   }
   apply_row_optimizer(table_, state_, indices, grad, parse_optimizer(optimizer_, options_), step_ + 1,
-                      "PinnedEmbedding.apply_gradients", sorted_unique);
+                      "PinnedEmbedding.apply_gradients", sorted_unique, updated_rows);
   ++step_;  // only once the step went through
 }
 

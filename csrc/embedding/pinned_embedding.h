@@ -81,7 +81,10 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // row, then rows and state are updated in place (optim/row_optimizer.h, what speedtorch::row_optimizer_step_
   // runs). Needs set_optimizer first. sorted_unique: the indices are strictly increasing (torch.unique's output),
   // so the summing pass is skipped; checked, an error before any update when they are not.
-  void apply_gradients(const at::Tensor& indices, const at::Tensor& grad, bool sorted_unique = false);
+  // updated_rows (with sorted_unique): also receives the rows' new weights, row i for indices[i], on the device
+  // that does the work (optim/row_optimizer.h); not with a row cache.
+  void apply_gradients(const at::Tensor& indices, const at::Tensor& grad, bool sorted_unique = false,
+                       const std::optional<at::Tensor>& updated_rows = std::nullopt);
   // Changes the configured optimizer's hyper-parameters in place (lr, betas, weight_decay, ...: the options
   // set_optimizer takes, given whole: options not named take their defaults), keeping its state and step count, as
   // an LR scheduler changes a torch.optim param group between steps. Options that would change the state's layout

@@ -2,6 +2,7 @@
 #include "optim/row_optimizer.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
@@ -129,10 +130,29 @@ std::pair<at::Tensor, at::Tensor> sum_duplicate_rows_cpu(const at::Tensor& indic
   return {distinct.narrow(0, 0, num_distinct), summed};
 }
 
+void check_updated_rows(const at::Tensor& updated_rows, const at::Tensor& weights, const at::Tensor& indices,
+                        const at::Device& device, bool sorted_unique, const char* op) {
+  TORCH_CHECK(sorted_unique, op, ": updated_rows needs sorted_unique=True (row i of updated_rows is the row of "
+              "indices[i], which de-duplication would reorder)");
+  TORCH_CHECK(updated_rows.dim() == 2 && updated_rows.size(0) == indices.numel() &&
+                  updated_rows.size(1) == weights.size(1),
+              op, ": updated_rows must have shape (", indices.numel(), ", ", weights.size(1), ") (one row per index), "
+              "got ", updated_rows.sizes());
+  TORCH_CHECK(updated_rows.scalar_type() == weights.scalar_type(), op, ": updated_rows must have the table's dtype ",
+              weights.scalar_type(), ", got ", updated_rows.scalar_type());
+  TORCH_CHECK(updated_rows.is_contiguous(), op, ": updated_rows must be contiguous");
+  TORCH_CHECK(updated_rows.device() == device, op, ": updated_rows must be on ", device,
+              " (where the step runs), got ", updated_rows.device());
+}
+
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                          const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op,
-                         bool sorted_unique) {
+                         bool sorted_unique, const std::optional<at::Tensor>& updated_rows) {
   check_row_optimizer_arguments(weights, state, indices, grad, hyper, global_step, op);
+  if (updated_rows.has_value()) {
+    const at::Device device = weights.is_cuda() ? weights.device() : grad.device();
+    check_updated_rows(*updated_rows, weights, indices, device, sorted_unique, op);
+  }
   // Before any route: the CPU writing a mode 'r' mapping is a SIGSEGV, a GPU writing it ruins the CUDA context.
   check_host_memory_writable(weights, op, "weights");
   check_host_memory_writable(state, op, "state");
@@ -155,7 +175,8 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
                   "read (mode 'r', or 'r+' where Linux refuses writable GPU pins of shared file pages: anything but "
                   "tmpfs); pass CPU gradients, or open it with mode 'c' and save() checkpoints, or load() it");
     }
-    return apply_row_optimizer_cuda(weights, state, flat, rows_grad, hyper, global_step, op, sorted_unique);
+    return apply_row_optimizer_cuda(weights, state, flat, rows_grad, hyper, global_step, op, sorted_unique,
+                                    updated_rows);
 #else
     TORCH_CHECK(false, op, ": this speedtorch library was built without CUDA");
 #endif
@@ -179,6 +200,10 @@ void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, con
                                             state.data_ptr<float>());
   apply_row_optimizer_cpu(rows, hyper, global_step, unique.const_data_ptr<int64_t>(),
                           summed.const_data_ptr<float>(), unique.numel());
+  if (updated_rows.has_value()) {  // host memory: no link to cross
+    at::Tensor out = *updated_rows;
+    at::index_select_out(out, weights, 0, unique);
+  }
   metrics::add_optimizer_step(idx.numel(), unique.numel());
   metrics::add_optimizer_rows(metrics::OptimizerRoute::kCpu, unique.numel());
 }

@@ -24,9 +24,17 @@ namespace speedtorch {
 // pass on the host over CPU indices, or a compare of neighbours on the GPU read back with the span the step reads
 // anyway; indices that break it raise before anything is updated (cpu/index_range_check.h). Nothing else about the
 // step changes: the results equal those without the flag.
+//
+// updated_rows (needs sorted_unique): also receives each row's new weights, row i for indices[i], (M, D) in the
+// table's dtype, contiguous, on the device that does the work (the gradients' GPU for a host table, else the
+// table's device). A pipeline keeps them for the next batch's rows instead of reading the table again.
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                          const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op,
-                         bool sorted_unique = false);
+                         bool sorted_unique = false, const std::optional<at::Tensor>& updated_rows = std::nullopt);
+
+// The checks of updated_rows (above): shape, dtype, layout and device, with what was expected.
+void check_updated_rows(const at::Tensor& updated_rows, const at::Tensor& weights, const at::Tensor& indices,
+                        const at::Device& device, bool sorted_unique, const char* op);
 
 // The check behind sorted_unique=True, on indices of any device (also a row cache's steps, which sum duplicates
 // themselves but hold callers to the same claim): strictly increasing and in [0, num_rows), else an error naming

@@ -8,6 +8,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/_unique2.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/le.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
@@ -58,10 +59,17 @@ DistinctRows sum_duplicate_rows(const at::Tensor& dev_idx, const at::Tensor& gra
   return {unique, summed};
 }
 
+// The kernels' view of the table, with the batch's updated rows also written to `updated` when given.
+OptimizerRows rows_writing(OptimizerRows rows, const std::optional<at::Tensor>& updated) {
+  if (updated.has_value()) rows.updated = static_cast<char*>(updated->data_ptr());
+  return rows;
+}
+
 void step_gpu_resident_table(const at::Tensor& weights, const at::Tensor& state, const DistinctRows& batch,
-                             const OptimizerHyper& hyper, int64_t global_step, int device, cudaStream_t stream) {
-  const OptimizerRows rows =
-      optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()), state.data_ptr<float>());
+                             const OptimizerHyper& hyper, int64_t global_step, int device, cudaStream_t stream,
+                             const std::optional<at::Tensor>& updated) {
+  const OptimizerRows rows = rows_writing(
+      optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()), state.data_ptr<float>()), updated);
   const TransferConfig config = transfer_config();
   launch_row_optimizer(rows, hyper, global_step, batch.rows.const_data_ptr<int64_t>(),
                        batch.grads.const_data_ptr<float>(), batch.count(), device_table_launch(device, config),
@@ -101,9 +109,11 @@ CpuShare cpu_share_after_earlier_uva_work(const at::Tensor& weights, const at::T
 
 void launch_uva_share(const at::Tensor& weights, const at::Tensor& state, const DistinctRows& batch,
                       const OptimizerHyper& hyper, int64_t global_step, int64_t uva_rows,
-                      const TransferConfig& config, const c10::cuda::CUDAStream& stream, const char* op) {
-  const OptimizerRows rows = optimizer_rows(weights, state, mapped_address(weights, op, "weights"),
-                                            reinterpret_cast<float*>(mapped_address(state, op, "state")));
+                      const TransferConfig& config, const c10::cuda::CUDAStream& stream, const char* op,
+                      const std::optional<at::Tensor>& updated) {
+  const OptimizerRows rows = rows_writing(optimizer_rows(weights, state, mapped_address(weights, op, "weights"),
+                                                         reinterpret_cast<float*>(mapped_address(state, op, "state"))),
+                                          updated);
   const int device = stream.device_index();
   launch_row_optimizer(rows, hyper, global_step, batch.rows.const_data_ptr<int64_t>(),
                        batch.grads.const_data_ptr<float>(), uva_rows, uva_launch(device, config),
@@ -116,19 +126,22 @@ void launch_uva_share(const at::Tensor& weights, const at::Tensor& state, const 
 // rest in place.
 void step_pinned_table(const at::Tensor& weights, const at::Tensor& state, const DistinctRows& batch,
                        const IndexSpan& span, const OptimizerHyper& hyper, int64_t global_step, int device,
-                       const c10::cuda::CUDAStream& stream, const char* op) {
+                       const c10::cuda::CUDAStream& stream, const char* op, const std::optional<at::Tensor>& updated) {
   const TransferConfig config = transfer_config();
   const TransferPlan plan = plan_optimizer_split(config, weights, state, span, batch.count());
   CpuShare cpu;
   if (plan.staged_rows > 0) cpu = cpu_share_after_earlier_uva_work(weights, state, batch, plan);
   if (plan.uva_rows > 0) {
-    launch_uva_share(weights, state, batch, hyper, global_step, plan.uva_rows, config, stream, op);
+    launch_uva_share(weights, state, batch, hyper, global_step, plan.uva_rows, config, stream, op, updated);
   }
   if (plan.staged_rows > 0) {  // runs while the kernel updates the other share
     const OptimizerRows rows =
         optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()), state.data_ptr<float>());
     apply_row_optimizer_cpu(rows, hyper, global_step, cpu.rows.const_data_ptr<int64_t>(),
                             cpu.grads.const_data_ptr<float>(), plan.staged_rows);
+    if (updated.has_value()) {  // the CPU share's new rows join the kernel's on the GPU
+      updated->narrow(0, plan.uva_rows, plan.staged_rows).copy_(weights.index_select(0, cpu.rows));
+    }
   }
   metrics::add_optimizer_rows(metrics::OptimizerRoute::kUva, plan.uva_rows);
   metrics::add_optimizer_rows(metrics::OptimizerRoute::kCpu, plan.staged_rows);
@@ -138,7 +151,7 @@ void step_pinned_table(const at::Tensor& weights, const at::Tensor& state, const
 
 void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                               const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step,
-                              const char* op, bool sorted_unique) {
+                              const char* op, bool sorted_unique, const std::optional<at::Tensor>& updated_rows) {
   // The GPU that does the work: the table's, or the gradients' for a host table.
   const at::Device device = weights.is_cuda() ? weights.device() : grad.device();
   TORCH_CHECK(device.is_cuda(), op, ": a host table needs its gradients on a GPU or on the CPU, got ", grad.device());
@@ -155,9 +168,9 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
   const DistinctRows batch = sorted_unique ? DistinctRows{dev_ids, grad.to(device, at::kFloat).contiguous()}
                                            : sum_duplicate_rows(dev_ids, grad, device);
   if (weights.is_cuda()) {
-    step_gpu_resident_table(weights, state, batch, hyper, global_step, device.index(), stream.stream());
+    step_gpu_resident_table(weights, state, batch, hyper, global_step, device.index(), stream.stream(), updated_rows);
   } else {
-    step_pinned_table(weights, state, batch, span, hyper, global_step, device.index(), stream, op);
+    step_pinned_table(weights, state, batch, span, hyper, global_step, device.index(), stream, op, updated_rows);
   }
   metrics::add_optimizer_step(indices.numel(), batch.count());
 }

@@ -184,18 +184,25 @@ class HostEmbeddingBagCollection(torch.nn.Module):
 
     def prefetch(self, next_features: Union[torch.Tensor, SparseFeatures]) -> None:
         """Starts gathering the rows of the next batch (on a side stream on a GPU; :meth:`HostEmbedding.prefetch`)
-        while this step computes. Pass the same object to the next forward; rows this step's update changes are read
-        again then, so nothing stale is used."""
+        while this step computes. Pass the same object to the next forward, which takes them; the updates in between
+        hand the prefetch the rows they change, so nothing stale is used. A forward with other features drops it."""
+        self._prefetched = None
         plan = self._plan(next_features)
         for group, lookup in zip(self._groups, plan):
             group.module.prefetch(lookup.ids)
         self._prefetched = (next_features, plan)
 
-    def _take_prefetched(self, features):
-        if self._prefetched is None or self._prefetched[0] is not features:
-            return None
-        plan = self._prefetched[1]
+    def drop_prefetch(self) -> None:
+        """Forgets a prefetch the next forward will not use (the groups' too)."""
         self._prefetched = None
+        for group in self._groups:
+            group.module.drop_prefetch()
+
+    def _take_prefetched(self, features):
+        prefetched, self._prefetched = self._prefetched, None  # for the next forward only
+        if prefetched is None or prefetched[0] is not features:
+            return None
+        plan = prefetched[1]
         if self.device.type == "cuda":  # made on the stream prefetch() ran on, used on this one from here
             current = torch.cuda.current_stream(self.device)
             for lookup in plan:

@@ -9,9 +9,10 @@ Training is exact and sparse: duplicate n-grams' gradients are summed into one p
 optimizer (``"rowwise_adam"`` by default: Adam's first moment per element, its second one float per row; or
 ``"rowwise_adagrad"``, or any of HostEmbedding's) updates each touched row once, fused, where the row lives.
 
-The ids depend on the tokens only, so :meth:`NgramHashEmbedding.prefetch` starts reading the next batch's rows on a
-side stream while this step computes; rows this step then updates are read again (nothing stale is used), so
-training is bit for bit the same with and without prefetch. On a GPU the update itself runs on a stream of its own
+The ids depend on the tokens only, so :meth:`NgramHashEmbedding.prefetch` hashes the next batch's tokens and reads
+its rows on a side stream while this step computes; the update then hands the prefetch the rows it changes
+(speedtorch/_prefetched_rows.py: nothing stale is used, nothing is read twice), so training is bit for bit the same
+with and without prefetch. On a GPU the update itself runs on a stream of its own
 (``async_update``): it overlaps the work queued after it (the rest of the backward with ``update="backward"``, the
 dense optimizer and the next forward's first layers with ``"step"``), and every read of the table waits for it.
 """
@@ -41,7 +42,6 @@ class _EngramRows(HostEmbedding):
         # The hybrid placement's row cache allocates device memory inside its steps: keep those on one stream.
         self.async_update = bool(async_update) and self.device.type == "cuda" and self.placement != "hybrid"
         self._update_stream = None
-        self._updated: Optional[torch.cuda.Event] = None
 
     def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
         if not self.async_update:
@@ -49,26 +49,19 @@ class _EngramRows(HostEmbedding):
         if self._update_stream is None:
             self._update_stream = torch.cuda.Stream(self.device)
         self._update_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._update_stream):
+        with torch.cuda.stream(self._update_stream):  # the module's write event is recorded there
             super()._apply_gradients(unique, grad_rows, sorted_unique)
-            self._updated = torch.cuda.Event()
-            self._updated.record(self._update_stream)
         unique.record_stream(self._update_stream)
         grad_rows.record_stream(self._update_stream)
 
     def wait_for_updates(self) -> None:
         """Makes the current stream wait for the updates queued so far."""
-        if self._updated is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._updated)
+        if self._written is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._written)
 
     def _rows_for(self, input: torch.Tensor):
-        self.wait_for_updates()  # covers the re-read of rows a prefetch saw before an update (_take_prefetched)
+        self.wait_for_updates()  # a forward's own gather reads rows the update stream may still be writing
         return super()._rows_for(input)
-
-    def drop_prefetch(self) -> None:
-        """Forgets a prefetch that the next forward will not use (and the updates tracked for it)."""
-        self._prefetched = None
-        self._updated_since_prefetch = []
 
     def _sync_for_host_access(self) -> None:
         if self._update_stream is not None:
@@ -116,7 +109,7 @@ class NgramHashEmbedding(torch.nn.Module):
         self.hash.to(self.rows.device)
         self.embedding_dim = int(embedding_dim)
         self.output_dim = self.hash.columns * self.embedding_dim
-        self._prefetched: Optional[tuple] = None  # (tokens, document_starts, ids) of the last prefetch
+        self._prefetched: Optional[tuple] = None  # (tokens, document_starts, ids, their event) of the last prefetch
 
     @property
     def device(self) -> torch.device:
@@ -144,7 +137,10 @@ class NgramHashEmbedding(torch.nn.Module):
         made for these very tensors."""
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and prefetched[0] is tokens and prefetched[1] is document_starts:
-            ids = prefetched[2]  # the very tensor the rows were prefetched for
+            ids, hashed = prefetched[2], prefetched[3]  # the very tensor the rows were prefetched for
+            if hashed is not None:  # hashed on the prefetch's stream
+                torch.cuda.current_stream(self.device).wait_event(hashed)
+                ids.record_stream(torch.cuda.current_stream(self.device))
         else:
             if prefetched is not None:  # prefetched for other tokens: not used, and no longer worth tracking
                 self.rows.drop_prefetch()
@@ -163,11 +159,20 @@ class NgramHashEmbedding(torch.nn.Module):
         only (the hash and the forward's re-read of updated rows run unbounded), and restored when it returns."""
         if max_sms is not None and int(max_sms) < 0:
             raise ValueError(f"max_sms must be >= 0 (0: every SM) or None, got {max_sms}")
-        ids = self.row_ids(next_tokens, next_document_starts)
         bound = transfer_config_override(max_sms=int(max_sms)) if max_sms is not None else contextlib.nullcontext()
-        with bound:
-            self.rows.prefetch(ids)
-        self._prefetched = (next_tokens, next_document_starts, ids)
+        # Host tokens need nothing the current stream is doing: hash them on the prefetch's own stream, so neither
+        # the hash nor the count of distinct ids waits for this step's forward (tokens on a GPU: that stream waits).
+        on_host = not any(t is not None and t.is_cuda for t in (next_tokens, next_document_starts))
+        stream = self.rows.side_stream() if on_host and self.device.type == "cuda" else None
+        hashed = None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            ids = self.row_ids(next_tokens, next_document_starts)
+            if stream is not None:
+                hashed = torch.cuda.Event()
+                hashed.record(stream)
+            with bound:
+                self.rows.prefetch(ids)
+        self._prefetched = (next_tokens, next_document_starts, ids, hashed)
 
     @torch.no_grad()
     def step(self) -> None:

@@ -14,6 +14,7 @@ rows ever occupy GPU memory. docs/training.md shows the standard loop; docs/api.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
@@ -27,7 +28,8 @@ import torch.nn.functional as F
 
 from . import PinnedEmbedding
 from ._interrupt import run_interruptible
-from .ops import check_indices, unique_indices
+from ._prefetched_rows import PrefetchedRows
+from .ops import check_indices, deferred_index_checks, unique_indices
 from .placement import DeviceTable, HybridTable
 from .table_parameter import HostTableParameter, add_rows_gradient, rows_gradient
 from .table_parameter import clip_grad_norm_, ddp_ignore_host_tables, dense_parameters  # noqa: F401 (re-exported)
@@ -288,8 +290,8 @@ class HostEmbedding(torch.nn.Module):
             self._parameters["weight"] = param
         # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input.
         self._anchor = torch.zeros(0, requires_grad=True)
-        self._prefetched = None
-        self._updated_since_prefetch: list[torch.Tensor] = []
+        self._prefetched: Optional[PrefetchedRows] = None  # the next forward's rows, read ahead (prefetch)
+        self._written: Optional[torch.cuda.Event] = None  # after the module's last write of the table (on a GPU)
         self._side_stream = None
 
     def _registers_weight(self) -> bool:
@@ -468,11 +470,15 @@ class HostEmbedding(torch.nn.Module):
             return rows
         rows = (rows.float() * scale).to(rows.dtype)
         self.table.scatter_(unique, rows)
+        if self._prefetched is not None:
+            self._prefetched.patch(unique, rows)
+        self._note_write()
         return rows
 
     def _rows_for(self, input: torch.Tensor):
-        if self._prefetched is not None and self._prefetched[0] is input:
-            return self._take_prefetched()
+        pending, self._prefetched = self._prefetched, None  # a prefetch is for the next forward only
+        if pending is not None and pending.key is input:
+            return pending.take()
         ids = input.to(self.device, non_blocking=True)
         unique, inverse = unique_indices(ids)  # torch.unique(sorted=True, return_inverse=True); faster on the CPU
         try:
@@ -578,10 +584,31 @@ class HostEmbedding(torch.nn.Module):
 
     def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
         # sorted_unique: `unique` is one forward's torch.unique(sorted=True) output, so the op need not de-duplicate
-        # it again (it still checks the claim).
-        self.table.apply_gradients(unique, grad_rows, sorted_unique)
-        if self._prefetched is not None:
-            self._updated_since_prefetch.append(unique)
+        # it again (it still checks the claim). A pending prefetch takes the rows this step changes: from the step
+        # itself where the table hands them back (host placement), else read again after it.
+        pending = self._prefetched
+        if pending is not None and sorted_unique and self._hands_back_updated_rows():
+            updated = torch.empty(unique.numel(), self.embedding_dim, dtype=pending.rows.dtype,
+                                  device=grad_rows.device)
+            self.table.apply_gradients(unique, grad_rows, sorted_unique, updated)
+            pending.patch(unique, updated)
+        else:
+            self.table.apply_gradients(unique, grad_rows, sorted_unique)
+            if pending is not None:
+                pending.refresh(self.table, unique, self.device)
+        self._note_write()
+
+    def _hands_back_updated_rows(self) -> bool:
+        # A PinnedEmbedding without a row cache: its fused step can also write the new rows where the step runs.
+        return (self.placement == "host" and self._registers_weight()
+                and not isinstance(self.table, (DeviceTable, HybridTable)))
+
+    def _note_write(self) -> None:
+        """Marks, on a GPU, the point of the current stream after which the table holds the module's last write: a
+        prefetch's gather waits for it (not for the rest of that stream)."""
+        if self.device.type == "cuda":
+            self._written = torch.cuda.Event()
+            self._written.record(torch.cuda.current_stream(self.device))
 
     def _take_gradient(self):
         """The pending gradient as (ids, rows, ids are sorted and distinct), dropped from the parameter; None when
@@ -620,49 +647,63 @@ class HostEmbedding(torch.nn.Module):
     # --- prefetch -------------------------------------------------------------------------------------------------
 
     def prefetch(self, next_input: torch.Tensor) -> None:
-        """Starts gathering the rows of the next batch on a side stream while this step computes. Pass the same
-        tensor object to the next forward. Rows that this step's update changes after the prefetch read them are
-        gathered again at that forward, on the current stream, so nothing stale is used."""
-        if self.device.type != "cuda":
-            self._prefetched = (next_input, *self._rows_for(next_input))
-            self._updated_since_prefetch = []
-            return
-        if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(self.device)
-        current = torch.cuda.current_stream(self.device)
-        self._side_stream.wait_stream(current)
+        """Starts reading the distinct rows of the next batch (on a side stream on a GPU) while this step computes; pass
+        the same ids object to the next forward, which takes them. A prefetch is for the next forward only: a forward
+        with other ids drops it (:meth:`drop_prefetch` does too). Exact: the ids are read once the module's earlier
+        writes of the table are done, and every update (or ``max_norm`` renormalisation) after the prefetch hands it
+        the rows it changes (speedtorch/_prefetched_rows.py), so the forward sees what the plain loop would.
+
+        On a GPU the side stream waits for the current stream's work queued so far (what made ``next_input``) and for
+        the module's last write, nothing else; the host waits only for the distinct ids to be counted there. With
+        ``placement="gpu"`` nothing is read ahead: the rows are in GPU memory already."""
         self._prefetched = None
-        with torch.cuda.stream(self._side_stream):
-            unique, inverse, rows = self._rows_for(next_input)
+        if self.placement == "gpu":
+            return
+        if self.device.type != "cuda":
+            self._prefetched = PrefetchedRows(next_input, *self._rows_for(next_input), None)
+            return
+        current = torch.cuda.current_stream(self.device)
+        side = self.side_stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            ids = next_input.to(self.device, non_blocking=True)
+            unique, inverse = unique_indices(ids)  # the host waits here, for the side stream's work only
+            # The distinct ids' ends bound them all: one small check before waiting for the table's writes, then a
+            # gather that need not wait for the host again. (A table of the process group checks in its gather, which
+            # tells every rank.)
+            checked = self._registers_weight()
+            if checked and unique.numel():
+                try:
+                    check_indices(unique[[0, -1]], self.num_embeddings, "speedtorch.gather", "indices")
+                except IndexError:  # name the caller's position, as forward does
+                    named = _out_of_range_in(ids, self.num_embeddings, type(self).__name__)
+                    if named is None:
+                        raise
+                    raise named from None
+            if self._written is not None:
+                side.wait_event(self._written)
+            with deferred_index_checks() if checked else contextlib.nullcontext():
+                rows = self.table.gather(unique, self.device)
             ready = torch.cuda.Event()
-            ready.record(self._side_stream)
-        for t in (unique, inverse, rows):
-            t.record_stream(current)
+            ready.record(side)
+            pending = PrefetchedRows(next_input, unique, inverse, rows, ready)
         # The side stream may still be reading the table's device tensors (a hybrid table's hot rows) after this
         # returns, and may have made new ones there (_refresh_hot_rows) that the current stream then uses: whichever
         # stream frees them, the caching allocator must reuse their memory only once both streams are done.
         if hasattr(self.table, "record_stream"):
-            self.table.record_stream(self._side_stream)
+            self.table.record_stream(side)
             self.table.record_stream(current)
-        self._prefetched = (next_input, unique, inverse, rows, ready)
-        self._updated_since_prefetch = []
+        self._prefetched = pending
 
-    def _take_prefetched(self):
-        _, unique, inverse, rows, *ready = self._prefetched
+    def drop_prefetch(self) -> None:
+        """Forgets a prefetch the next forward will not use."""
         self._prefetched = None
-        if ready:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_event(ready[0])
-            for t in (unique, inverse, rows):  # prefetch() may have been called on another stream than this one
-                t.record_stream(current)
-        if self._updated_since_prefetch:
-            updated = torch.cat(self._updated_since_prefetch)
-            self._updated_since_prefetch = []
-            stale = torch.isin(unique, updated).nonzero().squeeze(1)
-            if stale.numel():
-                rows = rows.clone()
-                rows[stale] = self.table.gather(unique[stale], self.device)
-        return unique, inverse, rows
+
+    def side_stream(self) -> torch.cuda.Stream:
+        """The CUDA stream this module's prefetches read on (made at first use)."""
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(self.device)
+        return self._side_stream
 
     def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
@@ -897,7 +938,7 @@ class _RowCachePlaceholder(HostTableParameter):
 
 
 # What __getstate__ leaves out: rebuilt by _init_runtime_state.
-_RUNTIME_ATTRIBUTES = ("_table_param", "_anchor", "_prefetched", "_updated_since_prefetch", "_side_stream")
+_RUNTIME_ATTRIBUTES = ("_table_param", "_anchor", "_prefetched", "_written", "_side_stream")
 
 
 class _PickledTable:

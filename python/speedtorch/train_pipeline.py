@@ -7,10 +7,15 @@ While step ``t`` runs on the GPU, three batches are in flight:
     side stream   batch t+1's rows gathered from host RAM (``module.prefetch``), bounded to ``max_sms`` SMs
     main stream   batch t: forward, backward, the host tables' fused updates, the dense optimizer
 
-Exactness: the gather of t+1 may read rows that step t's update then changes. Each host module records the rows its
-update writes after a prefetch and reads them again, on the main stream, when forward takes the prefetched rows
-(``HostEmbedding.prefetch``), so every forward sees the rows the plain loop would: the results are the same bits.
-(A table placed in GPU memory or a GPU row cache ("hybrid") re-reads those rows from GPU memory.)
+Exactness: the gather of t+1 may read rows that step t's update then changes. The update hands the prefetch the rows
+it changes, from the fused step's own output on the GPU (speedtorch/_prefetched_rows.py; a GPU row cache ("hybrid")
+re-reads them from GPU memory), so every forward sees the rows the plain loop would: the results are the same bits,
+and no row crosses PCIe twice. The gather of t+1 waits for each table's last write (step t-1's update), not for
+forward t, and the host never waits for step t's work to count t+1's ids. A table placed in GPU memory reads nothing
+ahead (its rows are there already).
+
+Errors: a bad batch t+1 (an id out of range) raises at the step that trains t+1, as in the plain loop: its prefetch
+is dropped, step t trains, and the next forward meets the error itself.
 
 The loop it replaces, for a model whose ``forward(batch)`` returns the loss (or a tuple whose first item is it)::
 
@@ -112,15 +117,11 @@ class TrainPipeline:
         if not self._staged:
             raise StopIteration
         batch = self._take()
-        before_forward = None
-        if self._gather_gate is not None:  # everything queued so far: earlier steps' updates, whoever made them
-            before_forward = torch.cuda.Event()
-            before_forward.record(torch.cuda.current_stream(self.device))
         output = self.model(batch)
         loss = output[0] if isinstance(output, (tuple, list)) else output
         # Forward has taken this batch's prefetched rows: each module's prefetch slot is free for the next batch.
         if self.prefetch and self.sparse_inputs is not None and self._staged:
-            self._start_gathers(self._staged[0], before_forward)
+            self._start_gathers(self._staged[0])
         self._stage(2)  # batch t+2's copies run beside this step
         loss.backward()
         if self.step_host_tables:
@@ -165,22 +166,26 @@ class TrainPipeline:
         self._wait(staged)
         return staged.batch
 
-    def _start_gathers(self, staged: "_Staged", before_forward) -> None:
+    def _start_gathers(self, staged: "_Staged") -> None:
         """Starts gathering ``staged``'s rows: each host module's prefetch, called on the gate stream, which has waited
-        for what the current stream ran before this step's forward (earlier updates: rows read now must include
-        them; this step's are read again at the next forward) and for the batch's copy, but not for the forward."""
+        for the batch's copy only (each module's gather waits for its table's last write itself), so neither the ids'
+        work nor the host waits for this step's forward. A batch whose ids a prefetch refuses is left to its own
+        step's forward, which raises the same error there (this step still trains, as in the plain loop)."""
         bound = transfer_config_override(max_sms=self.max_sms) if self.max_sms is not None else \
             contextlib.nullcontext()
         gate = contextlib.nullcontext()
         if self._gather_gate is not None:
-            self._gather_gate.wait_event(before_forward)
             if staged.ready is not None:
                 self._gather_gate.wait_event(staged.ready)
             _record_stream(staged.batch, self._gather_gate)
             gate = torch.cuda.stream(self._gather_gate)
-        with gate, bound:
-            for module, features in self.sparse_inputs(staged.batch):
-                module.prefetch(features)
+        try:
+            with gate, bound:
+                for module, features in self.sparse_inputs(staged.batch):
+                    module.prefetch(features)
+        except Exception:  # noqa: BLE001 (raised again by that batch's own forward)
+            for module in self.host_modules:
+                module.drop_prefetch()
 
 
 @dataclasses.dataclass
