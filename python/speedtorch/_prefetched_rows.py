@@ -1,14 +1,20 @@
 """Rows of the next batch read ahead of its forward (``HostEmbedding.prefetch``), kept exact while the table changes.
 
 One mechanism for every module that prefetches (HostEmbedding, the groups of HostEmbeddingBagCollection,
-NgramHashEmbedding's rows): a prefetch reads the batch's distinct rows on a side stream; each update of the table
-that follows it *patches* the rows it holds with the update's own new rows, which the fused step leaves on the GPU
-(``PinnedEmbedding.apply_gradients(..., updated_rows=)``). So the next forward takes rows that are exactly those the
-plain loop would read, without a second trip over PCIe and without waiting on the host: the patch is a
-``searchsorted`` and an ``index_copy_`` on the GPU, whatever the number of rows in common.
+NgramHashEmbedding's rows): a prefetch reads the batch's distinct rows on a side stream, and keeps them exact
+through every update of the table that follows it, without a second trip over PCIe and without waiting on the host,
+in one of three ways:
 
-Tables that cannot hand back their updated rows (a GPU row cache, a frequency-chosen HybridTable, unsorted ids)
-re-read the rows in common from the table instead (:meth:`PrefetchedRows.refresh`).
+- :meth:`PrefetchedRows.advance` (a pinned host table on a GPU, the usual case): the prefetch read each row's
+  optimizer state too, so the update is applied to the rows it holds right there in GPU memory, by the same fused
+  kernel and step count as the host table's update (``speedtorch::row_optimizer_step_`` on device tensors): the
+  same bits. The host table's own update then need not be waited for: it runs on a stream of its own, beside the
+  next forward and backward.
+- :meth:`PrefetchedRows.patch`: the update's own new rows, which the fused step leaves on the GPU
+  (``PinnedEmbedding.apply_gradients(..., updated_rows=)``; a CPU table, stochastic rounding, renormalised rows):
+  a ``searchsorted`` and an ``index_copy_``.
+- :meth:`PrefetchedRows.refresh`: tables that cannot hand rows back (a GPU row cache, a frequency-chosen HybridTable,
+  unsorted ids) read the rows in common again from the table.
 """
 
 from __future__ import annotations
@@ -24,16 +30,17 @@ class PrefetchedRows:
     they may be read (the gather, then each patch)."""
 
     def __init__(self, key, unique: torch.Tensor, inverse: torch.Tensor, rows: torch.Tensor,
-                 ready: Optional[torch.cuda.Event]):
+                 ready: Optional[torch.cuda.Event], state: Optional[torch.Tensor] = None):
         self.key = key
         self.unique, self.inverse = unique, inverse
         # One spare row at the end: where a patch sends the updated rows this batch does not hold.
         self._rows = torch.cat([rows, rows[:1] if rows.shape[0] else rows.new_zeros(1, rows.shape[1])])
         self.rows = self._rows[:-1]
+        self.state = state  # the rows' optimizer state (advance), or None
         self.ready = ready
 
     def tensors(self) -> tuple:
-        return self.unique, self.inverse, self._rows
+        return tuple(t for t in (self.unique, self.inverse, self._rows, self.state) if t is not None)
 
     def _wait_here(self) -> Optional[torch.cuda.Stream]:
         """On a GPU: the current stream waits until the rows may be read (and keeps them alive); returns it."""
@@ -61,6 +68,27 @@ class PrefetchedRows:
         pos = torch.searchsorted(self.unique, ids).clamp_(max=n - 1)
         target = torch.where(self.unique[pos] == ids, pos, n)
         self._rows.index_copy_(0, target, new_rows.to(self._rows.device, self._rows.dtype))
+        self._done_here(stream)
+
+    def advance(self, ids: torch.Tensor, grads: torch.Tensor, optimizer: str, options: dict, step: int) -> None:
+        """Applies the table's update of ``ids`` (sorted, distinct; ``grads`` their summed float32 gradients; ``step``
+        the table's step count after it) to the rows and state this batch holds. The ids it does not hold go to rows
+        of their own past the end, which are dropped: every row the kernel writes is distinct, as the fused step
+        requires, and the host waits only for that step's own check of the ids."""
+        n, k = self.unique.numel(), ids.numel()
+        if n == 0 or k == 0:
+            return
+        stream = self._wait_here()
+        device = self._rows.device
+        pos = torch.searchsorted(self.unique, ids).clamp_(max=n - 1)
+        target = torch.where(self.unique[pos] == ids, pos, n + torch.arange(k, device=device))
+        target, order = torch.sort(target)
+        rows = torch.cat([self.rows, self.rows.new_zeros(k, self.rows.shape[1])])
+        state = torch.cat([self.state, self.state.new_zeros(k, self.state.shape[1])])
+        torch.ops.speedtorch.row_optimizer_step_(rows, state, target, grads.index_select(0, order), optimizer,
+                                                 options, int(step), True)
+        self._rows, self.state = rows[:n + 1], state[:n]  # row n: the spare row of patch()
+        self.rows = self._rows[:-1]
         self._done_here(stream)
 
     def refresh(self, table, ids: torch.Tensor, device: torch.device) -> None:

@@ -465,8 +465,8 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         return [c.name for c, _ in self._groups[g].tables]
 
     def _sync_for_host_access(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+        for group in self._groups:  # updates on the groups' own streams too
+            group.module._sync_for_host_access()
 
     def _table_index(self, name: str) -> int:
         for t, config in enumerate(self.tables):

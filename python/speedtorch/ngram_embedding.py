@@ -32,41 +32,18 @@ __all__ = ["NgramHashEmbedding"]
 
 
 class _EngramRows(HostEmbedding):
-    """A HostEmbedding whose fused updates may run on a CUDA stream of their own (``async_update``). Ordering: the
-    update stream first waits for the current stream (the gradients); every later read of the table (forward's
-    gather, a prefetch, the re-read of rows a prefetch saw before an update, host access) waits for the updates
-    queued before it. The ids and gradients are kept alive for the update stream (record_stream)."""
+    """A HostEmbedding whose fused updates run on a CUDA stream of their own (``async_update``; HostEmbedding's
+    update stream): every later read of the table (forward's gather, a prefetch, host access) waits for the updates
+    queued before it."""
 
     def __init__(self, *args, async_update: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         # The hybrid placement's row cache allocates device memory inside its steps: keep those on one stream.
         self.async_update = bool(async_update) and self.device.type == "cuda" and self.placement != "hybrid"
-        self._update_stream = None
-
-    def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
-        if not self.async_update:
-            return super()._apply_gradients(unique, grad_rows, sorted_unique)
-        if self._update_stream is None:
-            self._update_stream = torch.cuda.Stream(self.device)
-        self._update_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._update_stream):  # the module's write event is recorded there
-            super()._apply_gradients(unique, grad_rows, sorted_unique)
-        unique.record_stream(self._update_stream)
-        grad_rows.record_stream(self._update_stream)
 
     def wait_for_updates(self) -> None:
         """Makes the current stream wait for the updates queued so far."""
-        if self._written is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._written)
-
-    def _rows_for(self, input: torch.Tensor):
-        self.wait_for_updates()  # a forward's own gather reads rows the update stream may still be writing
-        return super()._rows_for(input)
-
-    def _sync_for_host_access(self) -> None:
-        if self._update_stream is not None:
-            self._update_stream.synchronize()
-        super()._sync_for_host_access()
+        self._wait_for_writes()
 
     def save(self, path: str) -> None:
         self._sync_for_host_access()

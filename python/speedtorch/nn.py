@@ -121,6 +121,10 @@ _forward_untensored_outside_graph = _eager_forward_outside_graph(
 
 
 class HostEmbedding(torch.nn.Module):
+    # Tests set this to run, on the CPU, the GPU's way of keeping rows read ahead exact (PrefetchedRows.advance);
+    # on the CPU a prefetch reads synchronously, so there is no update to run beside the next forward.
+    _advance_on_cpu = False
+
     """An embedding table of ``num_embeddings x embedding_dim`` in pinned host memory, trained by a fused optimizer.
 
     Takes ``nn.Embedding``'s arguments (``padding_idx``, ``max_norm``, ``norm_type``, ``scale_grad_by_freq``;
@@ -293,6 +297,10 @@ class HostEmbedding(torch.nn.Module):
         self._prefetched: Optional[PrefetchedRows] = None  # the next forward's rows, read ahead (prefetch)
         self._written: Optional[torch.cuda.Event] = None  # after the module's last write of the table (on a GPU)
         self._side_stream = None
+        self._update_stream = None
+        # On a GPU, every update of the host table runs on a stream of its own (not only those a prefetch lets
+        # run beside the next forward): readers wait for _written (NgramHashEmbedding's rows set it).
+        self.async_update = False
 
     def _registers_weight(self) -> bool:
         """Whether the table is one of the module's parameters (DistributedHostEmbedding's is not: see there)."""
@@ -469,6 +477,7 @@ class HostEmbedding(torch.nn.Module):
         if not bool((scale != 1).any()):
             return rows
         rows = (rows.float() * scale).to(rows.dtype)
+        self._wait_for_writes()  # an update still running may write these rows
         self.table.scatter_(unique, rows)
         if self._prefetched is not None:
             self._prefetched.patch(unique, rows)
@@ -479,6 +488,7 @@ class HostEmbedding(torch.nn.Module):
         pending, self._prefetched = self._prefetched, None  # a prefetch is for the next forward only
         if pending is not None and pending.key is input:
             return pending.take()
+        self._wait_for_writes()
         ids = input.to(self.device, non_blocking=True)
         unique, inverse = unique_indices(ids)  # torch.unique(sorted=True, return_inverse=True); faster on the CPU
         try:
@@ -584,19 +594,53 @@ class HostEmbedding(torch.nn.Module):
 
     def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
         # sorted_unique: `unique` is one forward's torch.unique(sorted=True) output, so the op need not de-duplicate
-        # it again (it still checks the claim). A pending prefetch takes the rows this step changes: from the step
-        # itself where the table hands them back (host placement), else read again after it.
+        # it again (it still checks the claim). A pending prefetch is kept exact (speedtorch/_prefetched_rows.py):
+        # advanced in GPU memory when it holds the rows' state, so the host table's update may run on a stream of
+        # its own beside the next forward; else given the rows the step writes, or reading them again.
         pending = self._prefetched
-        if pending is not None and sorted_unique and self._hands_back_updated_rows():
-            updated = torch.empty(unique.numel(), self.embedding_dim, dtype=pending.rows.dtype,
-                                  device=grad_rows.device)
-            self.table.apply_gradients(unique, grad_rows, sorted_unique, updated)
-            pending.patch(unique, updated)
-        else:
-            self.table.apply_gradients(unique, grad_rows, sorted_unique)
-            if pending is not None:
+        ahead = pending is not None and pending.state is not None and sorted_unique
+        if ahead:
+            pending.advance(unique, grad_rows, self.table.optimizer(), self.table.optimizer_options(),
+                            self.table.step_count() + 1)
+        stream = self.update_stream() if self.device.type == "cuda" and (ahead or self.async_update) else None
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))  # the gradients
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            if ahead or pending is None:
+                self.table.apply_gradients(unique, grad_rows, sorted_unique)
+            elif sorted_unique and self._hands_back_updated_rows():
+                updated = torch.empty(unique.numel(), self.embedding_dim, dtype=pending.rows.dtype,
+                                      device=grad_rows.device)
+                self.table.apply_gradients(unique, grad_rows, sorted_unique, updated)
+                pending.patch(unique, updated)
+            else:
+                self.table.apply_gradients(unique, grad_rows, sorted_unique)
                 pending.refresh(self.table, unique, self.device)
-        self._note_write()
+            self._note_write()
+        if stream is not None:
+            unique.record_stream(stream)
+            grad_rows.record_stream(stream)
+
+    def update_stream(self) -> torch.cuda.Stream:
+        """The CUDA stream the host table's updates run on when they need not be waited for (made at first use)."""
+        if self._update_stream is None:
+            self._update_stream = torch.cuda.Stream(self.device)
+        return self._update_stream
+
+    def _wait_for_writes(self) -> None:
+        """The current stream waits for the module's last write of the table (an update on its own stream)."""
+        if self._written is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._written)
+
+    def _updates_ahead(self) -> bool:
+        """Whether a prefetch should read the rows' optimizer state too, so updates advance its rows in GPU memory
+        (PrefetchedRows.advance): a pinned host table of this module's (not a row cache, HybridTable or a process
+        group's), on a GPU, with an optimizer whose update does not depend on the row's place in the table (stochastic
+        rounding draws its bits from the row id)."""
+        on_device = self.device.type == "cuda" or HostEmbedding._advance_on_cpu
+        if not (on_device and self.trains and self._hands_back_updated_rows()):
+            return False
+        return not self.table.optimizer_options().get("stochastic_rounding", 0.0)
 
     def _hands_back_updated_rows(self) -> bool:
         # A PinnedEmbedding without a row cache: its fused step can also write the new rows where the step runs.
@@ -660,7 +704,9 @@ class HostEmbedding(torch.nn.Module):
         if self.placement == "gpu":
             return
         if self.device.type != "cuda":
-            self._prefetched = PrefetchedRows(next_input, *self._rows_for(next_input), None)
+            unique, inverse, rows = self._rows_for(next_input)
+            state = torch.ops.speedtorch.gather(self.table.state(), unique, None) if self._updates_ahead() else None
+            self._prefetched = PrefetchedRows(next_input, unique, inverse, rows, None, state)
             return
         current = torch.cuda.current_stream(self.device)
         side = self.side_stream()
@@ -671,7 +717,7 @@ class HostEmbedding(torch.nn.Module):
             # The distinct ids' ends bound them all: one small check before waiting for the table's writes, then a
             # gather that need not wait for the host again. (A table of the process group checks in its gather, which
             # tells every rank.)
-            checked = self._registers_weight()
+            checked = self.placement == "host" and self._registers_weight()
             if checked and unique.numel():
                 try:
                     check_indices(unique[[0, -1]], self.num_embeddings, "speedtorch.gather", "indices")
@@ -684,9 +730,11 @@ class HostEmbedding(torch.nn.Module):
                 side.wait_event(self._written)
             with deferred_index_checks() if checked else contextlib.nullcontext():
                 rows = self.table.gather(unique, self.device)
+                state = torch.ops.speedtorch.gather(self.table.state(), unique, self.device) \
+                    if self._updates_ahead() else None
             ready = torch.cuda.Event()
             ready.record(side)
-            pending = PrefetchedRows(next_input, unique, inverse, rows, ready)
+            pending = PrefetchedRows(next_input, unique, inverse, rows, ready, state)
         # The side stream may still be reading the table's device tensors (a hybrid table's hot rows) after this
         # returns, and may have made new ones there (_refresh_hot_rows) that the current stream then uses: whichever
         # stream frees them, the caching allocator must reuse their memory only once both streams are done.
@@ -840,6 +888,8 @@ class HostEmbedding(torch.nn.Module):
     def _sync_for_host_access(self) -> None:
         # Updates still running on the GPU must land before the host rows are handed out or overwritten.
         if self.device.type == "cuda":
+            if self._update_stream is not None:
+                self._update_stream.synchronize()
             torch.cuda.current_stream(self.device).synchronize()
 
     def _sync_weight(self) -> HostTableParameter:
@@ -938,7 +988,7 @@ class _RowCachePlaceholder(HostTableParameter):
 
 
 # What __getstate__ leaves out: rebuilt by _init_runtime_state.
-_RUNTIME_ATTRIBUTES = ("_table_param", "_anchor", "_prefetched", "_written", "_side_stream")
+_RUNTIME_ATTRIBUTES = ("_table_param", "_anchor", "_prefetched", "_written", "_side_stream", "_update_stream")
 
 
 class _PickledTable:
