@@ -67,12 +67,50 @@ def _ue8m0_values(exponent_bytes: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def _quantize_int8(rows: torch.Tensor, out: torch.Tensor, rank_items: Optional[torch.Tensor], rank_k: int) -> int:
+def _first(mask: torch.Tensor) -> tuple[int, ...]:
+    """The index of the first True of ``mask`` (which holds one), as ints."""
+    return tuple(int(i) for i in mask.nonzero()[0])
+
+
+def _check_values(source: torch.Tensor, rows: torch.Tensor, first_row: int, format: str) -> None:
+    """Refuses values a ``format`` row cannot hold, naming the row, the column and the value: finite values that the
+    conversion (to bfloat16 for ``bf16``, else to float32) turns into infinities, and, for the quantized formats,
+    NaN and infinities (int8 codes and e4m3 codes with power-of-two scales have none; bf16 keeps them as they are).
+    ``source``: the table's rows as given; ``rows``: the same converted (to bfloat16 or float32)."""
+    converted = rows.isinf() & source.isfinite()
+    if bool(converted.any()):
+        r, c = _first(converted)
+        kind = "bfloat16" if format == "bf16" else "float32"
+        raise ValueError(f"quantize_rows: row {first_row + r} holds {source[r, c].item()!r} (column {c}), beyond "
+                         f"{kind}'s range (+-{torch.finfo(rows.dtype).max:.5g}), which {format} rows are converted "
+                         f"through; scale the table down")
+    if format == "bf16":
+        return
+    bad = ~rows.isfinite()
+    if bool(bad.any()):
+        r, c = _first(bad)
+        raise ValueError(f"quantize_rows: row {first_row + r} holds {rows[r, c].item()!r} (column {c}); {format} "
+                         f"rows hold finite values only")
+
+
+def _quantize_int8(rows: torch.Tensor, out: torch.Tensor, rank_items: Optional[torch.Tensor], rank_k: int,
+                   first_row: int = 0) -> int:
     """Writes the rows' int8 form into ``out``; returns how many rows' top ``rank_k`` order differs (0 without
-    ``rank_items``)."""
+    ``rank_items``). Rows whose bias (their smallest value) or scale does not fit in float16 are refused, naming the
+    row (``first_row`` is the first one's number in the table): stored, either would be an infinity."""
     low, high = rows.amin(1), rows.amax(1)
-    scale = ((high - low) / 255.0).clamp(max=65504.0).to(torch.float16)
     bias = low.to(torch.float16)
+    if bool(bias.isinf().any()):
+        r = _first(bias.isinf())[0]
+        raise ValueError(f"quantize_rows: row {first_row + r}'s smallest value {low[r].item()!r} is beyond float16's "
+                         f"range (+-65504): int8_rowwise stores it as the row's float16 bias. Scale the table down, "
+                         f"or use fp8_e4m3_ue8m0 (whose scales span float32's range)")
+    scale = ((high - low) / 255.0).to(torch.float16)
+    if bool(scale.isinf().any()):
+        r = _first(scale.isinf())[0]
+        raise ValueError(f"quantize_rows: row {first_row + r} spans {low[r].item()!r} to {high[r].item()!r}, wider "
+                         f"than int8_rowwise's float16 scale holds ((max - min) / 255 <= 65504). Scale the table "
+                         f"down, or use fp8_e4m3_ue8m0 (whose scales span float32's range)")
     s, b = scale.float().unsqueeze(1), bias.float().unsqueeze(1)
     codes = torch.where(s > 0, ((rows - b) / torch.where(s > 0, s, torch.ones_like(s))).round(), torch.zeros_like(rows))
     codes = codes.clamp(0, 255)
@@ -112,6 +150,12 @@ def quantize_rows(table: torch.Tensor, format: str, *, row_alignment: int = 16, 
     int8: per row, ``scale = (max - min) / 255`` and ``bias = min`` in float16, codes rounded to nearest. fp8: per
     block of 32, the smallest power of two ``scale >= amax / 448``, codes ``x / scale`` rounded to nearest e4m3.
 
+    Values a format cannot hold raise ``ValueError`` naming the row and the value (stored, they would decode as
+    infinities or NaN): int8 rows whose smallest value lies beyond
+    float16's +-65504 (the bias) or whose range exceeds 255 x 65504 (the scale); NaN and infinities in int8 and fp8
+    rows (bf16 keeps them); finite values beyond the range of the type a row is converted through (bfloat16 for
+    ``bf16``, float32 for the others: a float64 table's 1e39). fp8's power-of-two scales span float32's range.
+
     ``rank_items`` (int8 only): the ``(num_items, dim)`` vectors the rows are scored against by dot product (a
     retrieval model's item table). Each row's codes are then chosen, a step or two from nearest rounding, so that its
     ``rank_k`` best items come out in the float rows' order (:mod:`speedtorch.rank_preserving_rounding`; the
@@ -140,12 +184,14 @@ def quantize_rows(table: torch.Tensor, format: str, *, row_alignment: int = 16, 
         starts = tqdm(starts, desc="rank-preserving int8", unit="chunk")
     with torch.no_grad():
         for begin in starts:
-            rows = table[begin:begin + chunk_rows].detach().float().cpu()
+            source = table[begin:begin + chunk_rows].detach().cpu()
+            rows = source.to(torch.bfloat16 if format == "bf16" else torch.float32)
+            _check_values(source, rows, begin, format)
             target = out[begin:begin + rows.shape[0]]
             if format == "bf16":
                 target.copy_(rows)
             elif format == "int8_rowwise":
-                _quantize_int8(rows, target, rank_items, rank_k)
+                _quantize_int8(rows, target, rank_items, rank_k, begin)
             else:
                 _quantize_fp8(rows, target)
     return out

@@ -4,6 +4,8 @@ the conversion from a trained table is close to it, layouts are the documented o
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -200,3 +202,76 @@ def test_gpu_capture_refuses_a_pageable_table():
     with pytest.raises(RuntimeError, match="pageable host memory"):  # CPU threads would read it: a replay cannot
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             gather_dequant(pageable, ids, "fp8_e4m3_ue8m0", 32)
+
+
+# --- values a format cannot hold --------------------------------------------------------------------------------
+
+
+def test_int8_refuses_a_row_whose_float16_bias_would_be_infinite():
+    """The bias (the row's smallest value) is float16: -70000 used to be stored as -inf, and the row decoded as
+    -inf everywhere."""
+    weights = torch.randn(8, 32)
+    weights[3, 7] = -70000.0
+    with pytest.raises(ValueError, match=r"row 3's smallest value -70000.0 is beyond float16's range \(\+-65504\)"):
+        quantize_rows(weights, "int8_rowwise")
+    weights[3, 7] = 0.0
+    weights[5] = 1e5  # every value large: the bias is too
+    with pytest.raises(ValueError, match=r"row 5's smallest value 100000.0 is beyond float16's range"):
+        quantize_rows(weights, "int8_rowwise", chunk_rows=2)  # numbered in the table, not in the chunk
+
+
+def test_int8_refuses_a_row_whose_float16_scale_would_be_infinite():
+    weights = torch.zeros(4, 32)
+    weights[2, 0], weights[2, 1] = -60000.0, 2e7  # (max - min) / 255 = 78667 > 65504; the bias fits
+    with pytest.raises(ValueError, match=r"row 2 spans -60000.0 to 20000000.0, wider than int8_rowwise's float16 "
+                                         r"scale holds"):
+        quantize_rows(weights, "int8_rowwise")
+
+
+def test_int8_keeps_large_values_its_scale_and_bias_hold():
+    weights = torch.zeros(2, 32)
+    weights[0, 1] = 1e5  # beyond float16, but the bias is 0 and the scale 392: representable
+    weights[1] = torch.linspace(-65000.0, 65000.0, 32)
+    rows = QuantizedRows.from_table(weights, "int8_rowwise").dequantize().float()
+    assert bool(rows.isfinite().all())
+    step = ((weights.amax(1) - weights.amin(1)) / 255).unsqueeze(1)
+    assert bool(((rows - weights).abs() <= 0.65 * step + 0.01 * weights.abs()).all())
+
+
+@pytest.mark.parametrize("format", ["int8_rowwise", "fp8_e4m3_ue8m0"])
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_quantized_formats_refuse_nan_and_infinities(format, value):
+    weights = torch.randn(6, 32)
+    weights[4, 9] = value
+    with pytest.raises(ValueError, match=rf"row 4 holds {value!r} \(column 9\); {format} rows hold finite values"):
+        quantize_rows(weights, format)
+
+
+def test_bf16_keeps_nan_and_infinities():
+    weights = torch.tensor([[float("inf"), float("-inf"), float("nan"), 1.0]])
+    rows = quantize_rows(weights, "bf16").float()
+    assert rows[0, 0] == float("inf") and rows[0, 1] == float("-inf") and rows[0, 2].isnan() and rows[0, 3] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("format", "value", "kind"),
+    [("bf16", 3.4e38, "bfloat16"), ("bf16", 1e39, "bfloat16"), ("int8_rowwise", 1e39, "float32"),
+     ("fp8_e4m3_ue8m0", -1e39, "float32")],
+)
+def test_finite_values_beyond_the_conversion_type_are_refused(format, value, kind):
+    """A finite value the conversion turns into an infinity (float32's 3.4e38 rounds to bfloat16's inf; a float64
+    table's 1e39 to float32's)."""
+    weights = torch.randn(3, 32, dtype=torch.float64)
+    weights[1, 2] = value
+    with pytest.raises(ValueError, match=rf"row 1 holds {re.escape(repr(value))} \(column 2\), beyond {kind}'s range"):
+        quantize_rows(weights, format)
+
+
+def test_fp8_scales_span_float32s_range():
+    weights = torch.zeros(2, 32)
+    weights[0] = torch.arange(32) * 1e37 - 1.6e38
+    weights[0, 0], weights[0, 1] = -3e38, 3e38
+    weights[1, 0] = 1e-38
+    rows = QuantizedRows.from_table(weights, "fp8_e4m3_ue8m0").dequantize().float()
+    assert bool(rows.isfinite().all())
+    assert bool(((rows - weights).abs() <= weights.abs().amax(1, keepdim=True) / 16).all())
