@@ -4,7 +4,12 @@ the conversion from a trained table is close to it, layouts are the documented o
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -138,6 +143,112 @@ def test_saved_rows_open_mapped(tmp_path):
         assert (opened.format, opened.dim, opened.num_rows) == ("int8_rowwise", 64, 300)
         ids = torch.randint(0, 300, (40,))
         assert torch.equal(opened.gather(ids), rows.gather(ids))
+
+
+# Rows and record of different saves: int8 and fp8 rows of dim 32 are both 48 bytes wide at row_alignment 16, so
+# int8 rows read as fp8 (or the reverse) decode without any error, to wrong values.
+PAIR_DIM = 32
+_KILLED_SAVER = r"""
+import os, sys
+import torch
+import speedtorch.data
+from speedtorch.quantized import QuantizedRows
+
+real_save_npy = speedtorch.data.save_npy
+
+def save_then_die(tensor, path):
+    real_save_npy(tensor, path)
+    os._exit(3)  # the process dies once the rows are replaced, before their record is written
+
+speedtorch.data.save_npy = save_then_die
+QuantizedRows.from_table(torch.randn(40, 32) * 4, "fp8_e4m3_ue8m0").save(sys.argv[1])
+"""
+
+
+def _int8_then_fp8():
+    int8 = QuantizedRows.from_table(trained_table(40, PAIR_DIM, seed=1), "int8_rowwise")
+    fp8 = QuantizedRows.from_table(trained_table(40, PAIR_DIM, seed=2), "fp8_e4m3_ue8m0")
+    assert int8.table.shape == fp8.table.shape  # nothing in the rows tells the formats apart
+    return int8, fp8
+
+
+def test_a_save_killed_between_rows_and_record_is_refused(tmp_path):
+    path = tmp_path / "rows.npy"
+    int8, _ = _int8_then_fp8()
+    int8.save(path)
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "python"), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", _KILLED_SAVER, str(path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert not torch.equal(speedtorch.data.load_npy(path, pinned=False), int8.table)  # the new rows are in place
+    for verify in (True, False):  # the old int8 record used to read the new fp8 rows as int8
+        with pytest.raises(RuntimeError, match=r"has no record .*rows.npy.format.json .*a save that did not finish"):
+            QuantizedRows.open(path, verify=verify)
+
+
+def test_rows_and_record_of_different_saves_are_refused(tmp_path):
+    path = tmp_path / "rows.npy"
+    int8, fp8 = _int8_then_fp8()
+    int8.save(path)
+    old_record = (tmp_path / "rows.npy.format.json").read_bytes()
+    fp8.save(path)
+    (tmp_path / "rows.npy.format.json").write_bytes(old_record)  # the old record beside the new rows
+    with pytest.raises(RuntimeError, match=r"holds other rows than its record .*the files are of different saves"):
+        QuantizedRows.open(path)
+    fp8.save(path)
+    assert torch.equal(QuantizedRows.open(path).dequantize(), fp8.dequantize())
+
+
+def test_a_save_that_fails_writing_the_rows_keeps_the_old_pair(tmp_path, monkeypatch):
+    path = tmp_path / "rows.npy"
+    int8, fp8 = _int8_then_fp8()
+    int8.save(path)
+
+    def interrupted(tensor, target):
+        raise KeyboardInterrupt  # speedtorch.save_npy stops at Ctrl-C, leaving the old file
+
+    monkeypatch.setattr(speedtorch.data, "save_npy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fp8.save(path)
+    opened = QuantizedRows.open(path)
+    assert opened.format == "int8_rowwise" and torch.equal(opened.dequantize(), int8.dequantize())
+
+
+def test_a_save_racing_an_open_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "rows.npy"
+    int8, fp8 = _int8_then_fp8()
+    int8.save(path)
+    real_open_npy = speedtorch.data.open_npy
+
+    def open_then_save(*args, **kwargs):
+        table = real_open_npy(*args, **kwargs)
+        fp8.save(path)  # another process saving while this one maps the rows
+        return table
+
+    monkeypatch.setattr(speedtorch.data, "open_npy", open_then_save)
+    with pytest.raises(RuntimeError, match="was saved again while it was being opened; open it again"):
+        QuantizedRows.open(path, verify=False)
+
+
+def test_a_record_without_a_content_hash_opens_only_unverified(tmp_path):
+    path = tmp_path / "rows.npy"
+    int8, _ = _int8_then_fp8()
+    int8.save(path)
+    (tmp_path / "rows.npy.format.json").write_text(json.dumps({"format": "int8_rowwise", "dim": PAIR_DIM}))
+    with pytest.raises(RuntimeError, match="names no content hash to check the rows against"):
+        QuantizedRows.open(path)
+    assert torch.equal(QuantizedRows.open(path, verify=False).dequantize(), int8.dequantize())
+
+
+def test_the_record_names_format_dim_shape_and_hash(tmp_path):
+    path = tmp_path / "rows.npy"
+    int8, _ = _int8_then_fp8()
+    content_hash = int8.save(path)
+    record = json.loads((tmp_path / "rows.npy.format.json").read_text())
+    assert record == {"format": "int8_rowwise", "dim": PAIR_DIM, "shape": list(int8.table.shape),
+                      "rows_hash": content_hash}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.npy", "rows.npy.format.json"]  # no temporaries
 
 
 # --- GPU routes ----------------------------------------------------------------------------------------------------
