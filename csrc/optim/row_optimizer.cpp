@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/checked_size.h"
+#include "core/memory_overlap.h"
 #include "cpu/distinct_indices_cpu.h"
 #include "cpu/index_range_check.h"
 #include "cpu/row_optimizer_cpu.h"
@@ -129,10 +130,20 @@ std::pair<at::Tensor, at::Tensor> sum_duplicate_rows_cpu(const at::Tensor& indic
   return {distinct.narrow(0, 0, num_distinct), summed};
 }
 
+void check_step_inputs_apart(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
+                             const at::Tensor& grad, const char* op) {
+  for (const at::Tensor* written : {&weights, &state}) {
+    const char* name = written == &weights ? "the weights" : "the optimizer state";
+    check_no_overlap(*written, name, grad, "grad", op);
+    check_no_overlap(*written, name, indices, "indices", op);
+  }
+}
+
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                          const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op,
                          bool sorted_unique) {
   check_row_optimizer_arguments(weights, state, indices, grad, hyper, global_step, op);
+  check_step_inputs_apart(weights, state, indices, grad, op);
   // Before any route: the CPU writing a mode 'r' mapping is a SIGSEGV, a GPU writing it ruins the CUDA context.
   check_host_memory_writable(weights, op, "weights");
   check_host_memory_writable(state, op, "state");
