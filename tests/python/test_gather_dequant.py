@@ -135,12 +135,13 @@ def test_opcheck():
                               (table, torch.randint(0, 20, (3, 4)), format, 32))
 
 
-def test_saved_rows_open_mapped(tmp_path):
-    rows = QuantizedRows.from_table(trained_table(), "int8_rowwise")
+@pytest.mark.parametrize("format", FORMATS)
+def test_saved_rows_open_mapped(tmp_path, format):
+    rows = QuantizedRows.from_table(trained_table(), format)
     rows.save(tmp_path / "engram.npy")
     for pin in (False, True):
         opened = QuantizedRows.open(tmp_path / "engram.npy", pin=pin)
-        assert (opened.format, opened.dim, opened.num_rows) == ("int8_rowwise", 64, 300)
+        assert (opened.format, opened.dim, opened.num_rows) == (format, 64, 300)
         ids = torch.randint(0, 300, (40,))
         assert torch.equal(opened.gather(ids), rows.gather(ids))
 
