@@ -153,11 +153,11 @@ def quantize_rows(table: torch.Tensor, format: str, *, row_alignment: int = 16, 
     int8: per row, ``scale = (max - min) / 255`` and ``bias = min`` in float16, codes rounded to nearest. fp8: per
     block of 32, the smallest power of two ``scale >= amax / 448``, codes ``x / scale`` rounded to nearest e4m3.
 
-    Values a format cannot hold raise ``ValueError`` naming the row and the value (stored, they would decode as
-    infinities or NaN): int8 rows whose smallest value lies beyond
-    float16's +-65504 (the bias) or whose range exceeds 255 x 65504 (the scale); NaN and infinities in int8 and fp8
-    rows (bf16 keeps them); finite values beyond the range of the type a row is converted through (bfloat16 for
-    ``bf16``, float32 for the others: a float64 table's 1e39). fp8's power-of-two scales span float32's range.
+    Values a format cannot hold raise ``ValueError`` naming the row and the value (stored, they would decode wrong:
+    as infinities, NaN or clamped): int8 rows whose smallest value lies beyond float16's +-65504 (the bias) or whose
+    range exceeds 255 x 65504 (the scale); NaN and infinities in int8 and fp8 rows (bf16 keeps them); finite values
+    beyond the range of the type a row is converted through (bfloat16 for ``bf16``, float32 for the others: a
+    float64 table's 1e39). fp8's power-of-two scales span float32's range.
 
     ``rank_items`` (int8 only): the ``(num_items, dim)`` vectors the rows are scored against by dot product (a
     retrieval model's item table). Each row's codes are then chosen, a step or two from nearest rounding, so that its
