@@ -194,6 +194,7 @@ void RowCache::apply_gradients(const at::Tensor& table, const at::Tensor& state,
   std::lock_guard<std::mutex> hold(mutex_);
   check_table(table, state, op);
   check_row_optimizer_arguments(table, state, indices, grad, hyper, global_step, op);
+  check_step_inputs_apart(table, state, indices, grad, op);
   if (indices.numel() == 0) return;
   const at::Tensor rows_grad = grad.reshape({-1, table.size(1)});
   const int64_t now = ++tick_;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/checked_size.h"
+#include "core/memory_overlap.h"
 #include "cpu/distinct_indices_cpu.h"
 #include "cpu/index_range_check.h"
 #include "cpu/row_optimizer_cpu.h"
@@ -143,12 +144,23 @@ void check_updated_rows(const at::Tensor& updated_rows, const at::Tensor& weight
   TORCH_CHECK(updated_rows.is_contiguous(), op, ": updated_rows must be contiguous");
   TORCH_CHECK(updated_rows.device() == device, op, ": updated_rows must be on ", device,
               " (where the step runs), got ", updated_rows.device());
+  check_no_overlap(weights, "the weights", updated_rows, "updated_rows", op);
+}
+
+void check_step_inputs_apart(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
+                             const at::Tensor& grad, const char* op) {
+  for (const at::Tensor* written : {&weights, &state}) {
+    const char* name = written == &weights ? "the weights" : "the optimizer state";
+    check_no_overlap(*written, name, grad, "grad", op);
+    check_no_overlap(*written, name, indices, "indices", op);
+  }
 }
 
 void apply_row_optimizer(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
                          const at::Tensor& grad, const OptimizerHyper& hyper, int64_t global_step, const char* op,
                          bool sorted_unique, const std::optional<at::Tensor>& updated_rows) {
   check_row_optimizer_arguments(weights, state, indices, grad, hyper, global_step, op);
+  check_step_inputs_apart(weights, state, indices, grad, op);
   if (updated_rows.has_value()) {
     const at::Device device = weights.is_cuda() ? weights.device() : grad.device();
     check_updated_rows(*updated_rows, weights, indices, device, sorted_unique, op);

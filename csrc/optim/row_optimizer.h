@@ -57,6 +57,12 @@ int64_t optimizer_record_stride_bytes(const at::Tensor& weights, const at::Tenso
 OptimizerRows optimizer_rows(const at::Tensor& weights, const at::Tensor& state, char* weights_base,
                              float* state_base);
 
+// Refuses grad or indices that share memory with the weights or the state (core/memory_overlap.h): a step reads
+// them while it writes rows in place, in no set order (with sorted_unique, grad rows are read as they are). Called
+// by apply_row_optimizer and the row cache's step, so that every placement refuses the same calls.
+void check_step_inputs_apart(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,
+                             const at::Tensor& grad, const char* op);
+
 // The shared checks of apply_row_optimizer (also used by the Meta kernel and the row cache): every check that needs
 // no tensor values, the global step's among them.
 void check_row_optimizer_arguments(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& indices,

@@ -5,6 +5,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include "core/memory_overlap.h"
 #include "memory/huge_page_output.h"
 #include "memory/pinned_host_buffer.h"
 #include "transfer/row_transfer.h"
@@ -132,6 +133,9 @@ void scatter_table_rows(const at::Tensor& table, const at::Tensor& indices, cons
   if (table.is_cpu() && src.is_cuda()) check_host_table_reachable(table, src.device(), op);
   // A GPU writes a host table only when src is on one; CUDA indices with CPU rows are a CPU write (row_transfer.h).
   if (table.is_cpu() && src.is_cuda()) check_host_table_writable_by_gpu(table, op);
+  // Rows are written while src and the indices are still read (by threads or GPU blocks in no set order).
+  check_no_overlap(table, "the table", src, "src", op);
+  check_no_overlap(table, "the table", indices, "indices", op);
   const at::Tensor flat = indices.reshape({-1}).contiguous();
   // A GPU table takes its rows on its own device.
   const at::Tensor rows =

@@ -17,7 +17,8 @@ namespace speedtorch {
 at::Tensor gather_table_rows(const at::Tensor& table, const at::Tensor& indices, std::optional<at::Device> device,
                              const char* op);
 
-// table[indices[i]] = src[i] (src: indices.shape + (dim,), the table's dtype); duplicates: the last one wins.
+// table[indices[i]] = src[i] (src: indices.shape + (dim,), the table's dtype); duplicates: the last one wins. src and
+// the indices must not share memory with the table (core/memory_overlap.h): refused, as torch's index_copy_ does.
 void scatter_table_rows(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src, const char* op);
 
 // The checks that need no data: the kernels' and the operators' Meta kernels' (one set; the Python fake kernels call

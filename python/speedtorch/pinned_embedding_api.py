@@ -42,7 +42,8 @@ class PinnedEmbeddingAPI:
 
     def scatter_(self, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         """Writes ``src`` (``indices.shape + (dim,)``, any device) into those rows; duplicates: the last occurrence
-        wins. Returns the table tensor. A GPU write may still run after the call returns (stream order)."""
+        wins. Returns the table tensor. A GPU write may still run after the call returns (stream order). A ``src``
+        or ``indices`` sharing the table's memory (``table()[0:5]``) raises RuntimeError: pass a copy."""
         raise _documentation_only()
 
     def table(self) -> torch.Tensor:
@@ -119,7 +120,8 @@ class PinnedEmbeddingAPI:
         """One optimizer step on the rows ``indices`` name: ``grad`` (``indices.shape + (dim,)``, any device) summed
         per distinct row, each row and its state updated once, in place (a GPU kernel over UVA and CPU threads). The
         step count advances by one (also for empty indices). ``sorted_unique``: the indices are strictly increasing
-        (checked), so the summing pass is skipped."""
+        (checked), so the summing pass is skipped. A ``grad`` or ``indices`` sharing the memory of the rows or the
+        state raises RuntimeError: pass a copy."""
         raise _documentation_only()
 
     def optimizer(self) -> str:

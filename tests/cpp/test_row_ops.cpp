@@ -45,6 +45,17 @@ TEST(RowOps, ErrorsNameTheArgument) {
             std::string::npos);
 }
 
+TEST(RowOps, ScatterRefusesSrcThatSharesTheTablesMemory) {
+  at::Tensor table = at::arange(30, at::kFloat).reshape({10, 3});
+  const at::Tensor before = table.clone();
+  at::Tensor idx = at::arange(1, 6, at::kLong);
+  const std::string text = error_of([&] { ops::scatter_(table, idx, table.narrow(0, 0, 5)); });
+  EXPECT_NE(text.find("speedtorch.scatter_: src and the table share memory"), std::string::npos) << text;
+  EXPECT_TRUE(at::equal(table, before));
+  ops::scatter_(table, idx, table.narrow(0, 0, 5).clone());
+  EXPECT_TRUE(at::equal(table.narrow(0, 1, 5), before.narrow(0, 0, 5)));
+}
+
 bool cuda_ready() { return cuda_device_available() && at::hasCUDA(); }
 
 TEST(RowOpsCuda, PinnedTableRoundTrip) {

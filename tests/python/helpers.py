@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 
+import numpy
 import torch
 
 import speedtorch
@@ -17,6 +19,22 @@ def random_table(num_rows: int, dim: int, dtype=torch.float32, pinned: bool = Fa
     table = speedtorch.pinned_empty(num_rows, dim, dtype=dtype)
     table.copy_(values)
     return table
+
+
+def rows_at(table: torch.Tensor, count: int, device: str = "cpu") -> torch.Tensor:
+    """The first ``count`` rows of a contiguous float32 host ``table`` as a tensor of their own over the same memory,
+    holding no reference to ``table`` (a PinnedEmbedding's row cache stands aside only while a tensor from table()
+    is alive). ``device="cuda"``: a CUDA tensor at the same address, the pinned rows as a GPU reads them over UVA."""
+    shape = (count, table.shape[1])
+    if device == "cpu":
+        pointer = ctypes.cast(table.data_ptr(), ctypes.POINTER(ctypes.c_float))
+        return torch.from_numpy(numpy.ctypeslib.as_array(pointer, shape=shape))
+
+    class Rows:  # torch.as_tensor takes CUDA memory it does not own through this interface (Numba's)
+        __cuda_array_interface__ = {"shape": shape, "typestr": "<f4", "data": (table.data_ptr(), False),
+                                    "version": 3, "strides": None}
+
+    return torch.as_tensor(Rows(), device=device)
 
 
 def last_wins_reference(table: torch.Tensor, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

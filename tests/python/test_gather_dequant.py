@@ -4,6 +4,13 @@ the conversion from a trained table is close to it, layouts are the documented o
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -128,14 +135,121 @@ def test_opcheck():
                               (table, torch.randint(0, 20, (3, 4)), format, 32))
 
 
-def test_saved_rows_open_mapped(tmp_path):
-    rows = QuantizedRows.from_table(trained_table(), "int8_rowwise")
+@pytest.mark.parametrize("format", FORMATS)
+def test_saved_rows_open_mapped(tmp_path, format):
+    rows = QuantizedRows.from_table(trained_table(), format)
     rows.save(tmp_path / "engram.npy")
     for pin in (False, True):
         opened = QuantizedRows.open(tmp_path / "engram.npy", pin=pin)
-        assert (opened.format, opened.dim, opened.num_rows) == ("int8_rowwise", 64, 300)
+        assert (opened.format, opened.dim, opened.num_rows) == (format, 64, 300)
         ids = torch.randint(0, 300, (40,))
         assert torch.equal(opened.gather(ids), rows.gather(ids))
+
+
+# Rows and record of different saves: int8 and fp8 rows of dim 32 are both 48 bytes wide at row_alignment 16, so
+# int8 rows read as fp8 (or the reverse) decode without any error, to wrong values.
+PAIR_DIM = 32
+_KILLED_SAVER = r"""
+import os, sys
+import torch
+import speedtorch.data
+from speedtorch.quantized import QuantizedRows
+
+real_save_npy = speedtorch.data.save_npy
+
+def save_then_die(tensor, path):
+    real_save_npy(tensor, path)
+    os._exit(3)  # the process dies once the rows are replaced, before their record is written
+
+speedtorch.data.save_npy = save_then_die
+QuantizedRows.from_table(torch.randn(40, 32) * 4, "fp8_e4m3_ue8m0").save(sys.argv[1])
+"""
+
+
+def _int8_then_fp8():
+    int8 = QuantizedRows.from_table(trained_table(40, PAIR_DIM, seed=1), "int8_rowwise")
+    fp8 = QuantizedRows.from_table(trained_table(40, PAIR_DIM, seed=2), "fp8_e4m3_ue8m0")
+    assert int8.table.shape == fp8.table.shape  # nothing in the rows tells the formats apart
+    return int8, fp8
+
+
+def test_a_save_killed_between_rows_and_record_is_refused(tmp_path):
+    path = tmp_path / "rows.npy"
+    int8, _ = _int8_then_fp8()
+    int8.save(path)
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "python"), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", _KILLED_SAVER, str(path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert not torch.equal(speedtorch.data.load_npy(path, pinned=False), int8.table)  # the new rows are in place
+    for verify in (True, False):  # the old int8 record used to read the new fp8 rows as int8
+        with pytest.raises(RuntimeError, match=r"has no record .*rows.npy.format.json .*a save that did not finish"):
+            QuantizedRows.open(path, verify=verify)
+
+
+def test_rows_and_record_of_different_saves_are_refused(tmp_path):
+    path = tmp_path / "rows.npy"
+    int8, fp8 = _int8_then_fp8()
+    int8.save(path)
+    old_record = (tmp_path / "rows.npy.format.json").read_bytes()
+    fp8.save(path)
+    (tmp_path / "rows.npy.format.json").write_bytes(old_record)  # the old record beside the new rows
+    with pytest.raises(RuntimeError, match=r"holds other rows than its record .*the files are of different saves"):
+        QuantizedRows.open(path)
+    fp8.save(path)
+    assert torch.equal(QuantizedRows.open(path).dequantize(), fp8.dequantize())
+
+
+def test_a_save_that_fails_writing_the_rows_keeps_the_old_pair(tmp_path, monkeypatch):
+    path = tmp_path / "rows.npy"
+    int8, fp8 = _int8_then_fp8()
+    int8.save(path)
+
+    def interrupted(tensor, target):
+        raise KeyboardInterrupt  # speedtorch.save_npy stops at Ctrl-C, leaving the old file
+
+    monkeypatch.setattr(speedtorch.data, "save_npy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fp8.save(path)
+    opened = QuantizedRows.open(path)
+    assert opened.format == "int8_rowwise" and torch.equal(opened.dequantize(), int8.dequantize())
+
+
+def test_a_save_racing_an_open_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "rows.npy"
+    int8, fp8 = _int8_then_fp8()
+    int8.save(path)
+    real_open_npy = speedtorch.data.open_npy
+
+    def open_then_save(*args, **kwargs):
+        table = real_open_npy(*args, **kwargs)
+        fp8.save(path)  # another process saving while this one maps the rows
+        return table
+
+    monkeypatch.setattr(speedtorch.data, "open_npy", open_then_save)
+    with pytest.raises(RuntimeError, match="was saved again while it was being opened; open it again"):
+        QuantizedRows.open(path, verify=False)
+
+
+def test_a_record_without_a_content_hash_opens_only_unverified(tmp_path):
+    path = tmp_path / "rows.npy"
+    int8, _ = _int8_then_fp8()
+    int8.save(path)
+    (tmp_path / "rows.npy.format.json").write_text(json.dumps({"format": "int8_rowwise", "dim": PAIR_DIM}))
+    with pytest.raises(RuntimeError, match="names no content hash to check the rows against"):
+        QuantizedRows.open(path)
+    assert torch.equal(QuantizedRows.open(path, verify=False).dequantize(), int8.dequantize())
+
+
+def test_the_record_names_format_dim_shape_and_hash(tmp_path):
+    path = tmp_path / "rows.npy"
+    int8, _ = _int8_then_fp8()
+    content_hash = int8.save(path)
+    record = json.loads((tmp_path / "rows.npy.format.json").read_text())
+    assert record == {"format": "int8_rowwise", "dim": PAIR_DIM, "shape": list(int8.table.shape),
+                      "rows_hash": content_hash}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.npy", "rows.npy.format.json"]  # no temporaries
 
 
 # --- GPU routes ----------------------------------------------------------------------------------------------------
@@ -200,3 +314,76 @@ def test_gpu_capture_refuses_a_pageable_table():
     with pytest.raises(RuntimeError, match="pageable host memory"):  # CPU threads would read it: a replay cannot
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             gather_dequant(pageable, ids, "fp8_e4m3_ue8m0", 32)
+
+
+# --- values a format cannot hold --------------------------------------------------------------------------------
+
+
+def test_int8_refuses_a_row_whose_float16_bias_would_be_infinite():
+    """The bias (the row's smallest value) is float16: -70000 used to be stored as -inf, and the row decoded as
+    -inf everywhere."""
+    weights = torch.randn(8, 32)
+    weights[3, 7] = -70000.0
+    with pytest.raises(ValueError, match=r"row 3's smallest value -70000.0 is beyond float16's range \(\+-65504\)"):
+        quantize_rows(weights, "int8_rowwise")
+    weights[3, 7] = 0.0
+    weights[5] = 1e5  # every value large: the bias is too
+    with pytest.raises(ValueError, match=r"row 5's smallest value 100000.0 is beyond float16's range"):
+        quantize_rows(weights, "int8_rowwise", chunk_rows=2)  # numbered in the table, not in the chunk
+
+
+def test_int8_refuses_a_row_whose_float16_scale_would_be_infinite():
+    weights = torch.zeros(4, 32)
+    weights[2, 0], weights[2, 1] = -60000.0, 2e7  # (max - min) / 255 = 78667 > 65504; the bias fits
+    with pytest.raises(ValueError, match=r"row 2 spans -60000.0 to 20000000.0, wider than int8_rowwise's float16 "
+                                         r"scale holds"):
+        quantize_rows(weights, "int8_rowwise")
+
+
+def test_int8_keeps_large_values_its_scale_and_bias_hold():
+    weights = torch.zeros(2, 32)
+    weights[0, 1] = 1e5  # beyond float16, but the bias is 0 and the scale 392: representable
+    weights[1] = torch.linspace(-65000.0, 65000.0, 32)
+    rows = QuantizedRows.from_table(weights, "int8_rowwise").dequantize().float()
+    assert bool(rows.isfinite().all())
+    step = ((weights.amax(1) - weights.amin(1)) / 255).unsqueeze(1)
+    assert bool(((rows - weights).abs() <= 0.65 * step + 0.01 * weights.abs()).all())
+
+
+@pytest.mark.parametrize("format", ["int8_rowwise", "fp8_e4m3_ue8m0"])
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_quantized_formats_refuse_nan_and_infinities(format, value):
+    weights = torch.randn(6, 32)
+    weights[4, 9] = value
+    with pytest.raises(ValueError, match=rf"row 4 holds {value!r} \(column 9\); {format} rows hold finite values"):
+        quantize_rows(weights, format)
+
+
+def test_bf16_keeps_nan_and_infinities():
+    weights = torch.tensor([[float("inf"), float("-inf"), float("nan"), 1.0]])
+    rows = quantize_rows(weights, "bf16").float()
+    assert rows[0, 0] == float("inf") and rows[0, 1] == float("-inf") and rows[0, 2].isnan() and rows[0, 3] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("format", "value", "kind"),
+    [("bf16", 3.4e38, "bfloat16"), ("bf16", 1e39, "bfloat16"), ("int8_rowwise", 1e39, "float32"),
+     ("fp8_e4m3_ue8m0", -1e39, "float32")],
+)
+def test_finite_values_beyond_the_conversion_type_are_refused(format, value, kind):
+    """A finite value the conversion turns into an infinity (float32's 3.4e38 rounds to bfloat16's inf; a float64
+    table's 1e39 to float32's)."""
+    weights = torch.randn(3, 32, dtype=torch.float64)
+    weights[1, 2] = value
+    with pytest.raises(ValueError, match=rf"row 1 holds {re.escape(repr(value))} \(column 2\), beyond {kind}'s range"):
+        quantize_rows(weights, format)
+
+
+def test_fp8_scales_span_float32s_range():
+    weights = torch.zeros(2, 32)
+    weights[0] = torch.arange(32) * 1e37 - 1.6e38
+    weights[0, 0], weights[0, 1] = -3e38, 3e38
+    weights[1, 0] = 1e-38
+    rows = QuantizedRows.from_table(weights, "fp8_e4m3_ue8m0").dequantize().float()
+    assert bool(rows.isfinite().all())
+    assert bool(((rows - weights).abs() <= weights.abs().amax(1, keepdim=True) / 16).all())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import last_wins_reference, random_table
+from helpers import last_wins_reference, random_table, rows_at
 
 import speedtorch
 
@@ -186,6 +186,99 @@ def test_scatter_rejects_overlapping_rows():
     table = torch.randn(1, 4).expand(5, 4)
     with pytest.raises(RuntimeError, match="table rows overlap"):
         speedtorch.scatter_(table, torch.tensor([0]), torch.randn(1, 4))
+
+
+# --- src, indices or gradients that share the table's memory ----------------------------------------------------------
+# torch's index_copy_ refuses them; speedtorch used to read rows it had already overwritten.
+
+
+@pytest.mark.parametrize("op", ["scatter_", "scatter_rows_", "PinnedEmbedding.scatter_"])
+@pytest.mark.parametrize(("rows", "src_rows"), [((1, 6), (0, 5)), ((0, 5), (1, 6)), ((2, 5), (2, 5))])
+def test_scatter_refuses_src_that_overlaps_the_table(op, rows, src_rows):
+    """The issue's case (rows 1-5 from rows 0-4: every row became row 0), the reverse, and src exactly the rows it
+    writes (which torch refuses too)."""
+    table = random_table(10, 3)
+    if op == "PinnedEmbedding.scatter_":
+        embedding = speedtorch.PinnedEmbedding(10, 3, torch.float32)
+        embedding.copy_(table)
+        table = embedding.table()
+        call = embedding.scatter_
+    else:
+        call = lambda indices, src: getattr(torch.ops.speedtorch, op)(table, indices, src)  # noqa: E731
+    before = table.clone()
+    with pytest.raises(RuntimeError, match=r"src and the table share memory \(.*\); pass a copy: src.clone\(\)"):
+        call(torch.arange(*rows), table[src_rows[0]:src_rows[1]])
+    assert torch.equal(table, before)
+    expected = before.clone().index_copy_(0, torch.arange(*rows), before[src_rows[0]:src_rows[1]])
+    call(torch.arange(*rows), table[src_rows[0]:src_rows[1]].clone())
+    assert torch.equal(table, expected)
+
+
+def test_scatter_refuses_indices_that_overlap_the_table():
+    table = torch.zeros(10, 4)
+    ids = table.view(torch.int32)[9, :2]  # row 9's bytes read as two int32 ids (0 and 0)
+    with pytest.raises(RuntimeError, match=r"indices and the table share memory .*pass a copy: indices.clone\(\)"):
+        speedtorch.scatter_(table, ids, torch.ones(2, 4))
+
+
+def test_scatter_from_other_rows_of_one_storage_is_allowed():
+    storage = random_table(10, 3)
+    expected = storage.clone()
+    expected[0:5].index_copy_(0, torch.tensor([4, 0, 2]), expected[5:8].clone())
+    speedtorch.scatter_(storage[0:5], torch.tensor([4, 0, 2]), storage[5:8])  # disjoint bytes of one storage
+    assert torch.equal(storage, expected)
+
+
+def test_scatter_refuses_src_in_the_gaps_of_a_padded_table():
+    """Each tensor stands for the bytes from its first element to its last (csrc/core/memory_overlap.h): src in the
+    columns a padded table skips is refused too, though it shares no element."""
+    wide = random_table(10, 8)
+    with pytest.raises(RuntimeError, match="src and the table share memory"):
+        speedtorch.scatter_(wide[:, :4], torch.tensor([0, 1]), wide[0:2, 4:8])
+
+
+@pytest.mark.parametrize("sorted_unique", [True, False])
+def test_optimizer_step_refuses_grad_that_overlaps_the_weights(sorted_unique):
+    """With sorted_unique the gradient rows were read as they were being updated: rows 1-5 stepped with rows 0-4 as
+    gradients came out in the order the rows were written."""
+    weights = torch.arange(30.0).reshape(10, 3)
+    state = torch.zeros(10, speedtorch.PinnedEmbedding.state_width("sgd", {}, 3))
+    before = weights.clone()
+    with pytest.raises(RuntimeError, match=r"grad and the weights share memory .*pass a copy: grad.clone\(\)"):
+        torch.ops.speedtorch.row_optimizer_step_(weights, state, torch.arange(1, 6), weights[0:5], "sgd", {"lr": 1.0},
+                                                 1, sorted_unique)
+    assert torch.equal(weights, before)
+    torch.ops.speedtorch.row_optimizer_step_(weights, state, torch.arange(1, 6), weights[0:5].clone(), "sgd",
+                                             {"lr": 1.0}, 1, sorted_unique)
+    expected = before.clone()
+    expected[1:6] -= before[0:5]
+    assert torch.equal(weights, expected)
+
+
+def test_optimizer_step_refuses_grad_or_indices_that_overlap_the_state():
+    weights = torch.zeros(10, 3)
+    state = torch.zeros(10, speedtorch.PinnedEmbedding.state_width("adam", {}, 3))
+    with pytest.raises(RuntimeError, match="grad and the optimizer state share memory"):
+        torch.ops.speedtorch.row_optimizer_step_(weights, state, torch.arange(2), state[0:2, 4:7], "adam", {}, 1,
+                                                 False)
+    ids = state.view(torch.int32)[9, 0:2]
+    with pytest.raises(RuntimeError, match="indices and the optimizer state share memory"):
+        torch.ops.speedtorch.row_optimizer_step_(weights, state, ids, torch.ones(2, 3), "adam", {}, 1, False)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_pinned_embedding_step_refuses_grad_from_its_own_rows(cache):
+    """The same answer with a row cache in front of the host table (it sums the gradients before it writes rows,
+    but every placement refuses the same calls)."""
+    embedding = speedtorch.PinnedEmbedding(10, 3, torch.float32)
+    embedding.set_optimizer("sgd", {"lr": 1.0}, False)  # the state in a table of its own: rows are contiguous
+    grad = rows_at(embedding.table(), 2)
+    if cache:
+        embedding.enable_cache(8, torch.device("cpu"))
+        assert not embedding.host_rows_in_use()
+    with pytest.raises(RuntimeError, match="PinnedEmbedding.apply_gradients: grad and the weights share memory"):
+        embedding.apply_gradients(torch.arange(1, 3), grad, False)
+    assert embedding.step_count() == 0
 
 
 # --- dispatcher contract --------------------------------------------------------------------------------------------

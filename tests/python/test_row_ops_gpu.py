@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import last_wins_reference, random_table
+from helpers import last_wins_reference, random_table, rows_at
 
 import speedtorch
 
@@ -526,3 +526,44 @@ def test_index_errors_stay_with_their_call():
     with pytest.raises(IndexError, match="holds 100 at flat position 7"):
         speedtorch.check_index_errors()
     speedtorch.check_index_errors()  # cleared
+
+
+# --- src and gradients that share the table's memory (test_row_ops.py has the CPU routes) --------------------------
+
+
+@pytest.mark.parametrize("sorted_unique", [True, False])
+def test_gpu_table_refuses_src_and_grad_from_its_own_rows(sorted_unique):
+    table = random_table(10, 3).cuda()
+    before = table.clone()
+    with pytest.raises(RuntimeError, match=r"speedtorch.scatter_: src and the table share memory"):
+        speedtorch.scatter_(table, torch.arange(1, 6, device="cuda"), table[0:5])
+    state = torch.zeros(10, speedtorch.PinnedEmbedding.state_width("sgd", {}, 3), device="cuda")
+    with pytest.raises(RuntimeError, match="grad and the weights share memory"):
+        torch.ops.speedtorch.row_optimizer_step_(table, state, torch.arange(1, 6, device="cuda"), table[0:5], "sgd",
+                                                 {"lr": 1.0}, 1, sorted_unique)
+    assert torch.equal(table, before)
+
+
+@pytest.mark.parametrize("src_on", ["cpu", "cuda"])
+def test_pinned_table_refuses_src_from_its_own_rows_on_every_route(src_on, transfer_settings):
+    """CUDA indices with CPU rows (a CPU write) and a CUDA src at the table's own address (the UVA kernel's route):
+    addresses are compared whatever the devices."""
+    force_split(transfer_settings, 1.0)
+    table = random_table(10, 3, pinned=True)
+    before = table.clone()
+    src = rows_at(table, 5, src_on)
+    with pytest.raises(RuntimeError, match="src and the table share memory"):
+        speedtorch.scatter_(table, torch.arange(1, 6, device="cuda"), src)
+    torch.cuda.synchronize()
+    assert torch.equal(table, before)
+
+
+def test_pinned_embedding_with_a_gpu_cache_refuses_grad_from_its_own_rows():
+    embedding = speedtorch.PinnedEmbedding(10, 3, torch.float32)
+    embedding.set_optimizer("sgd", {"lr": 1.0}, False)
+    grad = rows_at(embedding.table(), 2)
+    embedding.enable_cache(8, torch.device("cuda"))
+    assert not embedding.host_rows_in_use()
+    with pytest.raises(RuntimeError, match="PinnedEmbedding.apply_gradients: grad and the weights share memory"):
+        embedding.apply_gradients(torch.arange(1, 3, device="cuda"), grad, False)
+    assert embedding.step_count() == 0
