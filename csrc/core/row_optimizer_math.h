@@ -67,6 +67,9 @@ struct OptimizerRows {
   // Optional (GPU kernels only): the updated weights of the i-th row of the batch also go to updated + i x dim
   // elements (device memory, the table's dtype), so the next forward can take them without reading the host again.
   char* updated = nullptr;
+  // GPU kernels only: the rows were claimed strictly increasing (sorted_unique) and nobody checked it on the host
+  // (deferred index checks): a row not above the one before it is flagged in the device's error record and skipped.
+  bool rows_must_increase = false;
 };
 
 // Hyper-parameters of every kind (each kind reads its own), with torch.optim's defaults.

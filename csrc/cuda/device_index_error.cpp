@@ -75,6 +75,12 @@ void check_deferred_index_errors() {
     TORCH_CHECK_VALUE(seen.kind != kBadBucketSize, "speedtorch.check_index_errors: bucket_sizes holds ", seen.value,
                       " in column ", seen.position, "; every bucket size must be >= 1 (found by the GPU on cuda:",
                       device, " in speedtorch.ngram_hash while checks were deferred; that column's row ids are -1)");
+    TORCH_CHECK_VALUE(seen.kind != kUnsortedRows, "speedtorch.check_index_errors: an optimizer step was told its "
+                      "indices are sorted and distinct (sorted_unique=True), but flat position ", seen.position,
+                      " holds ", seen.value, ", not above the index before it (found by the GPU on cuda:", device,
+                      " while index checks were deferred; that row was not updated, and rows repeated further apart "
+                      "may have been updated twice at once: pass torch.unique(sorted=True)'s output, or "
+                      "sorted_unique=False)");
     TORCH_CHECK_INDEX(false, "speedtorch.check_index_errors: indices holds ", seen.value, " at flat position ",
                       seen.position, "; every index must be in [0, ", seen.num_rows, ") for a table of ",
                       seen.num_rows, " rows (found by the GPU on cuda:", device, " while index checks were "

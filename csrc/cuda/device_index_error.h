@@ -19,6 +19,7 @@ enum DeviceErrorKind : int32_t {
   kBadRowIndex = 0,     // an index outside [0, num_rows)
   kNegativeToken = 1,   // speedtorch::ngram_hash: a token id < 0 (value, flat position)
   kBadBucketSize = 2,   // speedtorch::ngram_hash: a bucket size < 1 (value, column)
+  kUnsortedRows = 3,    // an optimizer step told sorted_unique: an index not above the one before it (value, position)
 };
 
 struct DeviceIndexError {

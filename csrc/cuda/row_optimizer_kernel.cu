@@ -42,6 +42,21 @@ __device__ float group_sum(float value, const RowLanes& pos, int lanes) {
   return value;
 }
 
+// Whether rows[i] is above rows[i - 1] where the rows were claimed strictly increasing (OptimizerRows::
+// rows_must_increase); flags it (once per group: lane 0) when not. A row repeated next to itself would otherwise be
+// updated by two groups at once.
+__device__ bool row_follows_previous(const OptimizerRows& t, const int64_t* rows, int64_t i, int lane,
+                                     DeviceIndexError* error) {
+  if (!t.rows_must_increase || i == 0 || rows[i] > rows[i - 1]) return true;
+  if (lane == 0 && atomicCAS(&error->flag, 0, 1) == 0) {
+    error->kind = kUnsortedRows;
+    error->value = rows[i];
+    error->position = i;
+    error->num_rows = t.num_rows;
+  }
+  return false;
+}
+
 // Where the i-th row of the batch's updated weights go besides the table (OptimizerRows::updated), or nullptr.
 template <typename T>
 __device__ T* updated_row(const OptimizerRows& t, int64_t i) {
@@ -66,7 +81,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const RowLanes pos(lanes);
   for (int64_t i = pos.first_row; i < count; i += pos.stride_rows) {
     const int64_t row = rows[i];
-    if (!row_in_table(row, i, t.num_rows, pos.lane, error)) continue;
+    if (!row_in_table(row, i, t.num_rows, pos.lane, error) || !row_follows_previous(t, rows, i, pos.lane, error)) {
+      continue;
+    }
     T* w = reinterpret_cast<T*>(t.weights + row * t.weight_stride_bytes);
     float* header = t.state + row * t.state_stride_floats;
     auto* step = reinterpret_cast<int32_t*>(header);
@@ -133,7 +150,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       w[u] = nullptr;
       if (i >= count) continue;
       const int64_t row = rows[i];
-      if (!row_in_table(row, i, t.num_rows, pos.lane, error)) continue;
+      if (!row_in_table(row, i, t.num_rows, pos.lane, error) || !row_follows_previous(t, rows, i, pos.lane, error)) {
+        continue;
+      }
       row_id[u] = row;
       w[u] = reinterpret_cast<T*>(t.weights + row * t.weight_stride_bytes);
       header[u] = reinterpret_cast<float4*>(t.state + row * t.state_stride_floats);
@@ -213,7 +232,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       w[u] = nullptr;
       if (i >= count) continue;
       const int64_t row = rows[i];
-      if (!row_in_table(row, i, t.num_rows, lane, error)) continue;
+      if (!row_in_table(row, i, t.num_rows, lane, error) || !row_follows_previous(t, rows, i, lane, error)) continue;
       row_id[u] = row;
       w[u] = reinterpret_cast<WeightVector*>(t.weights + row * t.weight_stride_bytes);
       header[u] = reinterpret_cast<float4*>(t.state + row * t.state_stride_floats);
@@ -309,7 +328,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       w[u] = nullptr;
       if (i >= count) continue;
       const int64_t row = rows[i];
-      if (!row_in_table(row, i, t.num_rows, pos.lane, error)) continue;
+      if (!row_in_table(row, i, t.num_rows, pos.lane, error) || !row_follows_previous(t, rows, i, pos.lane, error)) {
+        continue;
+      }
       row_id[u] = row;
       w[u] = reinterpret_cast<WeightVector*>(t.weights + row * t.weight_stride_bytes);
       header[u] = t.state + row * t.state_stride_floats;

@@ -29,20 +29,20 @@ namespace speedtorch {
 namespace {
 
 // Indices checked before anything is updated, with their span. A step reads the indices back to the host (the
-// de-duplication's output size) and waits for the stream, so it can neither be captured into a CUDA graph nor
-// defer its index checks: both are refused with what to do instead.
-IndexSpan validated_span(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream, bool sorted_unique,
-                         const char* op) {
+// de-duplication's output size) and waits for the stream, so it cannot be captured into a CUDA graph: refused with
+// what to do instead. Under deferred index checks, CUDA indices told sorted_unique are not read back at all (no
+// span: the host does not wait): the kernels check each row's range and that it is above the row before it,
+// flagging what fails (speedtorch.check_index_errors() reports it) and leaving that row alone. Without the claim,
+// de-duplication reads the batch back anyway, and the kernels check the range of what it returns.
+std::optional<IndexSpan> validated_span(const at::Tensor& indices, int64_t num_rows, cudaStream_t stream,
+                                        bool sorted_unique, const char* op) {
   TORCH_CHECK(!stream_is_capturing(stream), op, ": an optimizer step cannot be captured into a CUDA graph: it "
               "de-duplicates the batch (torch.unique), whose size only the host learns; run the step outside the "
               "captured region (capture the forward and backward only)");
-  // CPU indices are checked on the host in any mode; CUDA ones under deferred checks are refused below.
-  const bool check_claim = sorted_unique && (indices.is_cpu() || !deferred_index_checks());
-  const std::optional<IndexSpan> span = check_claim ? check_sorted_unique_indices(indices, num_rows, op)
-                                                    : validate_indices(indices, num_rows, stream, op);
-  TORCH_CHECK(span.has_value(), op, ": optimizer steps check their indices before updating anything, which waits "
-              "for the stream; they cannot run with deferred index checks (speedtorch.set_deferred_index_checks)");
-  return *span;
+  if (indices.is_cuda() && deferred_index_checks()) return std::nullopt;
+  // CPU indices are checked on the host in any mode.
+  return sorted_unique ? check_sorted_unique_indices(indices, num_rows, op)
+                       : validate_indices(indices, num_rows, stream, op);
 }
 
 // One update per distinct row: the sorted distinct rows (int64, on the GPU) and their summed float32 gradients.
@@ -59,17 +59,24 @@ DistinctRows sum_duplicate_rows(const at::Tensor& dev_idx, const at::Tensor& gra
   return {unique, summed};
 }
 
-// The kernels' view of the table, with the batch's updated rows also written to `updated` when given.
-OptimizerRows rows_writing(OptimizerRows rows, const std::optional<at::Tensor>& updated) {
-  if (updated.has_value()) rows.updated = static_cast<char*>(updated->data_ptr());
+// What a step asks of its kernels besides the update: the batch's updated rows also written to `updated` (when
+// given), and the rows' order checked on the GPU (a sorted_unique claim the host did not check).
+struct StepExtras {
+  const std::optional<at::Tensor>& updated;
+  bool rows_must_increase;
+};
+
+OptimizerRows with_extras(OptimizerRows rows, const StepExtras& extras) {
+  if (extras.updated.has_value()) rows.updated = static_cast<char*>(extras.updated->data_ptr());
+  rows.rows_must_increase = extras.rows_must_increase;
   return rows;
 }
 
 void step_gpu_resident_table(const at::Tensor& weights, const at::Tensor& state, const DistinctRows& batch,
                              const OptimizerHyper& hyper, int64_t global_step, int device, cudaStream_t stream,
-                             const std::optional<at::Tensor>& updated) {
-  const OptimizerRows rows = rows_writing(
-      optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()), state.data_ptr<float>()), updated);
+                             const StepExtras& extras) {
+  const OptimizerRows rows = with_extras(
+      optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()), state.data_ptr<float>()), extras);
   const TransferConfig config = transfer_config();
   launch_row_optimizer(rows, hyper, global_step, batch.rows.const_data_ptr<int64_t>(),
                        batch.grads.const_data_ptr<float>(), batch.count(), device_table_launch(device, config),
@@ -80,10 +87,11 @@ void step_gpu_resident_table(const at::Tensor& weights, const at::Tensor& state,
 // The split of a pinned table's distinct rows. Automatic: all rows over UVA. The vectorized kernel reached 65% of
 // the PCIe bound alone on the H100 and only 40% with a CPU share (the share's gradients must come down first, and
 // its threads contend with the kernel's traffic for host memory; bench/experiments/fused_step_variants.py). An
-// explicit uva_fraction still splits, through the transfer policy.
+// explicit uva_fraction still splits, through the transfer policy, but only rows the host checked (`span`): CPU
+// threads have no error record to flag a bad row in, so unchecked rows all go to the kernel.
 TransferPlan plan_optimizer_split(const TransferConfig& config, const at::Tensor& weights, const at::Tensor& state,
-                                  const IndexSpan& span, int64_t count) {
-  if (config.uva_fraction < 0) return TransferPlan{count, 0};
+                                  const std::optional<IndexSpan>& span, int64_t count) {
+  if (config.uva_fraction < 0 || !span.has_value()) return TransferPlan{count, 0};
   const int64_t row_bytes = weights.size(1) * weights.element_size() + state.size(1) * state.element_size();
   return plan_transfer(config, touched_bytes(weights.size(0), optimizer_record_stride_bytes(weights, state), span), row_bytes,
                        count, at::get_num_threads());
@@ -110,10 +118,10 @@ CpuShare cpu_share_after_earlier_uva_work(const at::Tensor& weights, const at::T
 void launch_uva_share(const at::Tensor& weights, const at::Tensor& state, const DistinctRows& batch,
                       const OptimizerHyper& hyper, int64_t global_step, int64_t uva_rows,
                       const TransferConfig& config, const c10::cuda::CUDAStream& stream, const char* op,
-                      const std::optional<at::Tensor>& updated) {
-  const OptimizerRows rows = rows_writing(optimizer_rows(weights, state, mapped_address(weights, op, "weights"),
-                                                         reinterpret_cast<float*>(mapped_address(state, op, "state"))),
-                                          updated);
+                      const StepExtras& extras) {
+  const OptimizerRows rows = with_extras(optimizer_rows(weights, state, mapped_address(weights, op, "weights"),
+                                                        reinterpret_cast<float*>(mapped_address(state, op, "state"))),
+                                         extras);
   const int device = stream.device_index();
   launch_row_optimizer(rows, hyper, global_step, batch.rows.const_data_ptr<int64_t>(),
                        batch.grads.const_data_ptr<float>(), uva_rows, uva_launch(device, config),
@@ -125,22 +133,22 @@ void launch_uva_share(const at::Tensor& weights, const at::Tensor& state, const 
 // Pinned host table: the kernel updates the first plan.uva_rows distinct rows over UVA while CPU threads update the
 // rest in place.
 void step_pinned_table(const at::Tensor& weights, const at::Tensor& state, const DistinctRows& batch,
-                       const IndexSpan& span, const OptimizerHyper& hyper, int64_t global_step, int device,
-                       const c10::cuda::CUDAStream& stream, const char* op, const std::optional<at::Tensor>& updated) {
+                       const std::optional<IndexSpan>& span, const OptimizerHyper& hyper, int64_t global_step,
+                       int device, const c10::cuda::CUDAStream& stream, const char* op, const StepExtras& extras) {
   const TransferConfig config = transfer_config();
   const TransferPlan plan = plan_optimizer_split(config, weights, state, span, batch.count());
   CpuShare cpu;
   if (plan.staged_rows > 0) cpu = cpu_share_after_earlier_uva_work(weights, state, batch, plan);
   if (plan.uva_rows > 0) {
-    launch_uva_share(weights, state, batch, hyper, global_step, plan.uva_rows, config, stream, op, updated);
+    launch_uva_share(weights, state, batch, hyper, global_step, plan.uva_rows, config, stream, op, extras);
   }
   if (plan.staged_rows > 0) {  // runs while the kernel updates the other share
     const OptimizerRows rows =
         optimizer_rows(weights, state, static_cast<char*>(weights.data_ptr()), state.data_ptr<float>());
     apply_row_optimizer_cpu(rows, hyper, global_step, cpu.rows.const_data_ptr<int64_t>(),
                             cpu.grads.const_data_ptr<float>(), plan.staged_rows);
-    if (updated.has_value()) {  // the CPU share's new rows join the kernel's on the GPU
-      updated->narrow(0, plan.uva_rows, plan.staged_rows).copy_(weights.index_select(0, cpu.rows));
+    if (extras.updated.has_value()) {  // the CPU share's new rows join the kernel's on the GPU
+      extras.updated->narrow(0, plan.uva_rows, plan.staged_rows).copy_(weights.index_select(0, cpu.rows));
     }
   }
   metrics::add_optimizer_rows(metrics::OptimizerRoute::kUva, plan.uva_rows);
@@ -161,16 +169,17 @@ void apply_row_optimizer_cuda(const at::Tensor& weights, const at::Tensor& state
   // copy to the GPU is asynchronous, and would otherwise read the caller's tensor after the check, when a changed
   // id could reach the CPU share unchecked; the kernels check their rows themselves as well).
   const at::Tensor ids = indices.is_cpu() ? private_pinned_copy(indices) : indices;
-  const IndexSpan span = validated_span(ids, weights.size(0), stream.stream(), sorted_unique, op);
+  const std::optional<IndexSpan> span = validated_span(ids, weights.size(0), stream.stream(), sorted_unique, op);
   const at::Tensor dev_ids = (ids.is_cpu() ? ids.to(device, /*non_blocking=*/true) : indices_on(ids, device))
                                  .to(at::kLong);
   // Checked distinct: the rows and gradients go to the kernel as they are.
   const DistinctRows batch = sorted_unique ? DistinctRows{dev_ids, grad.to(device, at::kFloat).contiguous()}
                                            : sum_duplicate_rows(dev_ids, grad, device);
+  const StepExtras extras{updated_rows, sorted_unique && !span.has_value()};
   if (weights.is_cuda()) {
-    step_gpu_resident_table(weights, state, batch, hyper, global_step, device.index(), stream.stream(), updated_rows);
+    step_gpu_resident_table(weights, state, batch, hyper, global_step, device.index(), stream.stream(), extras);
   } else {
-    step_pinned_table(weights, state, batch, span, hyper, global_step, device.index(), stream, op, updated_rows);
+    step_pinned_table(weights, state, batch, span, hyper, global_step, device.index(), stream, op, extras);
   }
   metrics::add_optimizer_step(indices.numel(), batch.count());
 }

@@ -297,6 +297,7 @@ class HostEmbedding(torch.nn.Module):
         self._prefetched: Optional[PrefetchedRows] = None  # the next forward's rows, read ahead (prefetch)
         self._written: Optional[torch.cuda.Event] = None  # after the module's last write of the table (on a GPU)
         self._side_stream = None
+        self._rows_stream = None
         self._update_stream = None
         # On a GPU, every update of the host table runs on a stream of its own (not only those a prefetch lets
         # run beside the next forward): readers wait for _written (NgramHashEmbedding's rows set it).
@@ -600,12 +601,14 @@ class HostEmbedding(torch.nn.Module):
         pending = self._prefetched
         ahead = pending is not None and pending.state is not None and sorted_unique
         if ahead:
-            pending.advance(unique, grad_rows, self.table.optimizer(), self.table.optimizer_options(),
-                            self.table.step_count() + 1)
+            with self._checked_on_the_gpu(unique, sorted_unique):
+                pending.advance(unique, grad_rows, self.table.optimizer(), self.table.optimizer_options(),
+                                self.table.step_count() + 1)
         stream = self.update_stream() if self.device.type == "cuda" and (ahead or self.async_update) else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))  # the gradients
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), \
+                self._checked_on_the_gpu(unique, sorted_unique):
             if ahead or pending is None:
                 self.table.apply_gradients(unique, grad_rows, sorted_unique)
             elif sorted_unique and self._hands_back_updated_rows():
@@ -620,6 +623,15 @@ class HostEmbedding(torch.nn.Module):
         if stream is not None:
             unique.record_stream(stream)
             grad_rows.record_stream(stream)
+
+    def _checked_on_the_gpu(self, unique: torch.Tensor, sorted_unique: bool):
+        """For a step on distinct ids this module made on a GPU (torch.unique's, or a coalesced gradient's) over a
+        pinned host table: deferred index checks, so the kernels check the ids (range, order; a failure is flagged
+        for speedtorch.check_index_errors and its row left alone) instead of the host reading them back: the step
+        never waits for the GPU. Anything else: the usual checks."""
+        if sorted_unique and unique.is_cuda and self._hands_back_updated_rows():
+            return deferred_index_checks()
+        return contextlib.nullcontext()
 
     def update_stream(self) -> torch.cuda.Stream:
         """The CUDA stream the host table's updates run on when they need not be waited for (made at first use)."""
@@ -709,11 +721,11 @@ class HostEmbedding(torch.nn.Module):
             self._prefetched = PrefetchedRows(next_input, unique, inverse, rows, None, state)
             return
         current = torch.cuda.current_stream(self.device)
-        side = self.side_stream()
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
+        counting, side = self.side_stream(), self._gather_stream()
+        counting.wait_stream(current)
+        with torch.cuda.stream(counting):
             ids = next_input.to(self.device, non_blocking=True)
-            unique, inverse = unique_indices(ids)  # the host waits here, for the side stream's work only
+            unique, inverse = unique_indices(ids)  # the host waits here, for the counting stream's work only
             # The distinct ids' ends bound them all: one small check before waiting for the table's writes, then a
             # gather that need not wait for the host again. (A table of the process group checks in its gather, which
             # tells every rank.)
@@ -726,8 +738,12 @@ class HostEmbedding(torch.nn.Module):
                     if named is None:
                         raise
                     raise named from None
-            if self._written is not None:
-                side.wait_event(self._written)
+        side.wait_stream(counting)
+        if self._written is not None:
+            side.wait_event(self._written)
+        for t in (unique, inverse):
+            t.record_stream(side)
+        with torch.cuda.stream(side):
             with deferred_index_checks() if checked else contextlib.nullcontext():
                 rows = self.table.gather(unique, self.device)
                 state = torch.ops.speedtorch.gather(self.table.state(), unique, self.device) \
@@ -748,10 +764,17 @@ class HostEmbedding(torch.nn.Module):
         self._prefetched = None
 
     def side_stream(self) -> torch.cuda.Stream:
-        """The CUDA stream this module's prefetches read on (made at first use)."""
+        """The CUDA stream a prefetch starts on (made at first use): it counts the distinct ids, which the host waits
+        for, so it has a high priority: its few small kernels run between the model's, not after them. The rows are
+        then read on a stream of normal priority (bounded by the transfer option ``max_sms``)."""
         if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(self.device)
+            self._side_stream = torch.cuda.Stream(self.device, priority=-1)
         return self._side_stream
+
+    def _gather_stream(self) -> torch.cuda.Stream:
+        if self._rows_stream is None:
+            self._rows_stream = torch.cuda.Stream(self.device)
+        return self._rows_stream
 
     def distinct_rows(self, input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inverse, rows)``: the distinct rows ``input`` names (in id order, on :attr:`device`; the prefetched
@@ -988,7 +1011,8 @@ class _RowCachePlaceholder(HostTableParameter):
 
 
 # What __getstate__ leaves out: rebuilt by _init_runtime_state.
-_RUNTIME_ATTRIBUTES = ("_table_param", "_anchor", "_prefetched", "_written", "_side_stream", "_update_stream")
+_RUNTIME_ATTRIBUTES = ("_table_param", "_anchor", "_prefetched", "_written", "_side_stream", "_rows_stream",
+                       "_update_stream")
 
 
 class _PickledTable:

@@ -101,7 +101,9 @@ class TrainPipeline:
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
         # Where the gathers of batch t+1 are started: a stream that waits for step t-1's updates and t+1's copy only,
         # not for forward t, so they run beside batch t's forward and backward.
-        self._gather_gate = torch.cuda.Stream(self.device) if cuda else None
+        # High priority: the host waits for its small kernels (the ids' checks and counts), which must not queue
+        # behind the model's.
+        self._gather_gate = torch.cuda.Stream(self.device, priority=-1) if cuda else None
 
     def __iter__(self):
         while True:

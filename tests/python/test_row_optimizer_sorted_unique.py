@@ -314,3 +314,35 @@ def test_cpu_kernels_give_the_same_bits_on_one_thread_as_on_two(kind):
         torch.set_num_threads(threads)
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("where", ["pinned", "cuda"])
+@pytest.mark.parametrize("kind,d", [("rowwise_adagrad", 128), ("rowwise_adagrad", 16), ("adam", 16), ("adam", 7)])
+def test_deferred_checks_let_a_gpu_step_run_unread_and_the_kernels_flag_what_breaks_the_claim(where, kind, d):
+    """Under deferred index checks a step on CUDA ids told sorted_unique does not read them back (no wait for the
+    GPU): every kernel checks each row's range and that it is above the row before it, flags what fails for
+    speedtorch.check_index_errors and leaves that row alone, updating the others as the checked step does."""
+    n = 64
+    ids = torch.tensor([2, 5, 5, 9, 70], device="cuda")  # 5 repeated next to itself, 70 outside the table
+    grad = torch.randn(5, d, generator=torch.Generator().manual_seed(3)).cuda()
+    w, s = make_table(n, d, kind, {"lr": 0.1}, where)
+    w_ref, s_ref = make_table(n, d, kind, {"lr": 0.1}, where)
+    good = torch.tensor([0, 1, 3])  # the positions of 2, 5 (its first), 9
+    torch.ops.speedtorch.row_optimizer_step_(w_ref, s_ref, ids[good], grad[good], kind, {"lr": 0.1}, 1, True)
+    with speedtorch.deferred_index_checks():
+        torch.ops.speedtorch.row_optimizer_step_(w, s, ids, grad, kind, {"lr": 0.1}, 1, True)
+    with pytest.raises((IndexError, ValueError), match="position 2|position 4"):
+        speedtorch.check_index_errors()
+    speedtorch.check_index_errors()  # cleared
+    assert torch.equal(w.cpu(), w_ref.cpu()) and torch.equal(s.cpu(), s_ref.cpu())
+
+
+@pytest.mark.gpu
+def test_an_unsorted_claim_found_by_the_gpu_is_reported_in_words():
+    w, s = make_table(10, 4, "sgd", {"lr": 1.0}, "pinned")
+    with speedtorch.deferred_index_checks():
+        torch.ops.speedtorch.row_optimizer_step_(w, s, torch.tensor([3, 1], device="cuda"),
+                                                 torch.ones(2, 4, device="cuda"), "sgd", {"lr": 1.0}, 1, True)
+    with pytest.raises(ValueError, match="sorted_unique=True.*position 1 holds 1"):
+        speedtorch.check_index_errors()
