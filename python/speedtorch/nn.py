@@ -908,7 +908,7 @@ class _PickledTable:
     @classmethod
     def of(cls, table):
         if isinstance(table, DeviceTable):
-            return table  # tensors in device memory: pickles as it is
+            return table  # tensors in device memory: pickles as it is (copied; between processes: see below)
         if not isinstance(table, torch.ScriptObject):
             raise TypeError(f"HostEmbedding: a {type(table).__name__} table cannot be copied or pickled; save it with "
                             f"module.save(path) or state_dict()")
@@ -937,28 +937,42 @@ class _PickledTable:
         return table
 
 
-def _copied_to_another_process(pickled: _PickledTable):
-    """How a table travels through multiprocessing (the arguments of a spawned process or DataLoader worker, a
-    Queue): as a copy of its bytes, the per-process copy docs/training.md ("Worker processes") describes.
-    torch.multiprocessing would share the tensors instead, through a descriptor that closes with the temporary
-    tensors pickling made, so a spawned process failed to start ("bad value(s) in fds_to_keep")."""
+# How a table travels through multiprocessing (the arguments of a spawned process or DataLoader worker, a Queue): as a
+# copy of its bytes, the per-process copy docs/training.md ("Worker processes") describes, whatever the placement.
+# torch.multiprocessing would share the tensors instead: a host table's through a descriptor that closes with the
+# temporary tensors pickling made (a spawned process failed to start: "bad value(s) in fds_to_keep"), a
+# placement="gpu" table's device memory through CUDA IPC (its CPU tensors through shared memory), so the child's
+# steps changed the parent's rows and optimizer state.
+
+def _copied_to_another_process(pickled):
+    """The reduction of a _PickledTable or a DeviceTable for multiprocessing: its attributes, tensors as bytes."""
     state = dict(vars(pickled))
-    for name in ("rows", "state"):
-        if state[name] is not None:
-            state[name] = (state[name].dtype, state[name].contiguous().view(torch.uint8).numpy())
-    return _table_from_another_process, (state,)
-
-
-def _table_from_another_process(state: dict) -> _PickledTable:
-    out = _PickledTable()
     for name, value in state.items():
-        if name in ("rows", "state") and value is not None:
-            value = torch.from_numpy(value[1]).view(value[0])
-        setattr(out, name, value)
+        if isinstance(value, torch.Tensor):
+            state[name] = _TensorBytes(value)
+    return _table_from_another_process, (type(pickled), state)
+
+
+def _table_from_another_process(kind: type, state: dict):
+    out = kind.__new__(kind)
+    for name, value in state.items():
+        setattr(out, name, value.tensor() if isinstance(value, _TensorBytes) else value)
     return out
 
 
+class _TensorBytes:
+    """A tensor as a copy of its bytes (NumPy's, which multiprocessing pickles as data), its dtype and device."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.dtype, self.device, self.shape = tensor.dtype, tensor.device, tuple(tensor.shape)
+        self.data = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy()
+
+    def tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.data).view(self.dtype).reshape(self.shape).to(self.device)
+
+
 ForkingPickler.register(_PickledTable, _copied_to_another_process)
+ForkingPickler.register(DeviceTable, _copied_to_another_process)
 
 
 def _options(options: Optional[dict], dtype: torch.dtype) -> dict:
