@@ -36,10 +36,16 @@ class _EngramRows(HostEmbedding):
     gather, a prefetch, the re-read of rows a prefetch saw before an update, host access) waits for the updates
     queued before it. The ids and gradients are kept alive for the update stream (record_stream)."""
 
+    # The update stream and its last event are this process's CUDA objects: copies and pickles leave them out.
+    _runtime_attributes = HostEmbedding._runtime_attributes + ("_update_stream", "_updated")
+
     def __init__(self, *args, async_update: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         # The hybrid placement's row cache allocates device memory inside its steps: keep those on one stream.
         self.async_update = bool(async_update) and self.device.type == "cuda" and self.placement != "hybrid"
+
+    def _init_runtime_state(self) -> None:
+        super()._init_runtime_state()
         self._update_stream = None
         self._updated: Optional[torch.cuda.Event] = None
 
@@ -117,6 +123,10 @@ class NgramHashEmbedding(torch.nn.Module):
         self.embedding_dim = int(embedding_dim)
         self.output_dim = self.hash.columns * self.embedding_dim
         self._prefetched: Optional[tuple] = None  # (tokens, document_starts, ids) of the last prefetch
+
+    def __getstate__(self) -> dict:
+        # A prefetch belongs to this process's next forward: copies and pickles start without one.
+        return dict(self.__dict__, _prefetched=None)
 
     @property
     def device(self) -> torch.device:

@@ -185,6 +185,9 @@ class HostEmbedding(torch.nn.Module):
 
     # TorchScript compiles properties unless told not to; `weight` syncs placements in Python.
     __jit_unused_properties__ = ["weight"]
+    # What pickling and copying leave out (streams, events, pending work): rebuilt by _init_runtime_state. A subclass
+    # with runtime attributes of its own adds them here and resets them there.
+    _runtime_attributes = ("_table_param", "_anchor", "_prefetched", "_updated_since_prefetch", "_side_stream")
 
     def __init__(
         self,
@@ -857,7 +860,7 @@ class HostEmbedding(torch.nn.Module):
         # The table travels as its tensors (no size limit: torch.save writes their bytes; a table with a sidecar
         # keeps its own pickling, which writes the sidecar files), never the pending gradient or runtime objects.
         self._sync_for_host_access()
-        state = {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_ATTRIBUTES}
+        state = {k: v for k, v in self.__dict__.items() if k not in self._runtime_attributes}
         state["_parameters"] = {k: v for k, v in self._parameters.items() if k != "weight"}
         state["table"] = _PickledTable.of(self.table)
         return state
@@ -894,10 +897,6 @@ class _RowCachePlaceholder(HostTableParameter):
             "values through it (torch.optim.swa_utils.AveragedModel: EMA, SWA) would silently do nothing. Use "
             "placement='host' or 'gpu' for a model you average, or average the table through `weight`, which hands "
             "out its rows: ema_table.weight.lerp_(table.weight, 1 - decay) (docs/training.md)")
-
-
-# What __getstate__ leaves out: rebuilt by _init_runtime_state.
-_RUNTIME_ATTRIBUTES = ("_table_param", "_anchor", "_prefetched", "_updated_since_prefetch", "_side_stream")
 
 
 class _PickledTable:
