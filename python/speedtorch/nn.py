@@ -269,6 +269,8 @@ class HostEmbedding(torch.nn.Module):
                 self.table.scatter_(torch.tensor([padding_idx]), torch.zeros(1, embedding_dim, dtype=dtype))
         # Trains when the table has an optimizer and optimizer=None did not freeze it.
         self.trains = optimizer is not None and bool(self.table.optimizer())
+        # Counts set_optimizer calls, so that a HostEmbeddingOptimizer holding the table takes the new options.
+        self._optimizer_generation = 0
         self._init_runtime_state()  # before the row cache: handing out the table's tensor empties a cache
         # What forward returns its rows as: the table's dtype until a conversion (model.half(), ...) changes it.
         self.output_dtype = self._table_param.dtype
@@ -619,6 +621,34 @@ class HostEmbedding(torch.nn.Module):
         state and step count kept): what :class:`speedtorch.optim.HostEmbeddingOptimizer` calls when a scheduler
         changed a param group."""
         self.table.set_optimizer_options({k: float(v) for k, v in options.items()})
+
+    @torch.no_grad()
+    def set_optimizer(self, optimizer: str, optimizer_options: Optional[dict] = None,
+                      state_beside_rows: Optional[bool] = None) -> None:
+        """Changes the table's optimizer (or options that change its state's layout: SGD's momentum from or to 0,
+        ``amsgrad``, RMSprop's ``centered``): ``optimizer`` and ``optimizer_options`` as :meth:`__init__` takes
+        them; the optimizer state starts afresh (zero) and the step count at 0. ``state_beside_rows``: the layout
+        (default: the table's present one). The module's table parameter (``weight`` in ``parameters()``: what
+        torch.compile, torch.export and ``AveragedModel`` read) follows the rows into their new memory, and a
+        :class:`speedtorch.optim.HostEmbeddingOptimizer` holding the table takes the new optimizer and options at
+        its next step. A table that had no optimizer starts training. Call this, not ``module.table.set_optimizer``,
+        which the module cannot see (its parameter would keep the old rows until the next eager forward)."""
+        if not hasattr(self.table, "set_optimizer") or isinstance(self.table, HybridTable):
+            raise RuntimeError(f"{type(self).__name__}.set_optimizer: a {type(self.table).__name__} keeps the "
+                               f"optimizer it was built with; build the table anew with this one")
+        weight = self.table.table()
+        if state_beside_rows is None:
+            state_beside_rows = weight.stride(0) != weight.shape[1] if self.table.optimizer() else \
+                self.table.mapping() == ""
+        del weight  # a tensor kept over the rows would keep their old memory from being released as they move
+        had_optimizer = bool(self.table.optimizer())
+        self._sync_for_host_access()
+        self.table.set_optimizer(optimizer, _options(optimizer_options, self._table_param.dtype),
+                                 bool(state_beside_rows))
+        self._sync_weight()
+        self._optimizer_generation = getattr(self, "_optimizer_generation", 0) + 1
+        if not had_optimizer:
+            self.trains = True
 
     # --- prefetch -------------------------------------------------------------------------------------------------
 
