@@ -632,15 +632,16 @@ class HostEmbedding(torch.nn.Module):
         torch.compile, torch.export and ``AveragedModel`` read) follows the rows into their new memory, and a
         :class:`speedtorch.optim.HostEmbeddingOptimizer` holding the table takes the new optimizer and options at
         its next step. A table that had no optimizer starts training. Call this, not ``module.table.set_optimizer``,
-        which the module cannot see (its parameter would keep the old rows until the next eager forward)."""
+        which the module cannot see (its parameter keeps the old rows until ``weight`` is read or a
+        HostEmbeddingOptimizer steps it)."""
         if not hasattr(self.table, "set_optimizer") or isinstance(self.table, HybridTable):
             raise RuntimeError(f"{type(self).__name__}.set_optimizer: a {type(self.table).__name__} keeps the "
                                f"optimizer it was built with; build the table anew with this one")
-        weight = self.table.table()
-        if state_beside_rows is None:
+        if state_beside_rows is None:  # the present layout; without an optimizer, the constructor's default
+            weight = self.table.table()
             state_beside_rows = weight.stride(0) != weight.shape[1] if self.table.optimizer() else \
                 self.table.mapping() == ""
-        del weight  # a tensor kept over the rows would keep their old memory from being released as they move
+            del weight
         had_optimizer = bool(self.table.optimizer())
         self._sync_for_host_access()
         self.table.set_optimizer(optimizer, _options(optimizer_options, self._table_param.dtype),
