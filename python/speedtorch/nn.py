@@ -806,6 +806,9 @@ class HostEmbedding(torch.nn.Module):
                                    error_msgs, type(self).__name__)
         if found is None or error_msgs or extra in missing_keys:
             return  # nothing is written unless every entry fits
+        # Tensors of the table's present layout, which adopting the options may replace (an 'r+' table refuses a new
+        # layout while its old state is held).
+        del targets
         self._sync_for_host_access()
         adopt_options(self.table, options)
         self._sync_weight()  # a re-laid out optimizer state moves the rows too

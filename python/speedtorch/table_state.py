@@ -90,7 +90,9 @@ def adopt_options(table, options: Optional[dict]) -> None:
         table.set_optimizer_options(options)
         return
     weight = table.table()
-    table.set_optimizer(table.optimizer(), options, weight.stride(0) != weight.shape[1])
+    beside = weight.stride(0) != weight.shape[1]
+    del weight  # no tensor of the old layout may be held: the rows' old memory is released as they move
+    table.set_optimizer(table.optimizer(), options, beside)
 
 
 def set_table_extra_state(table, state, owner: str) -> None:
@@ -127,9 +129,10 @@ def load_table_entries(shapes: dict, state_dict, prefix: str, missing_keys: list
 
 
 def entry_error(key: str, value, shape, owner: str) -> Optional[str]:
-    """Why the checkpoint's entry ``key`` (``...weight``, ``...optimizer_state``, ``...optimizer_step``) cannot be loaded into a table entry of ``shape``, or None when it can:
-    everything a copy into the table would refuse is found here, before anything changes (rows and optimizer state
-    are floating point, the step count a whole number >= 0)."""
+    """Why the checkpoint's entry ``key`` (``...weight``, ``...optimizer_state``, ``...optimizer_step``) cannot be
+    loaded into a table entry of ``shape``, or None when it can: everything a copy into the table would refuse is
+    found here, before anything changes (rows and optimizer state are floating point, the step count a whole number
+    >= 0)."""
     if not isinstance(value, torch.Tensor):
         return f"{key}: expected a tensor, got {type(value).__name__}"
     if tuple(value.shape) != tuple(shape):
@@ -182,6 +185,7 @@ def _load_hook(name, module, state_dict, prefix, local_metadata, strict, missing
         if key != extra and key[len(ours):] not in targets:
             unexpected_keys.append(key)
         del state_dict[key]
+    del targets  # tensors of the table's present layout, which adopting the options may replace
     if found is not None and extra not in missing_keys and not error_msgs:
         adopt_options(table, options)
         copy_table_entries(table, found)

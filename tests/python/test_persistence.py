@@ -752,3 +752,21 @@ def test_an_r_plus_tables_files_stay_a_pair_across_an_optimizer_change(tmp_path)
     loaded = speedtorch.PinnedEmbedding.load(path, True)
     assert loaded.optimizer() == "sgd" and torch.equal(loaded.table(), table.table())
     assert torch.equal(loaded.state(), table.state()) and loaded.step_count() == 1
+
+
+def test_an_r_plus_module_takes_a_checkpoint_of_another_layout(tmp_path):
+    """A checkpoint whose options re-lay the state out (amsgrad) re-configures the optimizer of an 'r+' table: the
+    loader holds no tensor of the old state meanwhile (set_optimizer would refuse), and the next flush writes the
+    files as a pair."""
+    path = str(tmp_path / "t.npy")
+    speedtorch.PinnedEmbedding.create(path, 8, 4, torch.float32, "adam", {"lr": 0.1})
+    module = HostEmbedding.load(path, mmap_mode="r+", device="cpu")
+    source = HostEmbedding(8, 4, device="cpu", optimizer="adam", optimizer_options={"lr": 0.1, "amsgrad": 1},
+                           state_beside_rows=False)
+    source(torch.tensor([1, 2])).sum().backward()
+    source.step()
+    module.load_state_dict(source.state_dict())
+    assert module.table.optimizer_options() == {"lr": 0.1, "amsgrad": 1.0}
+    module.table.flush()
+    loaded = speedtorch.PinnedEmbedding.load(path, True)
+    assert torch.equal(loaded.table(), source.weight) and torch.equal(loaded.state(), source.table.state())
