@@ -250,6 +250,28 @@ void PinnedEmbedding::set_optimizer(const std::string& kind, const c10::Dict<std
   TORCH_CHECK(!state_beside_rows || table_buffer_->mapping() == FileMapping::kNone, "PinnedEmbedding.set_optimizer: "
               "the table is mapped from ", table_buffer_->path(), " and its rows stay there; pass "
               "state_beside_rows=False (the state gets a table of its own)");
+  // An 'r+' table's state file is replaced at the next flush() by one for the new state: it must then be mapped by
+  // nothing of this process, or flush() would have to refuse after the rows (written through their mapping all
+  // along) had moved on from what the meta file describes. So a state still in use is refused here, while the
+  // files are a consistent pair.
+  if (table_buffer_->mapping() == FileMapping::kReadWrite && state_is_mapped()) {
+    const void* state_data = state_.data_ptr();
+    const bool handed_out = std::any_of(handed_out_.begin(), handed_out_.end(), [&](const auto& s) {
+      const auto storage = s.lock();
+      return storage && storage->data() == state_data;
+    });
+    const auto mappings = read_write_mappings_of_file(state_buffer_->path());
+    const bool mapped_elsewhere = std::any_of(mappings.begin(), mappings.end(), [&](const FileMappingRange& m) {
+      return m.data != state_buffer_->data();
+    });
+    TORCH_CHECK(!handed_out && !mapped_elsewhere, "PinnedEmbedding.set_optimizer: this table is mapped from ",
+                table_buffer_->path(), " ('r+') and its optimizer state from ", state_buffer_->path(), ", which ",
+                handed_out ? "a tensor of the state still uses (from state() or a state_dict(), or a view of one)"
+                           : "another mapping of this process still uses (another table opened on these files)",
+                ". The new state replaces that file at the next flush(), which a file still mapped would refuse "
+                "after the rows had moved on, leaving files that no longer match. Drop ",
+                handed_out ? "that tensor" : "that table", " first, then set the optimizer; nothing was changed");
+  }
   // Every size is checked before anything moves: a refused optimizer leaves the table as it was.
   constexpr const char* kWhat = "PinnedEmbedding.set_optimizer: the optimizer state's bytes";
   const int64_t weight_bytes = checked_add(checked_mul(d, elem, kWhat), 15, kWhat) / 16 * 16;

@@ -75,7 +75,9 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // Configures the fused optimizer (names and options as optim/optimizer_config.h: torch.optim's, e.g. "adam",
   // {"lr": 1e-3}). Allocates its state, zeroed, exact-size in pinned memory: beside each row (one host page walk
   // per row for weights and state) unless state_beside_rows is false (a table of its own). The weights move into
-  // the new layout (for a moment both layouts exist). Configuring again resets the state and the step count.
+  // the new layout (for a moment both layouts exist). Configuring again resets the state and the step count. A
+  // table opened "r+" whose old state is still in use (a tensor from state(), another table over the same files) is
+  // refused, unchanged: the new state replaces the state file at the next flush(), which that use would block.
   void set_optimizer(const std::string& kind, const c10::Dict<std::string, double>& options, bool state_beside_rows);
   // One optimizer step on the rows `indices` name: grad (indices.shape + (dim,), any device) is summed per distinct
   // row, then rows and state are updated in place (optim/row_optimizer.h, what speedtorch::row_optimizer_step_

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <shared_mutex>
 #include <vector>
 
@@ -241,16 +242,25 @@ void PinnedEmbedding::flush_locked() const {
               mode + "'", "; use save(path)");
   wait_for_uva_conflicts(table_.storage().data(), UvaAccess::kRead);
   if (state_.defined()) wait_for_uva_conflicts(state_.storage().data(), UvaAccess::kRead);
+  // An optimizer configured after open() gets a state file of its own now. It is written (to a temporary) before
+  // any page is written back, so whatever refuses it (a mapping of the old state file this process still holds, a
+  // full disk) leaves the files as they were: rows, state and meta stay the pair the last flush wrote.
+  std::unique_ptr<io::NpyWriter> new_state;
+  if (state_.defined() && !state_is_mapped()) {
+    const std::string state_path = io::embedding_paths(files_path_).state;
+    TORCH_CHECK(read_write_mappings_of_file(state_path).empty(), "PinnedEmbedding.flush: the optimizer was "
+                "configured after open(), so its state needs a new ", state_path, ", but this process maps that "
+                "file read-write (another table opened on these files, or speedtorch.data.open_npy): replacing it "
+                "would leave that mapping on an unlinked file. Drop it, then flush again (this flush wrote nothing)");
+    new_state = std::make_unique<io::NpyWriter>(state_path, at::kFloat, state_.sizes().vec());
+    new_state->write(state_);
+    new_state->finish();
+  }
   table_buffer_->flush();
-  if (state_.defined()) {
-    if (state_is_mapped()) {
-      state_buffer_->flush();
-    } else {  // an optimizer configured after open(): its state gets its file now
-      io::NpyWriter writer(io::embedding_paths(files_path_).state, at::kFloat, state_.sizes().vec());
-      writer.write(state_);
-      writer.finish();
-      writer.commit();
-    }
+  if (new_state) {
+    new_state->commit();
+  } else if (state_.defined()) {
+    state_buffer_->flush();
   }
   io::EmbeddingMeta meta;
   meta.num_rows = table_.size(0);

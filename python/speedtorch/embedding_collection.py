@@ -31,7 +31,7 @@ from . import PinnedEmbedding
 from .nn import HostEmbedding
 from .ops import _first_out_of_range, check_indices
 from .sparse_features import SparseFeatures
-from .table_state import adopt_options, checked_extra_state, entry_shapes, table_extra_state
+from .table_state import adopt_options, checked_extra_state, entry_error, entry_shapes, table_extra_state
 
 __all__ = ["TableConfig", "HostEmbeddingBagCollection"]
 
@@ -430,11 +430,8 @@ class HostEmbeddingBagCollection(torch.nn.Module):
                 value = state_dict.get(key)
                 if value is None:
                     missing_keys.append(key)
-                elif not isinstance(value, torch.Tensor):
-                    error_msgs.append(f"{key}: expected a tensor, got {type(value).__name__}")
-                elif tuple(value.shape) != tuple(shape):
-                    error_msgs.append(f"size mismatch for {key}: the checkpoint holds shape {tuple(value.shape)}, "
-                                      f"this {owner} has {tuple(shape)}")
+                elif (error := entry_error(key, value, shape, owner)) is not None:
+                    error_msgs.append(error)
                 elif name == "optimizer_step":
                     steps.setdefault(g, set()).add(int(value))
                 else:

@@ -88,6 +88,10 @@ class NgramHashEmbedding(torch.nn.Module):
         self.output_dim = self.hash.columns * self.embedding_dim
         self._prefetched: Optional[tuple] = None  # (tokens, document_starts, ids, their event) of the last prefetch
 
+    def __getstate__(self) -> dict:
+        # A prefetch belongs to this process's next forward: copies and pickles start without one.
+        return dict(self.__dict__, _prefetched=None)
+
     @property
     def device(self) -> torch.device:
         """Where the rows are gathered to and forward's output lives."""

@@ -191,6 +191,13 @@ class HostEmbedding(torch.nn.Module):
 
     # TorchScript compiles properties unless told not to; `weight` syncs placements in Python.
     __jit_unused_properties__ = ["weight"]
+    # What pickling and copying leave out (streams, events, pending work): rebuilt by _init_runtime_state. A subclass
+    # with runtime attributes of its own adds them here and resets them there.
+    _runtime_attributes = ("_table_param", "_anchor", "_prefetched", "_written", "_side_stream", "_rows_stream",
+                           "_update_stream")
+    # On a GPU, run every update of the host table on the module's update stream (not only those a prefetch lets run
+    # beside the next forward): readers wait for the module's write event (NgramHashEmbedding's rows set it).
+    async_update = False
 
     def __init__(
         self,
@@ -272,6 +279,8 @@ class HostEmbedding(torch.nn.Module):
                 self.table.scatter_(torch.tensor([padding_idx]), torch.zeros(1, embedding_dim, dtype=dtype))
         # Trains when the table has an optimizer and optimizer=None did not freeze it.
         self.trains = optimizer is not None and bool(self.table.optimizer())
+        # Counts set_optimizer calls, so that a HostEmbeddingOptimizer holding the table takes the new options.
+        self._optimizer_generation = 0
         self._init_runtime_state()  # before the row cache: handing out the table's tensor empties a cache
         # What forward returns its rows as: the table's dtype until a conversion (model.half(), ...) changes it.
         self.output_dtype = self._table_param.dtype
@@ -299,9 +308,6 @@ class HostEmbedding(torch.nn.Module):
         self._side_stream = None
         self._rows_stream = None
         self._update_stream = None
-        # On a GPU, every update of the host table runs on a stream of its own (not only those a prefetch lets
-        # run beside the next forward): readers wait for _written (NgramHashEmbedding's rows set it).
-        self.async_update = False
 
     def _registers_weight(self) -> bool:
         """Whether the table is one of the module's parameters (DistributedHostEmbedding's is not: see there)."""
@@ -700,6 +706,35 @@ class HostEmbedding(torch.nn.Module):
         changed a param group."""
         self.table.set_optimizer_options({k: float(v) for k, v in options.items()})
 
+    @torch.no_grad()
+    def set_optimizer(self, optimizer: str, optimizer_options: Optional[dict] = None,
+                      state_beside_rows: Optional[bool] = None) -> None:
+        """Changes the table's optimizer (or options that change its state's layout: SGD's momentum from or to 0,
+        ``amsgrad``, RMSprop's ``centered``): ``optimizer`` and ``optimizer_options`` as :meth:`__init__` takes
+        them; the optimizer state starts afresh (zero) and the step count at 0. ``state_beside_rows``: the layout
+        (default: the table's present one). The module's table parameter (``weight`` in ``parameters()``: what
+        torch.compile, torch.export and ``AveragedModel`` read) follows the rows into their new memory, and a
+        :class:`speedtorch.optim.HostEmbeddingOptimizer` holding the table takes the new optimizer and options at
+        its next step. A table that had no optimizer starts training. Call this, not ``module.table.set_optimizer``,
+        which the module cannot see (its parameter keeps the old rows until ``weight`` is read or a
+        HostEmbeddingOptimizer steps it)."""
+        if not hasattr(self.table, "set_optimizer") or isinstance(self.table, HybridTable):
+            raise RuntimeError(f"{type(self).__name__}.set_optimizer: a {type(self.table).__name__} keeps the "
+                               f"optimizer it was built with; build the table anew with this one")
+        if state_beside_rows is None:  # the present layout; without an optimizer, the constructor's default
+            weight = self.table.table()
+            state_beside_rows = weight.stride(0) != weight.shape[1] if self.table.optimizer() else \
+                self.table.mapping() == ""
+            del weight
+        had_optimizer = bool(self.table.optimizer())
+        self._sync_for_host_access()
+        self.table.set_optimizer(optimizer, _options(optimizer_options, self._table_param.dtype),
+                                 bool(state_beside_rows))
+        self._sync_weight()
+        self._optimizer_generation = getattr(self, "_optimizer_generation", 0) + 1
+        if not had_optimizer:
+            self.trains = True
+
     # --- prefetch -------------------------------------------------------------------------------------------------
 
     def prefetch(self, next_input: torch.Tensor) -> None:
@@ -884,6 +919,9 @@ class HostEmbedding(torch.nn.Module):
                                    error_msgs, type(self).__name__)
         if found is None or error_msgs or extra in missing_keys:
             return  # nothing is written unless every entry fits
+        # Tensors of the table's present layout, which adopting the options may replace (an 'r+' table refuses a new
+        # layout while its old state is held).
+        del targets
         self._sync_for_host_access()
         adopt_options(self.table, options)
         self._sync_weight()  # a re-laid out optimizer state moves the rows too
@@ -971,7 +1009,7 @@ class HostEmbedding(torch.nn.Module):
         # The table travels as its tensors (no size limit: torch.save writes their bytes; a table with a sidecar
         # keeps its own pickling, which writes the sidecar files), never the pending gradient or runtime objects.
         self._sync_for_host_access()
-        state = {k: v for k, v in self.__dict__.items() if k not in _RUNTIME_ATTRIBUTES}
+        state = {k: v for k, v in self.__dict__.items() if k not in self._runtime_attributes}
         state["_parameters"] = {k: v for k, v in self._parameters.items() if k != "weight"}
         state["table"] = _PickledTable.of(self.table)
         return state
@@ -1010,11 +1048,6 @@ class _RowCachePlaceholder(HostTableParameter):
             "out its rows: ema_table.weight.lerp_(table.weight, 1 - decay) (docs/training.md)")
 
 
-# What __getstate__ leaves out: rebuilt by _init_runtime_state.
-_RUNTIME_ATTRIBUTES = ("_table_param", "_anchor", "_prefetched", "_written", "_side_stream", "_rows_stream",
-                       "_update_stream")
-
-
 class _PickledTable:
     """A :class:`speedtorch.PinnedEmbedding` as plain tensors and settings (how a HostEmbedding pickles it): its
     rows, optimizer state (sharing one storage when they sit side by side, so torch.save writes it once), optimizer,
@@ -1023,7 +1056,7 @@ class _PickledTable:
     @classmethod
     def of(cls, table):
         if isinstance(table, DeviceTable):
-            return table  # tensors in device memory: pickles as it is
+            return table  # tensors in device memory: pickles as it is (copied; between processes: see below)
         if not isinstance(table, torch.ScriptObject):
             raise TypeError(f"HostEmbedding: a {type(table).__name__} table cannot be copied or pickled; save it with "
                             f"module.save(path) or state_dict()")
@@ -1052,28 +1085,42 @@ class _PickledTable:
         return table
 
 
-def _copied_to_another_process(pickled: _PickledTable):
-    """How a table travels through multiprocessing (the arguments of a spawned process or DataLoader worker, a
-    Queue): as a copy of its bytes, the per-process copy docs/training.md ("Worker processes") describes.
-    torch.multiprocessing would share the tensors instead, through a descriptor that closes with the temporary
-    tensors pickling made, so a spawned process failed to start ("bad value(s) in fds_to_keep")."""
+# How a table travels through multiprocessing (the arguments of a spawned process or DataLoader worker, a Queue): as a
+# copy of its bytes, the per-process copy docs/training.md ("Worker processes") describes, whatever the placement.
+# torch.multiprocessing would share the tensors instead: a host table's through a descriptor that closes with the
+# temporary tensors pickling made (a spawned process failed to start: "bad value(s) in fds_to_keep"), a
+# placement="gpu" table's device memory through CUDA IPC (its CPU tensors through shared memory), so the child's
+# steps changed the parent's rows and optimizer state.
+
+def _copied_to_another_process(pickled):
+    """The reduction of a _PickledTable or a DeviceTable for multiprocessing: its attributes, tensors as bytes."""
     state = dict(vars(pickled))
-    for name in ("rows", "state"):
-        if state[name] is not None:
-            state[name] = (state[name].dtype, state[name].contiguous().view(torch.uint8).numpy())
-    return _table_from_another_process, (state,)
-
-
-def _table_from_another_process(state: dict) -> _PickledTable:
-    out = _PickledTable()
     for name, value in state.items():
-        if name in ("rows", "state") and value is not None:
-            value = torch.from_numpy(value[1]).view(value[0])
-        setattr(out, name, value)
+        if isinstance(value, torch.Tensor):
+            state[name] = _TensorBytes(value)
+    return _table_from_another_process, (type(pickled), state)
+
+
+def _table_from_another_process(kind: type, state: dict):
+    out = kind.__new__(kind)
+    for name, value in state.items():
+        setattr(out, name, value.tensor() if isinstance(value, _TensorBytes) else value)
     return out
 
 
+class _TensorBytes:
+    """A tensor as a copy of its bytes (NumPy's, which multiprocessing pickles as data), its dtype and device."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.dtype, self.device, self.shape = tensor.dtype, tensor.device, tuple(tensor.shape)
+        self.data = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy()
+
+    def tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.data).view(self.dtype).reshape(self.shape).to(self.device)
+
+
 ForkingPickler.register(_PickledTable, _copied_to_another_process)
+ForkingPickler.register(DeviceTable, _copied_to_another_process)
 
 
 def _options(options: Optional[dict], dtype: torch.dtype) -> dict:

@@ -105,6 +105,15 @@ def _table_style(group: dict, keys) -> dict:
     return out
 
 
+def _take_table_options(group: dict, kind: str, options: dict) -> None:
+    """Makes ``group`` hold the table's optimizer ``kind`` and its ``options`` (every one, defaults included), in
+    place of the hyper-parameters it held; what else is in it (``params``, a scheduler's ``initial_lr``) stays."""
+    old = dict(torch.classes.speedtorch.PinnedEmbedding.optimizer_defaults(group["optimizer"]))
+    for key in _torch_style(old):
+        group.pop(key, None)
+    group.update(optimizer=kind, **_torch_style(options))
+
+
 def _host_embeddings(modules):
     from .nn import HostEmbedding, HostEmbeddingBagCollection
 
@@ -151,6 +160,7 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
 
     def __init__(self, modules):
         self._tables = {}  # parameter -> its HostEmbedding
+        self._generations = {}  # parameter -> the module's set_optimizer count its group last matched
         groups = []
         for module in _host_embeddings(modules):
             if not module.trains:
@@ -160,6 +170,7 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
             options.update(module.table.optimizer_options())
             param = module._table_param
             self._tables[param] = module
+            self._generations[param] = getattr(module, "_optimizer_generation", 0)
             groups.append({"params": [param], "optimizer": kind, **_torch_style(options)})
         if not groups:
             raise ValueError("HostEmbeddingOptimizer: no HostEmbedding with an optimizer (frozen tables have none)")
@@ -177,6 +188,8 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
         return self._tables[group["params"][0]]
 
     def _sync_options(self, group: dict) -> None:
+        if self._follow_reconfigured_table(group):
+            return
         module = self._module(group)
         kind = module.table.optimizer()
         defaults = dict(torch.classes.speedtorch.PinnedEmbedding.optimizer_defaults(kind))
@@ -186,6 +199,27 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
             return
         # Keep the table's options as sparse as they were: the given ones, and the ones that left their default.
         module.set_optimizer_options({k: v for k, v in wanted.items() if k in current or v != defaults[k]})
+
+    def _follow_reconfigured_table(self, group: dict) -> bool:
+        """When the table got another optimizer since ``group`` last matched it (HostEmbedding.set_optimizer, a
+        checkpoint that re-laid its state out, or module.table.set_optimizer), its options are the newest and the
+        group's (another optimizer's names, or another layout) cannot be handed to it: the group takes the table's
+        optimizer and options instead. Returns whether it did."""
+        module = self._module(group)
+        kind = module.table.optimizer()
+        defaults = dict(torch.classes.speedtorch.PinnedEmbedding.optimizer_defaults(kind))
+        options = {**defaults, **module.table.optimizer_options()}
+        generation = getattr(module, "_optimizer_generation", 0)
+        param = group["params"][0]
+        if group["optimizer"] == kind and self._generations.get(param, 0) == generation:
+            width = torch.classes.speedtorch.PinnedEmbedding.state_width
+            if width(kind, _table_style(group, defaults), module.embedding_dim) == \
+                    width(kind, options, module.embedding_dim):
+                return False
+        _take_table_options(group, kind, options)
+        self._generations[param] = generation
+        module._sync_weight()  # (a table re-configured through module.table: its parameter follows it here)
+        return True
 
     @property
     def _step_supports_amp_scaling(self) -> bool:
@@ -220,6 +254,8 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
         if len(saved) != len(self.param_groups):
             raise ValueError(f"HostEmbeddingOptimizer.load_state_dict: the state holds {len(saved)} tables, this "
                              f"optimizer {len(self.param_groups)}")
+        for group in self.param_groups:  # compared with the tables' optimizers as they are now
+            self._follow_reconfigured_table(group)
         for i, (group, other) in enumerate(zip(self.param_groups, saved)):
             if other.get("optimizer") != group["optimizer"]:
                 raise ValueError(f"HostEmbeddingOptimizer.load_state_dict: table {i} was trained with "

@@ -96,7 +96,9 @@ class PinnedEmbeddingAPI:
         """Configures the fused optimizer: ``kind`` sgd, adagrad, adam, adamw, adamax, rmsprop, adadelta, asgd, rprop,
         rowwise_adagrad (or sparse_adam); ``options`` torch.optim's hyper-parameters as floats (betas as
         beta1/beta2, flags as 0/1, per_row_step, stochastic_rounding). Allocates the state, zeroed, beside each row
-        or in a table of its own; resets the state and the step count."""
+        or in a table of its own; resets the state and the step count. A table opened ``"r+"`` whose old state is
+        still in use (a tensor from ``state()``, another table over the same files) is refused, unchanged: the new
+        state replaces the state file at the next ``flush()``. Through a HostEmbedding, call its ``set_optimizer``."""
         raise _documentation_only()
 
     def set_optimizer_options(self, options: dict) -> None:

@@ -13,14 +13,16 @@ and ``_extra_state`` (``{"format", "optimizer", "optimizer_options"}``).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional
 
 import torch
 
 from . import PinnedEmbedding
+from .placement import DeviceTable
 
 __all__ = ["track_table_state", "table_entries", "table_extra_state", "set_table_extra_state", "checked_extra_state",
-           "adopt_options", "entry_shapes", "load_table_entries"]
+           "adopt_options", "entry_shapes", "entry_error", "load_table_entries"]
 
 FORMAT = "speedtorch.HostEmbedding/1"
 
@@ -56,12 +58,26 @@ def checked_extra_state(table, state, owner: str) -> Optional[dict]:
                            f"table's is {table.optimizer() or 'none'!r}; build it with optimizer={optimizer!r}")
     if not optimizer or options == dict(table.optimizer_options()):
         return None
-    if not hasattr(table, "set_optimizer"):
-        raise RuntimeError(f"{owner}.load_state_dict: the checkpoint's optimizer options {options} differ from this "
-                           f"table's {dict(table.optimizer_options())}, and a {type(table).__name__} cannot change "
-                           f"them; build it with them")
-    PinnedEmbedding.state_width(optimizer, options, table.dim())  # validates the options before anything changes
+    width = PinnedEmbedding.state_width(optimizer, options, table.dim())  # validates them before anything changes
+    if width != _state_width(table) and not _relays_state_out(table):
+        # In place (an lr, betas ...: set_optimizer_options) every table can; a new layout needs set_optimizer.
+        raise RuntimeError(f"{owner}.load_state_dict: the checkpoint's optimizer options {options} lay the "
+                           f"optimizer state out otherwise than this table's {dict(table.optimizer_options())} "
+                           f"({width} floats a row, not {_state_width(table)}: momentum from or to 0, amsgrad or "
+                           f"centered), and a {type(table).__name__} cannot re-lay it out; build it with them")
     return options
+
+
+def _relays_state_out(table) -> bool:
+    """Whether the table's set_optimizer can give its state a new layout (a PinnedEmbedding, a DeviceTable; a
+    HybridTable or a sharded table keeps the one it was built with)."""
+    return isinstance(table, (torch.ScriptObject, DeviceTable))
+
+
+def _state_width(table) -> int:
+    """The width of the table's optimizer state rows, from its configuration (asking for the state itself would
+    write a row cache back)."""
+    return PinnedEmbedding.state_width(table.optimizer(), dict(table.optimizer_options()), table.dim())
 
 
 def adopt_options(table, options: Optional[dict]) -> None:
@@ -70,12 +86,13 @@ def adopt_options(table, options: Optional[dict]) -> None:
     state re-laid out for them, zeroed. Either way the checkpoint's state is copied in right after."""
     if options is None:
         return
-    weight, state_rows = table.table(), table.state()
-    if state_rows is not None and hasattr(table, "set_optimizer_options") and \
-            PinnedEmbedding.state_width(table.optimizer(), options, table.dim()) == state_rows.shape[1]:
+    if PinnedEmbedding.state_width(table.optimizer(), options, table.dim()) == _state_width(table):
         table.set_optimizer_options(options)
         return
-    table.set_optimizer(table.optimizer(), options, state_rows is not None and weight.stride(0) != weight.shape[1])
+    weight = table.table()
+    beside = weight.stride(0) != weight.shape[1]
+    del weight  # no tensor of the old layout may be held: the rows' old memory is released as they move
+    table.set_optimizer(table.optimizer(), options, beside)
 
 
 def set_table_extra_state(table, state, owner: str) -> None:
@@ -103,15 +120,33 @@ def load_table_entries(shapes: dict, state_dict, prefix: str, missing_keys: list
         if key not in state_dict:
             missing_keys.append(key)
             continue
-        value = state_dict[key]
-        if not isinstance(value, torch.Tensor):
-            error_msgs.append(f"{key}: expected a tensor, got {type(value).__name__}")
-        elif tuple(value.shape) != tuple(shape):
-            error_msgs.append(f"size mismatch for {key}: the checkpoint holds shape {tuple(value.shape)}, this "
-                              f"{owner} has {tuple(shape)}")
+        error = entry_error(key, state_dict[key], shape, owner)
+        if error is not None:
+            error_msgs.append(error)
         else:
-            found[name] = value
+            found[name] = state_dict[key]
     return found if len(found) == len(shapes) else None
+
+
+def entry_error(key: str, value, shape, owner: str) -> Optional[str]:
+    """Why the checkpoint's entry ``key`` (``...weight``, ``...optimizer_state``, ``...optimizer_step``) cannot be
+    loaded into a table entry of ``shape``, or None when it can: everything a copy into the table would refuse is
+    found here, before anything changes (rows and optimizer state are floating point, the step count a whole number
+    >= 0)."""
+    if not isinstance(value, torch.Tensor):
+        return f"{key}: expected a tensor, got {type(value).__name__}"
+    if tuple(value.shape) != tuple(shape):
+        return (f"size mismatch for {key}: the checkpoint holds shape {tuple(value.shape)}, this {owner} has "
+                f"{tuple(shape)}")
+    if key.endswith("optimizer_step"):
+        if value.is_complex() or value.dtype == torch.bool:
+            return f"{key}: the step count must be a whole number >= 0, got a {value.dtype} tensor"
+        step = float(value)
+        if not math.isfinite(step) or step < 0 or step != int(step):
+            return f"{key}: the step count must be a whole number >= 0, got {step}"
+    elif not value.is_floating_point():
+        return f"{key}: expected floating-point values, got {value.dtype}"
+    return None
 
 
 @torch.no_grad()
@@ -150,6 +185,7 @@ def _load_hook(name, module, state_dict, prefix, local_metadata, strict, missing
         if key != extra and key[len(ours):] not in targets:
             unexpected_keys.append(key)
         del state_dict[key]
+    del targets  # tensors of the table's present layout, which adopting the options may replace
     if found is not None and extra not in missing_keys and not error_msgs:
         adopt_options(table, options)
         copy_table_entries(table, found)

@@ -28,3 +28,13 @@ class WritingDataset(torch.utils.data.Dataset):
         dim = self.module.embedding_dim
         self.module.table.scatter_(torch.tensor([i]), torch.full((1, dim), 7.0, dtype=self.module.output_dtype))
         return self.module.weight[i].tolist()
+
+
+def train_one_step(queue, results) -> None:
+    """Takes a HostEmbedding from ``queue``, writes 7s into row 0, trains row 1 one step and reports the table, its
+    optimizer state and step count."""
+    module = queue.get()
+    module.table.scatter_(torch.tensor([0]), torch.full((1, module.embedding_dim), 7.0, dtype=module.output_dtype))
+    module(torch.tensor([1])).sum().backward()
+    module.step()
+    results.put((module.weight.cpu().tolist(), module.table.state().cpu().tolist(), module.table.step_count()))

@@ -297,6 +297,11 @@ def test_loading_refuses_mismatches_before_writing_anything():
     partial = {k: v for k, v in state.items() if not k.startswith("embedding_bags.t2.")}
     with pytest.raises(RuntimeError, match="Missing key.*embedding_bags.t2"):
         make("cpu", optimizer="adam", optimizer_options={"lr": 0.1}).load_state_dict(partial)
+    # Entries the copy would refuse (integer rows) are refused with the rest, before the options change.
+    fresh = make("cpu", optimizer="adam", optimizer_options={"lr": 0.2})
+    with pytest.raises(RuntimeError, match="embedding_bags.t1.weight: expected floating-point values"):
+        fresh.load_state_dict(dict(state, **{"embedding_bags.t1.weight": state["embedding_bags.t1.weight"].long()}))
+    assert fresh.groups[0].table.optimizer_options()["lr"] == 0.2
 
 
 def test_distributed_checkpoint_in_one_process(tmp_path):

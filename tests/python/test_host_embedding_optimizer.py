@@ -341,3 +341,60 @@ def test_set_optimizer_options_keeps_state_and_step():
 
     schedule(e, 0.5)
     assert dict(e.optimizer_options()) == {"lr": 0.5}
+
+
+def _train_step(module, optimizer, ids=(1, 2, 3)):
+    module(torch.tensor(list(ids))).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def test_set_optimizer_moves_the_parameter_and_the_optimizer_follows():
+    """A new optimizer re-lays the rows out (Adam's state beside each row; SGD without momentum has none): the
+    registered parameter kept the old rows (torch.compile, torch.export and AveragedModel read stale rows), and an
+    existing HostEmbeddingOptimizer failed at its step (KeyError 'momentum'; after amsgrad, "these options change
+    the layout")."""
+    module = HostEmbedding(20, 4, device="cpu", seed=0, optimizer="adam", optimizer_options={"lr": 0.1})
+    opt = HostEmbeddingOptimizer(module)
+    _train_step(module, opt)
+    module.set_optimizer("sgd", {"lr": 0.5, "momentum": 0.9})
+    param = dict(module.named_parameters())["weight"]
+    assert param.data_ptr() == module.table.table().data_ptr() and torch.equal(param, module.table.table())
+    eager = module.eval()(torch.tensor([1, 5]))
+    compiled = torch.compile(module, fullgraph=True, backend="eager")(torch.tensor([1, 5]))
+    exported = torch.export.export(module, (torch.tensor([1, 5]),)).module()(torch.tensor([1, 5]))
+    assert torch.equal(compiled, eager) and torch.equal(exported, eager)
+    averaged = torch.optim.swa_utils.AveragedModel(module)
+    assert torch.equal(dict(averaged.module.named_parameters())["weight"], module.weight)
+    module.train()
+    before = module.weight.clone()
+    _train_step(module, opt)  # SGD's first step with momentum: w -= lr * g (g = 1 for each looked-up element)
+    assert opt.param_groups[0]["optimizer"] == "sgd" and opt.param_groups[0]["momentum"] == 0.9
+    assert "betas" not in opt.param_groups[0] and module.table.optimizer_options()["lr"] == 0.5
+    torch.testing.assert_close(module.weight[1:4], before[1:4] - 0.5)
+    assert torch.equal(module.weight[4:], before[4:]) and module.table.step_count() == 1
+    opt.param_groups[0]["lr"] = 0.25  # a scheduler's change still reaches the table
+    _train_step(module, opt)
+    assert module.table.optimizer_options()["lr"] == 0.25
+    module.set_optimizer("adam", {"lr": 0.1, "amsgrad": 1})  # another layout of the same optimizer
+    _train_step(module, opt)
+    assert opt.param_groups[0]["amsgrad"] is True and module.table.optimizer_options()["amsgrad"] == 1.0
+    module.set_optimizer("adam", {"lr": 0.3, "amsgrad": 1})  # the same layout: the new lr is kept, not the group's
+    _train_step(module, opt)
+    assert opt.param_groups[0]["lr"] == 0.3 and module.table.optimizer_options()["lr"] == 0.3
+
+
+def test_an_optimizer_follows_a_table_re_configured_behind_the_module():
+    """module.table.set_optimizer: the module cannot see it, but the optimizer's next step takes the table's new
+    optimizer and moves the parameter onto the new rows."""
+    module = HostEmbedding(20, 4, device="cpu", seed=0, optimizer="adam", optimizer_options={"lr": 0.1})
+    opt = HostEmbeddingOptimizer(module)
+    module.table.set_optimizer("sgd", {"lr": 0.5}, True)
+    before = module.weight.clone()
+    _train_step(module, opt)
+    assert opt.param_groups[0]["optimizer"] == "sgd" and opt.param_groups[0]["lr"] == 0.5
+    torch.testing.assert_close(module.weight[1:4], before[1:4] - 0.5)
+    assert dict(module.named_parameters())["weight"].data_ptr() == module.table.table().data_ptr()
+    module.table.set_optimizer("sgd", {"lr": 0.5, "momentum": 0.9}, True)
+    _train_step(module, opt)
+    assert opt.param_groups[0]["momentum"] == 0.9

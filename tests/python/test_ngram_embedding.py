@@ -5,7 +5,11 @@ rows."""
 
 from __future__ import annotations
 
+import copy
+import io
 import math
+import pickle
+import threading
 
 import pytest
 import torch
@@ -226,3 +230,62 @@ def test_gpu_graphed_lookup_equals_eager():
         assert torch.equal(newest(tokens[:, -3:].cuda()).cpu(), lookup(tokens).cpu()[:, -1:])
     with speedtorch.deferred_index_checks(False):
         speedtorch.check_index_errors()  # nothing flagged
+
+
+def _copies(module) -> dict:
+    """copy.deepcopy, pickle and torch.save / torch.load of a module (the three ways a model is copied)."""
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    return {"deepcopy": copy.deepcopy(module), "pickle": pickle.loads(pickle.dumps(module)),
+            "torch.save": torch.load(buffer, weights_only=False)}
+
+
+class _StandIn:
+    """Stands in for a CUDA stream or event on the CPU: it synchronizes (a no-op) and, as they do, cannot be pickled."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_copies_leave_the_runtime_attributes_behind():
+    """The update stream and its event (CUDA objects of this process, set once a GPU update ran: stand-ins here that
+    cannot be pickled) and a pending prefetch are not part of a copy, which starts without them and trains as the
+    original does."""
+    module = make()
+    data = batches(3)
+    train(module, data[:2])
+    module.prefetch(data[2])
+    module.rows._update_stream, module.rows._written = _StandIn(), _StandIn()
+    for how, copied in _copies(module).items():
+        assert copied.rows._update_stream is None and copied.rows._written is None, how
+        assert copied._prefetched is None and copied.rows._prefetched is None, how
+        assert torch.equal(copied.rows.weight, module.rows.weight), how
+        assert copied.rows.table.step_count() == 2, how
+    module.rows._update_stream, module.rows._written = None, None
+    copied = _copies(module)["deepcopy"]
+    train(module, data[2:])
+    train(copied, data[2:])
+    assert torch.equal(copied.rows.weight, module.rows.weight)
+
+
+@pytest.mark.gpu
+def test_gpu_copies_of_a_trained_module_train_on():
+    """A module whose updates ran on its own CUDA stream (async_update) is copied, pickled and saved without that
+    stream and its event; each copy holds the trained rows and trains on as the original does."""
+    data = batches(4, batch=4, seq=64)
+    module = make(device="cuda")
+    train(module, data[:2])
+    assert module.rows._update_stream is not None  # the update ran on its own stream
+    for how, copied in _copies(module).items():
+        assert copied.rows._update_stream is None and copied.rows._written is None, how
+        torch.cuda.synchronize()
+        assert torch.equal(copied.rows.weight.cpu(), module.rows.weight.cpu()), how
+        reference = copy.deepcopy(module)
+        train(reference, data[2:])
+        train(copied, data[2:])
+        torch.cuda.synchronize()
+        assert torch.equal(copied.rows.weight.cpu(), reference.rows.weight.cpu()), how

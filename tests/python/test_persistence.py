@@ -721,3 +721,52 @@ def test_create_makes_zero_files_that_open_shares(tmp_path):
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(stem.name)] == [stem.name + existing]
         assert (tmp_path / (stem.name + existing)).read_bytes() == b"not ours"
     assert np.load(path + ".npy").shape == (300, 8)  # the refused create above left the first table alone
+
+
+def test_an_r_plus_tables_files_stay_a_pair_across_an_optimizer_change(tmp_path):
+    """The state file of an 'r+' table is replaced at the flush after set_optimizer. With a tensor of the old state
+    still alive, that flush raised after the rows had moved on (they reach their file through the mapping), and the
+    files failed load(verify=True): set_optimizer now refuses while the old state is in use, before anything
+    changes, and the files stay the pair the last flush wrote."""
+    path = str(tmp_path / "t.npy")
+    table = speedtorch.PinnedEmbedding.create(path, 8, 4, torch.float32, "adam", {"lr": 0.1})
+    table.apply_gradients(torch.tensor([1]), torch.ones(1, 4))
+    table.flush()
+    old_state = table.state()
+    rows, state = table.table().clone(), old_state.clone()
+    with pytest.raises(RuntimeError, match="a tensor of the state still uses"):
+        table.set_optimizer("sgd", {"lr": 0.5}, False)
+    assert table.optimizer() == "adam" and torch.equal(table.state(), state) and torch.equal(table.table(), rows)
+    other = speedtorch.PinnedEmbedding.open(path, "r+")  # another table over the same files
+    del old_state
+    with pytest.raises(RuntimeError, match="another mapping of this process still uses"):
+        table.set_optimizer("sgd", {"lr": 0.5}, False)
+    del other
+    table.set_optimizer("sgd", {"lr": 0.5}, False)
+    table.apply_gradients(torch.tensor([2]), torch.ones(1, 4))
+    other = speedtorch.PinnedEmbedding.open(path, "r+")  # opened since: the flush refuses before writing anything
+    with pytest.raises(RuntimeError, match="this process maps that file read-write.*this flush wrote nothing"):
+        table.flush()
+    del other
+    table.flush()
+    loaded = speedtorch.PinnedEmbedding.load(path, True)
+    assert loaded.optimizer() == "sgd" and torch.equal(loaded.table(), table.table())
+    assert torch.equal(loaded.state(), table.state()) and loaded.step_count() == 1
+
+
+def test_an_r_plus_module_takes_a_checkpoint_of_another_layout(tmp_path):
+    """A checkpoint whose options re-lay the state out (amsgrad) re-configures the optimizer of an 'r+' table: the
+    loader holds no tensor of the old state meanwhile (set_optimizer would refuse), and the next flush writes the
+    files as a pair."""
+    path = str(tmp_path / "t.npy")
+    speedtorch.PinnedEmbedding.create(path, 8, 4, torch.float32, "adam", {"lr": 0.1})
+    module = HostEmbedding.load(path, mmap_mode="r+", device="cpu")
+    source = HostEmbedding(8, 4, device="cpu", optimizer="adam", optimizer_options={"lr": 0.1, "amsgrad": 1},
+                           state_beside_rows=False)
+    source(torch.tensor([1, 2])).sum().backward()
+    source.step()
+    module.load_state_dict(source.state_dict())
+    assert module.table.optimizer_options() == {"lr": 0.1, "amsgrad": 1.0}
+    module.table.flush()
+    loaded = speedtorch.PinnedEmbedding.load(path, True)
+    assert torch.equal(loaded.table(), source.weight) and torch.equal(loaded.state(), source.table.state())

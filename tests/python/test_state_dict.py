@@ -224,3 +224,54 @@ def test_a_module_holding_a_pinned_embedding_keeps_it_in_its_state_dict():
         Holder().load_state_dict(dict(state, **{"emb.bogus": torch.zeros(1)}))
     with pytest.raises(TypeError, match="is not a speedtorch.PinnedEmbedding"):
         track_table_state(torch.nn.Linear(2, 2), "weight")
+
+
+@pytest.mark.parametrize("placement", ["host", "gpu"], ids=["host", "device_table"])  # (a `gpu` id marks GPU tests)
+def test_entries_a_copy_would_refuse_are_refused_before_anything_changes(placement):
+    """The options were adopted before the entries were copied, so an entry the copy refused (integer rows, an
+    integer state, a step count that is no whole number) left the target with the checkpoint's options: lr 0.1 became
+    0.5 in a refused load."""
+    source = Model(lr=0.5, placement=placement)
+    source.train_steps(2)
+    state = source.state_dict()
+    bad_entries = {"users.weight": state["users.weight"].to(torch.int64),
+                   "users.optimizer_state": state["users.optimizer_state"].to(torch.int32),
+                   "users.optimizer_step": torch.tensor(float("nan"))}
+    for key, bad in bad_entries.items():
+        target = Model(lr=0.1, placement=placement)
+        target.train_steps(1)
+        before = _table_of(target.users)
+        with pytest.raises(RuntimeError, match=key.replace(".", r"\.")):
+            target.load_state_dict(dict(state, **{key: bad}))
+        _assert_unchanged(target.users, before)
+    for step in (torch.tensor(-1), torch.tensor(2.5)):
+        with pytest.raises(RuntimeError, match="the step count must be a whole number >= 0"):
+            Model(placement=placement).load_state_dict(dict(state, **{"users.optimizer_step": step}))
+    target = Model(lr=0.1, placement=placement)
+    target.load_state_dict(dict(state, **{"users.optimizer_step": torch.tensor(2.0)}))  # a whole number: loads
+    assert target.users.table.step_count() == 2 and target.users.table.optimizer_options() == {"lr": 0.5}
+
+
+def test_a_hybrid_table_takes_its_own_checkpoint_after_an_lr_change():
+    """A HybridTable cannot re-lay its state out, but an lr is changed in place (set_optimizer_options): its own
+    checkpoint was refused after a scheduler changed the lr ("HybridTable cannot change its options")."""
+    from speedtorch.placement import HybridTable
+
+    def hybrid(lr):
+        host = speedtorch.PinnedEmbedding(40, 4, torch.float32)
+        host.set_optimizer("adam", {"lr": lr}, True)
+        return HostEmbedding(40, 4, table=HybridTable(host, "cpu", 8), device="cpu", placement="hybrid")
+
+    module = hybrid(0.1)
+    module(torch.tensor([1, 2, 3])).sum().backward()
+    module.step()
+    saved = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in module.state_dict().items()}
+    module.set_optimizer_options({"lr": 0.5})
+    module(torch.tensor([2, 5])).sum().backward()
+    module.step()
+    module.load_state_dict(saved)
+    assert module.table.optimizer_options() == {"lr": 0.1} and module.table.step_count() == 1
+    assert torch.equal(module.weight, saved["weight"])
+    amsgrad = dict(saved, _extra_state=dict(saved["_extra_state"], optimizer_options={"lr": 0.1, "amsgrad": 1.0}))
+    with pytest.raises(RuntimeError, match="a HybridTable cannot re-lay it out"):
+        hybrid(0.1).load_state_dict(amsgrad)
