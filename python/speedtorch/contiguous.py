@@ -225,13 +225,17 @@ class ContiguousParams:
         instead of updated in place); :meth:`assert_buffer_is_valid` names the culprit."""
         return self._impl.buffer_is_valid()
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the flat gradient buffers in place and points every ``.grad`` back at its view at once (the
-        optimizer's or module's ``zero_grad()`` leaves that to the next backward). Like torch's default
-        ``zero_grad()`` (set to None), it leaves every parameter without a gradient until a backward reaches it:
-        a step skips those that none reached."""
+        optimizer's or module's ``zero_grad()`` leaves that to the next backward). The ``.grad`` views stay, but
+        for the optimizer's step ``set_to_none`` means what it means to torch's ``zero_grad``: True (the default)
+        leaves every parameter without a gradient until a backward reaches it (a step skips those that none
+        reached); False keeps zero gradients, which a step applies (momentum, weight decay)."""
         self._impl.zero_grad()
-        self._has_grad[:] = bytes(len(self._has_grad))
+        if set_to_none:
+            self._has_grad[:] = bytes(len(self._has_grad))
+        else:
+            self._has_grad[:] = b"\x01" * len(self._has_grad)
 
     def __len__(self) -> int:
         return self._impl.num_params()

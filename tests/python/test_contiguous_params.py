@@ -263,8 +263,11 @@ def train_two_branches(name: str, zero_grad: str, branch_steps, steps: int = 6, 
             model.zero_grad()
         elif zero_grad == "params":
             params.zero_grad()
-        if zero_grad == "set_to_none_false":  # zero gradients stay gradients: torch.optim steps them
-            opt.zero_grad(set_to_none=False)
+        if zero_grad in ("set_to_none_false", "params_set_to_none_false"):  # zero gradients: torch.optim steps them
+            if zero_grad == "params_set_to_none_false":
+                params.zero_grad(set_to_none=False)
+            else:
+                opt.zero_grad(set_to_none=False)
             opt_ref.zero_grad(set_to_none=False)
         else:
             opt_ref.zero_grad()
@@ -276,7 +279,8 @@ def train_two_branches(name: str, zero_grad: str, branch_steps, steps: int = 6, 
     return model, reference
 
 
-@pytest.mark.parametrize("zero_grad", ["optimizer", "module", "params", "set_to_none_false"])
+@pytest.mark.parametrize("zero_grad", ["optimizer", "module", "params", "set_to_none_false",
+                                       "params_set_to_none_false"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS_WITH_STATE_AND_DECAY))
 def test_a_parameter_without_a_gradient_is_skipped_as_torch_optim_skips_it(name, zero_grad):
     """A branch used in the first step only: torch.optim skips its parameters afterwards (their .grad is None), but
