@@ -118,8 +118,8 @@ def test_a_tables_split_is_its_own_and_stays_with_it(deferred_checks):
         def use_staged():
             # The blocks of the main thread are its own: this thread sets the same for itself.
             try:
-                with speedtorch.deferred_index_checks(), \
-                        speedtorch.transfer_config_override(uva_fraction=1.0, uva_reach_bytes=0, small_transfer_bytes=0):
+                process_like = dict(uva_fraction=1.0, uva_reach_bytes=0, small_transfer_bytes=0)
+                with speedtorch.deferred_index_checks(), speedtorch.transfer_config_override(**process_like):
                     staged.gather(ids, None)
             except IndexError as error:
                 raised.append(error)
