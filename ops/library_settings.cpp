@@ -1,5 +1,6 @@
 // Operators without tensor arguments: exact-size pinned allocation, transfer-engine settings, deferred index
 // checks, and what the library was built with.
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <string>
@@ -26,8 +27,23 @@ void set_transfer_option_op(std::string name, double value) {
   set_transfer_config(c);
 }
 
+// The value in force on the calling thread: the process's, or this thread's override (push_transfer_overrides).
 double get_transfer_option_op(std::string name) {
-  return get_transfer_option(process_transfer_config(), name, "speedtorch.transfer_config");
+  return get_transfer_option(transfer_config(), name, "speedtorch.transfer_config");
+}
+
+// Settings for the calling thread only until pop_transfer_overrides(id) on it (Python's
+// speedtorch.transfer_config_override; TorchScript and C++ callers pair the two ops the same way).
+int64_t push_transfer_overrides_op(std::vector<std::string> names, std::vector<double> values) {
+  constexpr const char* kWho = "speedtorch.transfer_config_override";
+  TORCH_CHECK(names.size() == values.size(), kWho, ": ", names.size(), " names but ", values.size(), " values");
+  TransferOverrides overrides;
+  for (size_t i = 0; i < names.size(); ++i) overrides[names[i]] = values[i];
+  return push_thread_transfer_overrides(overrides, kWho);
+}
+
+void pop_transfer_overrides_op(int64_t id) {
+  pop_thread_transfer_overrides(id, "speedtorch.transfer_config_override");
 }
 
 std::vector<std::string> transfer_option_names_op() { return transfer_option_names(); }
@@ -69,11 +85,31 @@ void set_deferred_index_checks_op(bool deferred) {
 #endif
 }
 
+// The mode in force on the calling thread.
 bool deferred_index_checks_op() {
 #ifdef SPEEDTORCH_WITH_CUDA
   return deferred_index_checks();
 #else
   return false;
+#endif
+}
+
+// The mode for the calling thread only until pop_deferred_index_checks(id) on it (Python's
+// speedtorch.deferred_index_checks block). CPU builds defer nothing: the id is 0 and its pop does nothing.
+int64_t push_deferred_index_checks_op(bool deferred) {
+#ifdef SPEEDTORCH_WITH_CUDA
+  return push_thread_deferred_index_checks(deferred);
+#else
+  (void)deferred;
+  return 0;
+#endif
+}
+
+void pop_deferred_index_checks_op(int64_t id) {
+#ifdef SPEEDTORCH_WITH_CUDA
+  pop_thread_deferred_index_checks(id, "speedtorch.deferred_index_checks");
+#else
+  (void)id;
 #endif
 }
 
@@ -97,16 +133,28 @@ std::string build_info() {
 }  // namespace
 }  // namespace speedtorch::ops
 
+// The settings and the index-error record are state: their ops read or change it, so TorchScript must neither fold
+// them into constants at compile time nor drop the ones whose result is unused (CONSERVATIVE: they have side
+// effects). Only build_info and the names are fixed for the process.
 TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
+  const auto stateful = [](const char* schema) {
+    return torch::schema(schema, c10::AliasAnalysisKind::CONSERVATIVE);
+  };
   m.def("pinned_empty(int[] size, ScalarType dtype=float) -> Tensor", &speedtorch::ops::pinned_empty_op);
-  m.def("set_transfer_option(str name, float value) -> ()", &speedtorch::ops::set_transfer_option_op);
-  m.def("get_transfer_option(str name) -> float", &speedtorch::ops::get_transfer_option_op);
+  m.def(stateful("set_transfer_option(str name, float value) -> ()"), &speedtorch::ops::set_transfer_option_op);
+  m.def(stateful("get_transfer_option(str name) -> float"), &speedtorch::ops::get_transfer_option_op);
   m.def("transfer_option_names() -> str[]", &speedtorch::ops::transfer_option_names_op);
-  m.def("transfer_calibrations() -> (str[], float[], float[][], float[][])",
+  m.def(stateful("push_transfer_overrides(str[] names, float[] values) -> int"),
+        &speedtorch::ops::push_transfer_overrides_op);
+  m.def(stateful("pop_transfer_overrides(int id) -> ()"), &speedtorch::ops::pop_transfer_overrides_op);
+  m.def(stateful("transfer_calibrations() -> (str[], float[], float[][], float[][])"),
         &speedtorch::ops::transfer_calibrations_op);
-  m.def("clear_transfer_calibrations() -> ()", &speedtorch::ops::clear_transfer_calibrations_op);
-  m.def("set_deferred_index_checks(bool deferred) -> ()", &speedtorch::ops::set_deferred_index_checks_op);
-  m.def("deferred_index_checks() -> bool", &speedtorch::ops::deferred_index_checks_op);
-  m.def("check_index_errors() -> ()", &speedtorch::ops::check_index_errors_op);
+  m.def(stateful("clear_transfer_calibrations() -> ()"), &speedtorch::ops::clear_transfer_calibrations_op);
+  m.def(stateful("set_deferred_index_checks(bool deferred) -> ()"), &speedtorch::ops::set_deferred_index_checks_op);
+  m.def(stateful("deferred_index_checks() -> bool"), &speedtorch::ops::deferred_index_checks_op);
+  m.def(stateful("push_deferred_index_checks(bool deferred) -> int"),
+        &speedtorch::ops::push_deferred_index_checks_op);
+  m.def(stateful("pop_deferred_index_checks(int id) -> ()"), &speedtorch::ops::pop_deferred_index_checks_op);
+  m.def(stateful("check_index_errors() -> ()"), &speedtorch::ops::check_index_errors_op);
   m.def("build_info() -> str", &speedtorch::ops::build_info);
 }

@@ -6,6 +6,11 @@
 // Two rules keep the views valid (docs/contiguous_params.md): parameters and gradients are updated in place only
 // (assert_buffer_is_valid() names the one that was replaced), and nothing that depends on a parameter's shape or
 // statistics runs on the flat buffers (use original() for that).
+//
+// A parameter that gets no gradient in a step has a slice of zeros in the flat gradient, not "no gradient": an
+// optimizer over contiguous() steps it (momentum and weight decay move it), where one over the parameters would skip
+// it. The Python class (python/speedtorch/contiguous.py) tracks which parameters have a gradient and makes
+// torch.optim's steps leave the others as they were; C++ and TorchScript callers step every parameter.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -11,6 +11,8 @@
 #include <mutex>
 #include <string>
 
+#include "core/thread_scoped_values.h"
+
 namespace speedtorch {
 namespace {
 
@@ -29,6 +31,7 @@ Records& records() {
 }
 
 std::atomic<bool> g_deferred{false};
+thread_local ThreadScopedValues<bool> t_deferred;  // this thread's modes, oldest first
 
 }  // namespace
 
@@ -53,7 +56,17 @@ DeviceIndexError* device_index_error_record(int device) {
 }
 
 void set_deferred_index_checks(bool deferred) { g_deferred.store(deferred); }
-bool deferred_index_checks() { return g_deferred.load(); }
+bool deferred_index_checks() {
+  if (!t_deferred.empty()) return t_deferred.entries().back().value;
+  return g_deferred.load();
+}
+
+int64_t push_thread_deferred_index_checks(bool deferred) { return t_deferred.push(deferred); }
+
+void pop_thread_deferred_index_checks(int64_t id, const char* who) {
+  TORCH_CHECK(t_deferred.pop(id), who, ": this thread holds no index-check mode with id ", id,
+              " (removed already, or set on another thread: a block's mode ends on the thread that began it)");
+}
 
 void check_deferred_index_errors() {
   Records& r = records();

@@ -34,9 +34,16 @@ struct DeviceIndexError {
 // every launch asks for it.
 DeviceIndexError* device_index_error_record(int device);
 
-// Deferred mode: kernels still flag bad indices, but only check_deferred_index_errors() reports them.
+// Deferred mode: kernels still flag bad indices, but only check_deferred_index_errors() reports them. The setter is
+// the process's; deferred_index_checks() is the mode on the calling thread: its latest entry of
+// push_thread_deferred_index_checks still in force, else the process's.
 void set_deferred_index_checks(bool deferred);
 bool deferred_index_checks();
+// The mode for the calling thread only, until pop_thread_deferred_index_checks(id) on this thread (Python's
+// speedtorch.deferred_index_checks block); entries may be removed in any order. Returns the entry's id.
+int64_t push_thread_deferred_index_checks(bool deferred);
+// Removes the entry `id` of this thread; throws (naming `who`) when this thread holds none.
+void pop_thread_deferred_index_checks(int64_t id, const char* who);
 
 // Waits for every device that has a record (device-wide: the record may be written from any stream), then throws
 // c10::IndexError for the first device whose record is flagged, clearing it.

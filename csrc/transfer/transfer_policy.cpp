@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "core/thread_scoped_values.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -62,6 +64,8 @@ ConfigHolder& holder() {
 
 // The innermost TransferConfigScope's settings on this thread, or null.
 thread_local const TransferConfig* t_scoped_config = nullptr;
+// This thread's overrides (push_thread_transfer_overrides), oldest first.
+thread_local ThreadScopedValues<TransferOverrides> t_thread_overrides;
 
 std::string known_option_names() {
   std::string text;
@@ -86,7 +90,11 @@ void visit_option(TransferConfig& c, const std::string& name, const char* who, V
 
 TransferConfig transfer_config() {
   if (t_scoped_config != nullptr) return *t_scoped_config;
-  return process_transfer_config();
+  TransferConfig config = process_transfer_config();
+  for (const auto& entry : t_thread_overrides.entries()) {
+    for (const auto& [name, value] : entry.value) set_transfer_option(config, name, value, "speedtorch");
+  }
+  return config;  // valid: each value was validated when pushed, and every check is of one field alone
 }
 
 TransferConfig process_transfer_config() {
@@ -121,6 +129,16 @@ TransferConfig with_overrides(TransferConfig base, const TransferOverrides& over
   for (const auto& [name, value] : overrides) set_transfer_option(base, name, value, who);
   validate(base);
   return base;
+}
+
+int64_t push_thread_transfer_overrides(const TransferOverrides& overrides, const char* who) {
+  with_overrides(transfer_config(), overrides, who);  // refuses unknown names and bad values before anything changes
+  return t_thread_overrides.push(overrides);
+}
+
+void pop_thread_transfer_overrides(int64_t id, const char* who) {
+  TORCH_CHECK(t_thread_overrides.pop(id), who, ": this thread holds no transfer settings with id ", id,
+              " (removed already, or set on another thread: a block's settings end on the thread that began it)");
 }
 
 TransferConfigScope::TransferConfigScope(const TransferOverrides& overrides, const char* who) {

@@ -6,7 +6,8 @@
 // bound by the CPU threads. Running both at once on disjoint shares of the rows adds their rates up to the link's.
 // The plan gives each path the share that makes both finish together, from the table footprint, the row size, the
 // transfer size and the CPU threads; every setting can be overridden: for the process (set_transfer_config, or the
-// environment variables named in for_each_transfer_option, read once at first use), and for one table
+// environment variables named in for_each_transfer_option, read once at first use), for one thread until removed
+// (push_thread_transfer_overrides: Python's speedtorch.transfer_config_override), and for one table
 // (TransferConfigScope: PinnedEmbedding's own settings, in force during its transfers and steps).
 #pragma once
 
@@ -93,10 +94,11 @@ struct TransferPlan {
   int64_t staged_rows = 0;  // positions [uva_rows, count) go through staging
 };
 
-// The settings in force on this thread: the innermost TransferConfigScope's, else the process's. Every transfer
-// and optimizer step plans with these.
+// The settings in force on this thread: the innermost TransferConfigScope's, else the process's with this thread's
+// overrides (push_thread_transfer_overrides) applied. Every transfer and optimizer step plans with these.
 TransferConfig transfer_config();
-// The process's settings, and their setter (validated; every thread outside a scope sees them).
+// The process's settings, and their setter (validated; every thread sees them, except where its own overrides or a
+// scope set a value).
 TransferConfig process_transfer_config();
 void set_transfer_config(const TransferConfig& config);
 
@@ -110,6 +112,16 @@ double get_transfer_option(const TransferConfig& config, const std::string& name
 using TransferOverrides = std::map<std::string, double>;
 // `base` with `overrides` applied, validated.
 TransferConfig with_overrides(TransferConfig base, const TransferOverrides& overrides, const char* who);
+
+// Settings for the calling thread only: from now until pop_thread_transfer_overrides(id) on this thread,
+// transfer_config() here returns the process's settings (as they are at each call) with `overrides` applied, and
+// those of every other entry of this thread, oldest first. Entries may be removed in any order; the others stay in
+// force. Validated here (unknown names and bad values throw, naming `who`); returns the entry's id. Other threads
+// never see them: blocks of several threads cannot leak into each other, whatever order they end in.
+int64_t push_thread_transfer_overrides(const TransferOverrides& overrides, const char* who);
+// Removes the entry `id` of this thread; throws (naming `who`) when this thread holds none: removed already, or
+// pushed on another thread.
+void pop_thread_transfer_overrides(int64_t id, const char* who);
 
 // While it lives, transfer_config() on this thread returns the settings in force before it with `overrides` applied
 // (a table's own settings for the length of one of its calls). Scopes nest; with no overrides it changes nothing.

@@ -92,35 +92,40 @@ def pinned_empty(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor
 
 
 def transfer_config() -> dict[str, float]:
-    """The transfer engine's settings (see csrc/transfer/transfer_policy.h, which also lists their names)."""
+    """The transfer engine's settings in force on the calling thread: the process's, with this thread's
+    :func:`transfer_config_override` blocks applied (csrc/transfer/transfer_policy.h lists the names)."""
     names = torch.ops.speedtorch.transfer_option_names()
     return {name: torch.ops.speedtorch.get_transfer_option(name) for name in names}
 
 
 def set_transfer_config(**options: float) -> None:
-    """Overrides transfer settings, e.g. ``set_transfer_config(uva_fraction=0.4)``; ``uva_fraction=-1`` restores
-    the automatic split."""
+    """Overrides transfer settings for the process, e.g. ``set_transfer_config(uva_fraction=0.4)``;
+    ``uva_fraction=-1`` restores the automatic split. Every thread sees them, except where a
+    :func:`transfer_config_override` block of its own sets the same name."""
     for name, value in options.items():
         torch.ops.speedtorch.set_transfer_option(name, float(value))
 
 
 @contextlib.contextmanager
 def transfer_config_override(**options: float) -> Iterator[dict[str, float]]:
-    """Process-wide transfer settings for the length of a ``with`` block, restored on exit (also on an exception)::
+    """Transfer settings for the calling thread, for the length of a ``with`` block::
 
         with speedtorch.transfer_config_override(uva_fraction=0.0):
             rows = speedtorch.gather(table, ids, "cuda")
 
-    Yields the settings in force inside. Only the settings named are restored, to the values they had. The settings
-    are the process's: blocks in several threads at once see each other's values. For one table's own settings, in
-    force in whichever thread uses it and nowhere else, see ``PinnedEmbedding.set_transfer_option``."""
-    before = transfer_config()
-    saved = {name: before[name] for name in options if name in before}  # an unknown name raises below
+    Yields the settings in force inside. The settings named apply over the process's (:func:`set_transfer_config`,
+    also one made inside the block, for the names the block does not set) for the speedtorch calls this thread
+    makes; other threads never see them, and they end with the block (also on an exception), whatever order the
+    blocks of several threads end in. Blocks nest. A backward on a GPU runs in autograd's own thread: set what it
+    needs for the process. For one table's own settings, in force in whichever thread uses it, see
+    ``PinnedEmbedding.set_transfer_option``. TorchScript and C++: ``torch.ops.speedtorch.push_transfer_overrides(
+    names, values)`` returns an id for ``pop_transfer_overrides(id)`` on the same thread."""
+    names = list(options)
+    entry = torch.ops.speedtorch.push_transfer_overrides(names, [float(options[name]) for name in names])
     try:
-        set_transfer_config(**options)
         yield transfer_config()
     finally:
-        set_transfer_config(**saved)
+        torch.ops.speedtorch.pop_transfer_overrides(entry)
 
 
 def transfer_calibrations() -> list[dict]:
@@ -149,20 +154,24 @@ def clear_transfer_calibrations() -> None:
 def set_deferred_index_checks(deferred: bool) -> None:
     """With CUDA indices, out-of-range values are found by the GPU. By default the op then waits for its stream and
     raises at once; deferred, it does not wait, and :func:`check_index_errors` raises later. Rows for bad indices
-    are never read or written either way. Process-wide; :func:`deferred_index_checks` sets it for a ``with`` block.
-    CPU-only builds check every index on the host: nothing is ever deferred there."""
+    are never read or written either way. Process-wide (every thread, except inside its own
+    :func:`deferred_index_checks` block). CPU-only builds check every index on the host: nothing is ever deferred
+    there."""
     torch.ops.speedtorch.set_deferred_index_checks(bool(deferred))
 
 
 @contextlib.contextmanager
 def deferred_index_checks(deferred: bool = True) -> Iterator[None]:
-    """:func:`set_deferred_index_checks` for the length of a ``with`` block; the previous mode is restored on exit."""
-    saved = bool(torch.ops.speedtorch.deferred_index_checks())
+    """The mode of :func:`set_deferred_index_checks` for the calling thread, for the length of a ``with`` block:
+    other threads never see it, and it ends with the block whatever order the blocks of several threads end in.
+    The innermost block of the thread decides. A backward on a GPU runs in autograd's own thread, under the
+    process's mode. TorchScript and C++: ``torch.ops.speedtorch.push_deferred_index_checks(deferred)`` returns an
+    id for ``pop_deferred_index_checks(id)`` on the same thread."""
+    entry = torch.ops.speedtorch.push_deferred_index_checks(bool(deferred))
     try:
-        set_deferred_index_checks(deferred)
         yield
     finally:
-        set_deferred_index_checks(saved)
+        torch.ops.speedtorch.pop_deferred_index_checks(entry)
 
 
 def check_index_errors() -> None:

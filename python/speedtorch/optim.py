@@ -134,6 +134,28 @@ def _host_embeddings(modules):
     return out
 
 
+class _TableGroup(dict):
+    """A param group of :class:`HostEmbeddingOptimizer`: a dict whose changes reach its table at once. A table with
+    ``update="backward"`` applies its gradient inside backward, before ``step()``, so the lr a scheduler sets after a
+    step must be the table's before the next backward (issue 31: it reached the table one step late). Schedulers,
+    ``load_state_dict`` and hand edits all set the keys of this dict; a value changed in place (a tensor lr a
+    scheduler fills) is handed over at the next ``step()`` and ``zero_grad()``."""
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self._hand_over(key)
+
+    def update(self, *args, **kwargs) -> None:
+        super().update(*args, **kwargs)
+        self._hand_over(None)
+
+    def _hand_over(self, key) -> None:
+        optimizer = self.__dict__.get("optimizer")  # absent while torch.optim builds the group, or while unpickling
+        # A copy (copy.deepcopy) fills the group before its optimizer: that copy's table gets the values at its step.
+        if optimizer is not None and key != "params" and "_tables" in optimizer.__dict__:
+            optimizer._sync_options(self)
+
+
 class HostEmbeddingOptimizer(torch.optim.Optimizer):
     """The fused optimizers of HostEmbedding tables as one ``torch.optim.Optimizer`` (as TorchRec's fused optimizers
     are keyed optimizers): a standard training loop, LR schedulers, ``GradScaler`` and :class:`CombinedOptimizer`
@@ -144,8 +166,10 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
     ``params`` is the table's ``weight`` (its :class:`HostTableParameter`), the other keys are its optimizer's
     hyper-parameters under torch.optim's names (``lr``, ``betas``, ``eps``, ``weight_decay``, ``momentum``, ...;
     every option the optimizer takes, defaults included) and ``optimizer``, its
-    name. A scheduler (or you) may change them between steps: :meth:`step` hands the changes to the table in place
-    (``PinnedEmbedding.set_optimizer_options``), keeping its state and step count.
+    name. A scheduler (or you) may change them between steps: each change reaches the table at once, in place
+    (``PinnedEmbedding.set_optimizer_options``), keeping its state and step count, so the next update uses it, also
+    one that runs inside backward (``update="backward"``); :meth:`step` and :meth:`zero_grad` hand over a value
+    changed in place (a tensor lr).
 
     - :meth:`step` applies each table's pending gradient (its ``weight.grad``) in one fused update; a table without
       one does not count a step (Adam's bias correction).
@@ -171,13 +195,19 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
             param = module._table_param
             self._tables[param] = module
             self._generations[param] = getattr(module, "_optimizer_generation", 0)
-            groups.append({"params": [param], "optimizer": kind, **_torch_style(options)})
+            groups.append(_TableGroup(params=[param], optimizer=kind, **_torch_style(options)))
         if not groups:
             raise ValueError("HostEmbeddingOptimizer: no HostEmbedding with an optimizer (frozen tables have none)")
         kinds = {g["optimizer"] for g in groups}
         # One kind: its defaults, which OneCycleLR / CyclicLR look at (betas or momentum). Several: lr alone.
         defaults = {k: v for k, v in groups[0].items() if k != "params"} if len(kinds) == 1 else {}
         super().__init__(groups, defaults)
+        for group in self.param_groups:
+            group.optimizer = self  # from now on a change of the group reaches its table at once
+
+    def __getstate__(self) -> dict:
+        # torch.optim keeps defaults, state and param_groups alone: a copy must also know each group's table.
+        return {**super().__getstate__(), "_tables": self._tables}
 
     @property
     def host_embeddings(self) -> list:
@@ -243,13 +273,14 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drops the tables' pending gradients."""
+        """Drops the tables' pending gradients (and hands each group's hyper-parameters to its table, as step does)."""
         for group in self.param_groups:
+            self._sync_options(group)
             self._module(group).zero_grad(set_to_none)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restores the hyper-parameters of :meth:`state_dict`, in place (the groups stay the same objects, so a
-        CombinedOptimizer or scheduler holding them sees the change); applied to the tables at the next step."""
+        CombinedOptimizer or scheduler holding them sees the change); the tables take them at once."""
         saved = state_dict["param_groups"]
         if len(saved) != len(self.param_groups):
             raise ValueError(f"HostEmbeddingOptimizer.load_state_dict: the state holds {len(saved)} tables, this "

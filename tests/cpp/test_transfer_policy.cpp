@@ -93,6 +93,50 @@ TEST(TransferPolicy, ScopesApplyOverridesOnTheirThreadOnly) {
   EXPECT_EQ(transfer_config().staging_chunk_bytes, process.staging_chunk_bytes);
 }
 
+// A thread's own settings (Python's transfer_config_override): in force on that thread over the process's (also
+// over the process's later changes), removable in any order, never seen by another thread (issue 31: two blocks in
+// two threads that saved and restored the process's value left it changed).
+TEST(TransferPolicy, ThreadOverridesHoldOnTheirThreadWhateverTheExitOrder) {
+  const TransferConfig process = process_transfer_config();
+  const int64_t first = push_thread_transfer_overrides({{"max_sms", 4}}, "test");
+  const int64_t second = push_thread_transfer_overrides({{"max_sms", 8}, {"uva_fraction", 0.5}}, "test");
+  EXPECT_EQ(transfer_config().max_sms, 8);  // the later entry applies over the earlier one
+  int64_t seen_elsewhere = -1;
+  std::thread([&] { seen_elsewhere = transfer_config().max_sms; }).join();
+  EXPECT_EQ(seen_elsewhere, process.max_sms);
+  EXPECT_EQ(process_transfer_config().max_sms, process.max_sms);
+  pop_thread_transfer_overrides(first, "test");  // out of order: the second entry stays whole
+  EXPECT_EQ(transfer_config().max_sms, 8);
+  EXPECT_EQ(transfer_config().uva_fraction, 0.5);
+  {
+    const TransferConfigScope table({{"uva_fraction", 0.25}}, "test");  // a table's own settings apply over them
+    EXPECT_EQ(transfer_config().uva_fraction, 0.25);
+    EXPECT_EQ(transfer_config().max_sms, 8);
+  }
+  TransferConfig changed = process;
+  changed.staging_chunk_bytes = 65536;
+  set_transfer_config(changed);  // the process's change reaches the thread where it sets nothing
+  EXPECT_EQ(transfer_config().staging_chunk_bytes, 65536);
+  set_transfer_config(process);
+  bool refused_elsewhere = false;
+  std::thread([&] {
+    try {
+      pop_thread_transfer_overrides(second, "Caller");
+    } catch (const c10::Error& e) {
+      refused_elsewhere = std::string(e.what_without_backtrace()).find("Caller: this thread holds no transfer "
+                                                                       "settings with id") != std::string::npos;
+    }
+  }).join();
+  EXPECT_TRUE(refused_elsewhere);
+  pop_thread_transfer_overrides(second, "test");
+  EXPECT_EQ(transfer_config().max_sms, process.max_sms);
+  EXPECT_EQ(transfer_config().uva_fraction, process.uva_fraction);
+  EXPECT_THROW(pop_thread_transfer_overrides(second, "test"), c10::Error);  // removed already
+  EXPECT_THROW(push_thread_transfer_overrides({{"max_sms", -1}}, "test"), c10::Error);
+  EXPECT_THROW(push_thread_transfer_overrides({{"no_such", 1}}, "test"), c10::Error);
+  EXPECT_EQ(transfer_config().max_sms, process.max_sms);  // a refused push leaves nothing behind
+}
+
 TEST(TransferPolicy, OverridesAreValidatedByName) {
   EXPECT_THROW(TransferConfigScope({{"uva_fraction", 3.0}}, "test"), c10::Error);
   try {

@@ -223,6 +223,105 @@ def test_the_plain_training_loop_equals_unwrapped_training(zero_grad, name):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
 
 
+class TwoBranches(nn.Module):
+    """A trunk and head used every step, and a branch used only in the steps asked for."""
+
+    def __init__(self, seed: int = 0, device: str = "cpu"):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.trunk, self.branch, self.head = nn.Linear(7, 16), nn.Linear(16, 16), nn.Linear(16, 5)
+        self.to(device)
+
+    def forward(self, x, use_branch: bool):
+        h = torch.tanh(self.trunk(x))
+        if use_branch:
+            h = h + self.branch(h)
+        return self.head(h)
+
+
+OPTIMIZERS_WITH_STATE_AND_DECAY = {
+    "sgd": functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=0.1),
+    "sgd_nesterov": functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1),
+    "adam": functools.partial(torch.optim.Adam, lr=0.05, weight_decay=0.1),
+    "adamw": functools.partial(torch.optim.AdamW, lr=0.05, weight_decay=0.1),
+    "adam_foreach": functools.partial(torch.optim.Adam, lr=0.05, weight_decay=0.1, foreach=True),
+    "adamw_fused": functools.partial(torch.optim.AdamW, lr=0.05, weight_decay=0.1, fused=True),
+}
+
+
+def train_two_branches(name: str, zero_grad: str, branch_steps, steps: int = 6, device: str = "cpu"):
+    """The wrapped and the unwrapped model trained side by side; returns both."""
+    model, reference = TwoBranches(device=device), TwoBranches(device=device)
+    params = speedtorch.ContiguousParams(model.named_parameters())
+    cls = OPTIMIZERS_WITH_STATE_AND_DECAY[name]
+    opt, opt_ref = cls(params.contiguous()), cls(reference.parameters())
+    for step in range(steps):
+        x = torch.randn(5, 7, generator=torch.Generator().manual_seed(step)).to(device)
+        if zero_grad == "optimizer":
+            opt.zero_grad()
+        elif zero_grad == "module":
+            model.zero_grad()
+        elif zero_grad == "params":
+            params.zero_grad()
+        if zero_grad in ("set_to_none_false", "params_set_to_none_false"):  # zero gradients: torch.optim steps them
+            if zero_grad == "params_set_to_none_false":
+                params.zero_grad(set_to_none=False)
+            else:
+                opt.zero_grad(set_to_none=False)
+            opt_ref.zero_grad(set_to_none=False)
+        else:
+            opt_ref.zero_grad()
+        model(x, step in branch_steps).pow(2).sum().backward()
+        reference(x, step in branch_steps).pow(2).sum().backward()
+        params.assert_buffer_is_valid()
+        opt.step()
+        opt_ref.step()
+    return model, reference
+
+
+@pytest.mark.parametrize("zero_grad", ["optimizer", "module", "params", "set_to_none_false",
+                                       "params_set_to_none_false"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS_WITH_STATE_AND_DECAY))
+def test_a_parameter_without_a_gradient_is_skipped_as_torch_optim_skips_it(name, zero_grad):
+    """A branch used in the first step only: torch.optim skips its parameters afterwards (their .grad is None), but
+    their slices of the flat gradient were zeros, so momentum and weight decay kept moving them: 1.0-1.9 away from
+    the unwrapped model after a few steps (issue 31). Now each step leaves them, and their optimizer state, as
+    torch.optim does."""
+    model, reference = train_two_branches(name, zero_grad, branch_steps={0})
+    for (key, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sgd", "adamw", "adamw_fused"])
+def test_gpu_a_parameter_without_a_gradient_is_skipped(name):
+    model, reference = train_two_branches(name, "optimizer", branch_steps={0}, device="cuda")
+    for (key, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.parametrize("name", ["sgd", "sgd_nesterov"])
+def test_a_parameter_first_reached_later_steps_as_torch_optim_steps_it(name):
+    """A branch first used in step 2 and again in step 4: skipped before and between (SGD's momentum starts at its
+    first gradient, as torch.optim's)."""
+    model, reference = train_two_branches(name, "optimizer", branch_steps={2, 4})
+    for (key, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+def test_adam_counts_one_step_per_flat_buffer():
+    """The documented difference: Adam's bias correction uses the flat buffer's step count, torch.optim each
+    parameter's. A parameter first reached in a later step (or again after steps without a gradient) then moves
+    differently; until then it does not move at all, as in torch.optim."""
+    model, reference = train_two_branches("adam", "optimizer", branch_steps={3}, steps=3)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert torch.equal(model.branch.weight, TwoBranches().branch.weight)  # untouched while unused
+    model, reference = train_two_branches("adam", "optimizer", branch_steps={3}, steps=4)
+    assert not torch.allclose(model.branch.weight, reference.branch.weight, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(model.trunk.weight, reference.trunk.weight, rtol=1e-5, atol=1e-6)
+
+
 def test_replaced_parameter_is_named():
     model = make_model()
     params = speedtorch.ContiguousParams(model.named_parameters())

@@ -198,7 +198,8 @@ def test_a_scheduler_changes_the_learning_rate_without_resetting_the_state():
             opt.zero_grad()
             sched.step()
         torch.testing.assert_close(a.users.weight, b.users.weight.detach(), rtol=1e-5, atol=1e-6)
-    assert a.users.table.optimizer_options()["lr"] == pytest.approx(0.1 * 0.5 ** 2)  # what the last step used
+    # The table holds what the scheduler set last (for the next step), not what the last step used.
+    assert a.users.table.optimizer_options()["lr"] == pytest.approx(0.1 * 0.5 ** 3)
     assert a.users.table.step_count() == 6
 
 
@@ -398,3 +399,49 @@ def test_an_optimizer_follows_a_table_re_configured_behind_the_module():
     module.table.set_optimizer("sgd", {"lr": 0.5, "momentum": 0.9}, True)
     _train_step(module, opt)
     assert opt.param_groups[0]["momentum"] == 0.9
+
+
+@pytest.mark.parametrize("combined", [False, True])
+@pytest.mark.parametrize("update", ["step", "backward"])
+def test_update_in_backward_uses_the_learning_rate_the_scheduler_set_for_this_step(update, combined):
+    """With update="backward" the update runs inside backward, before opt.step(): the scheduler's lr used to reach the
+    table only inside opt.step(), so a schedule 0, 1, 2, 3, 4 moved the row by 1, 0, 1, 2, 3 (issue 31). A change
+    to a param group now reaches the table at once: both modes move the row by the schedule."""
+    emb = HostEmbedding(10, 3, device="cpu", seed=0, optimizer="sgd", optimizer_options={"lr": 1.0}, update=update)
+    opt = HostEmbeddingOptimizer(emb)
+    if combined:
+        opt = CombinedOptimizer([opt, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: float(step))
+    moves = []
+    for _ in range(5):
+        before = emb.weight[2].clone()
+        emb(torch.tensor([2])).sum().backward()  # the row's gradient is 1 in every column
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        moves.append(float((before - emb.weight[2]).mean()))
+    assert moves == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0])
+    # A value set by hand reaches the next backward too.
+    opt.param_groups[0]["lr"] = 0.5
+    before = emb.weight[2].clone()
+    emb(torch.tensor([2])).sum().backward()
+    opt.step()
+    assert float((before - emb.weight[2]).mean()) == pytest.approx(0.5)
+
+
+def test_copies_of_the_optimizer_hand_changes_to_their_own_table():
+    """The groups hand their changes to the table of their own optimizer: a deep copy's to the copied table, which
+    the copy steps."""
+    import copy
+
+    emb = HostEmbedding(10, 3, device="cpu", seed=0, optimizer="sgd", optimizer_options={"lr": 1.0})
+    opt = HostEmbeddingOptimizer(emb)
+    emb2, opt2 = copy.deepcopy((emb, opt))
+    assert type(opt2.param_groups[0]).__name__ == "_TableGroup"
+    opt2.param_groups[0]["lr"] = 0.25
+    assert emb2.table.optimizer_options()["lr"] == pytest.approx(0.25)
+    assert emb.table.optimizer_options()["lr"] == pytest.approx(1.0)
+    emb2(torch.tensor([1])).sum().backward()
+    before = emb2.weight[1].clone()
+    opt2.step()  # the copy steps its own table (it used to lose the tables: torch.optim copies three attributes)
+    assert float((before - emb2.weight[1]).mean()) == pytest.approx(0.25)
