@@ -283,8 +283,9 @@ def section_gpu(args, device) -> dict:
         start = time.perf_counter()
         model = dlrm(host_tables(rows, args, device, args.optimizer, placement), args, device, FULL_MLPS)
         print(f"  {time.perf_counter() - start:.1f} s", flush=True)
+        # The yardstick runs unbounded: its rows are in GPU memory and its step is on the main stream.
         ways[label] = Way(model, torch.optim.Adagrad(dense_params(model), lr=args.lr), batches, device,
-                          max_sms=args.max_sms)
+                          max_sms=None if placement == "gpu" else args.max_sms)
     if not args.no_torch:
         print("building torch nn.EmbeddingBag on the GPU", flush=True)
         torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim), sparse=True, device=device)
@@ -404,7 +405,8 @@ def main() -> int:
     parser.add_argument("--interaction", default="dot", choices=("dot", "dcn"))
     parser.add_argument("--no-amp", dest="amp", action="store_false", help="fp32 MLPs (default: bf16 autocast on GPU)")
     parser.add_argument("--hot-fraction", type=float, default=0.2, help="hybrid: the GPU cache's share of the rows")
-    parser.add_argument("--max-sms", type=int, default=None, help="SMs the side stream's gathers may use")
+    parser.add_argument("--max-sms", type=int, default=None,
+                        help="SMs the host ways' gathers ahead and updates beside the model may use")
     parser.add_argument("--state-apart", action="store_true",
                         help="optimizer state in a table of its own (no re-layout of the rows at setup: one pin)")
     parser.add_argument("--no-torch", action="store_true", help="gpu: leave out torch's nn.EmbeddingBag way")

@@ -198,6 +198,11 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         for group in self._groups:
             group.module.drop_prefetch()
 
+    def __getstate__(self) -> dict:
+        # A prefetch belongs to this process's next forward (its tensors were made on this process's streams): copies
+        # and pickles start without one, as the groups' own do.
+        return dict(self.__dict__, _prefetched=None)
+
     def _take_prefetched(self, features):
         prefetched, self._prefetched = self._prefetched, None  # for the next forward only
         if prefetched is None or prefetched[0] is not features:

@@ -69,7 +69,8 @@ class TrainPipeline:
             :class:`speedtorch.optim.HostEmbeddingOptimizer`, alone or in a ``CombinedOptimizer``, updates its
             tables with the hyper-parameters its scheduler set (a step here first would use the old ones). False:
             none (the optimizers, or you, step them).
-        max_sms: bound the side stream's gathers to this many SMs (the transfer option ``max_sms``), so they leave
+        max_sms: bound the side stream's gathers and the host tables' steps (which run beside the next forward when
+            their rows were read ahead) to this many SMs (the transfer option ``max_sms``), so they leave
             the rest of the GPU to the model; None keeps the process's setting.
         prefetch: False runs the same loop without gathering ahead (copies still overlap): the reference.
     """
@@ -127,8 +128,9 @@ class TrainPipeline:
         self._stage(2)  # batch t+2's copies run beside this step
         loss.backward()
         if self.step_host_tables:
-            for table in self._tables_to_step:
-                table.step()
+            with self._sm_bound():  # the updates a prefetch lets run beside the next forward share the GPU with it
+                for table in self._tables_to_step:
+                    table.step()
         for optimizer in self.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -168,13 +170,16 @@ class TrainPipeline:
         self._wait(staged)
         return staged.batch
 
+    def _sm_bound(self):
+        """``max_sms`` for the row kernels that run beside the model (the gathers ahead, the host tables' updates)."""
+        return transfer_config_override(max_sms=self.max_sms) if self.max_sms is not None else contextlib.nullcontext()
+
     def _start_gathers(self, staged: "_Staged") -> None:
         """Starts gathering ``staged``'s rows: each host module's prefetch, called on the gate stream, which has waited
         for the batch's copy only (each module's gather waits for its table's last write itself), so neither the ids'
         work nor the host waits for this step's forward. A batch whose ids a prefetch refuses is left to its own
         step's forward, which raises the same error there (this step still trains, as in the plain loop)."""
-        bound = transfer_config_override(max_sms=self.max_sms) if self.max_sms is not None else \
-            contextlib.nullcontext()
+        bound = self._sm_bound()
         gate = contextlib.nullcontext()
         if self._gather_gate is not None:
             if staged.ready is not None:

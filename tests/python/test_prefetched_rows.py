@@ -148,3 +148,16 @@ def test_two_updates_before_the_forward_advance_the_rows_read_ahead_twice(device
         (out * 2).sum().backward()
     assert torch.equal(ahead(following), plain(following))
     assert torch.equal(ahead.weight.cpu(), plain.weight.cpu())
+
+
+def test_copies_of_a_collection_start_without_its_prefetch():
+    import copy
+    import pickle
+
+    collection = HostEmbeddingBagCollection([TableConfig("a", 20, 4), TableConfig("b", 30, 4)], optimizer="sgd")
+    features = torch.tensor([[1, 2], [3, 4]])
+    collection.prefetch(features)
+    for copied in (copy.deepcopy(collection), pickle.loads(pickle.dumps(collection))):
+        assert copied._prefetched is None
+        assert all(group._prefetched is None for group in copied.groups)
+        assert torch.equal(copied(features), collection(features))
