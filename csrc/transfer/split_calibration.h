@@ -7,9 +7,9 @@
 // again into its output; a scatter_ writes the same rows again, which leaves the table as one write would) and
 // keeps the fastest for the process. Later calls of the same kind use it.
 //
-// A measurement can go stale: the CPU threads of the staged share may be slower later than when the split was
-// measured (other work on the cores, another pool of threads spinning; issue 30 item 4: an `auto` gather at 16
-// threads took 24 ms, 14x its 1.7 ms of earlier in the process, where UVA alone would have taken ~1.6 ms). So the
+// A measurement can go stale: the staged share may run slower later than when the split was measured (other work
+// on the CPU's cores, a thread the scheduler runs late; issue 30 item 4: an `auto` gather at 16 threads took 24 ms,
+// 14x its 1.7 ms of earlier in the process, where UVA alone would have taken ~1.6 ms, cause not yet found). So the
 // calls that stage a share keep being timed, the same way the calibration timed them (the transfer on the caller's
 // stream, the host's part included), and a guard gives UVA back rows when they lose: once the median of a kind's
 // last calls is slower than the calibration's time for UVA alone, the share moves to the next larger candidate, or
@@ -70,7 +70,7 @@ constexpr int kSplitGuardWindow = 5;     // calls remembered at the share in for
 constexpr int kSplitGuardMinCalls = 3;   // calls needed before the guard judges: one slow call is no trend
 constexpr double kSplitCollapse = 1.5;   // calls this much slower than UVA alone: straight to UVA alone
 
-// The share kept for calls like `key`, if one was measured.
+// The share in force for calls like `key` (the measurement's, or the guard's), if one was measured.
 std::optional<double> calibrated_uva_share(const SplitKey& key);
 
 // Times every candidate `rounds` times with time_ms(share) (one whole transfer with that share, in milliseconds),
