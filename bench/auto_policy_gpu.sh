@@ -9,7 +9,8 @@
 #   2. the sequence in which `auto` once collapsed to 24 ms a call (bench/report.py's transfer section: shares
 #      -1,0,1, CuPy and SpeedTorch 0.1.6 in turns, then fp16 / bf16) at 16 threads, with the same checks: whether
 #      the collapse comes back, and if it does, whether the guard ends it and whether the CPU gather itself slowed
-#      (the "CPU gather, one 8 MiB staging chunk" line is taken before and after SpeedTorch's turns).
+#      (one 8 MiB staging chunk gathered on the CPU through the helper threads and through torch's OpenMP, before
+#      and after SpeedTorch's turns).
 # Logs (each run's whole table) and JSON under $OUT; the lines that matter are echoed at the end of each step.
 # Usage (device tool, carry: ["build-deps"] for SpeedTorch 0.1.6 in step 2): bash bench/auto_policy_gpu.sh
 set -u
@@ -17,7 +18,7 @@ OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 step() { echo "=== $* ($(date +%T))"; }
-key_lines() { grep -E "^check |^split of |^CPU gather|^contiguous pinned|^reference|^--- reference|^  (gather|scatter|split)|^memcpy limits|Traceback|Error" "$1" | tail -${2:-80}; }
+key_lines() { grep -E "^check |^split of |^CPU gather|^torch.index_select|^contiguous pinned|^reference|^--- reference|^  (gather|scatter|split)|^memcpy limits|Traceback|Error" "$1" | tail -${2:-80}; }
 
 step build
 timeout ${CMAKE_SECONDS:-30} cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DSPEEDTORCH_BUILD_EXAMPLES=OFF \
@@ -39,7 +40,7 @@ PYTHONPATH=python timeout ${QUICK_SECONDS:-120} $PY bench/transfer.py --quick --
 echo "quick rc=$?"; key_lines "$OUT/transfer_quick.log" 90
 
 step "bench/transfer.py as bench/report.py's transfer section, 16 threads (the collapse's sequence)"
-PYTHONPATH=python timeout ${FULL_SECONDS:-120} $PY bench/transfer.py --threads 16 --fractions=-1,0,1 --torch-pinned-rss --no-step \
-  --json "$OUT/transfer_full.json" >"$OUT/transfer_full.log" 2>&1
+PYTHONPATH=python timeout ${FULL_SECONDS:-120} $PY bench/transfer.py --threads 16 --fractions=-1,0,1 \
+  --torch-pinned-rss --no-step --json "$OUT/transfer_full.json" >"$OUT/transfer_full.log" 2>&1
 echo "full rc=$?"; key_lines "$OUT/transfer_full.log" 60
 step done

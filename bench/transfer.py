@@ -195,21 +195,22 @@ def gpu_benchmark(args) -> list[dict]:
                 record(threads, "spread", name, UVA_IN_TURNS, direction, timed[("uva", direction)])
 
     def cpu_share_rate(threads, idx_cpu, when=""):
-        """What the staged share's CPU threads move: one staging chunk (8 MiB) of the spread rows gathered by the
-        CPU into host memory (the same CPU kernel), at this thread count; and the two ways the CPU kernel spreads
-        a copy over threads (csrc/cpu/row_copy_cpu.cpp), on nearly the same bytes: just under 4 MiB goes to helper
-        threads that join when they run (cpu/helped_parallel_for.h), just over to at::parallel_for (OpenMP: a
-        static split that waits for every thread, also one the scheduler has not run yet)."""
-        near_4mib = (4 << 20) // row_bytes
-        for way, n in (("CPU gather, one 8 MiB staging chunk", (8 << 20) // row_bytes),
-                       ("CPU gather, 4 MiB less a row (helper threads)", near_4mib - 1),
-                       ("CPU gather, 4 MiB and a row (OpenMP)", near_4mib + 1)):
-            chunk = idx_cpu[: max(1, n)]
+        """What the staged share's CPU threads move: one staging chunk (8 MiB) of the spread rows gathered on the CPU
+        into host memory by speedtorch's CPU kernel (the staged share's: helper threads that join when they run,
+        cpu/helped_parallel_for.h), and by torch.index_select (at::parallel_for, OpenMP: a split that waits for every
+        thread, also one the scheduler has not run yet), at this thread count: median and slowest call."""
+        chunk = idx_cpu[: (8 << 20) // row_bytes]
+        staging_rows = torch.empty(chunk.numel(), dim)
+        for way, fn in (("CPU gather, one 8 MiB staging chunk (helper threads)",
+                         lambda: speedtorch.gather(table, chunk)),
+                        ("torch.index_select of the same rows (OpenMP)",
+                         lambda: torch.index_select(table, 0, chunk, out=staging_rows))):
             times = []
-            for _ in range(args.reps):
+            for _ in range(args.reps + 3):
                 start = time.perf_counter()
-                speedtorch.gather(table, chunk)
+                fn()
                 times.append(time.perf_counter() - start)
+            times = times[3:]
             seconds = statistics.median(times)
             results.append({"threads": threads, "rows": "spread", "dtype": "float32", "way": way + when, "dir": "cpu",
                             "ms": seconds * 1e3, "max ms": max(times) * 1e3,
