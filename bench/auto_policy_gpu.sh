@@ -18,7 +18,7 @@ OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 step() { echo "=== $* ($(date +%T))"; }
-key_lines() { grep -E "^check |^split of |^CPU gather|^torch.index_select|^contiguous pinned|^reference|^--- reference|^  (gather|scatter|split)|^memcpy limits|Traceback|Error" "$1" | tail -${2:-80}; }
+key_lines() { grep -E "^check |^split of |^CPU gather|^torch.index_select|^busiest threads|^contiguous pinned|^reference|^--- reference|^  (gather|scatter|split)|^memcpy limits|Traceback|Error" "$1" | tail -${2:-80}; }
 
 step build
 timeout ${CMAKE_SECONDS:-30} cmake -S . -B build -G Ninja -DSPEEDTORCH_CUDA_ARCHS=9.0 -DSPEEDTORCH_BUILD_EXAMPLES=OFF \

@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -67,6 +68,24 @@ def rss_bytes() -> int:
 
 def fraction_label(f: float) -> str:
     return "auto" if f < 0 else f"uva={f:.2f}"
+
+
+def busy_threads(when: str, count: int = 8) -> None:
+    """Prints the machine's busiest threads over the last 0.3 s (`top`'s second frame): what else competes with the
+    CPU threads of the staged share (issue 30: one core busy elsewhere makes an OpenMP region wait a scheduling
+    period)."""
+    try:
+        frames = subprocess.run(["top", "-b", "-H", "-n", "2", "-d", "0.3", "-w", "160"], capture_output=True,
+                                text=True, timeout=10).stdout.split("\n\n")
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"busiest threads {when}: top failed ({e})", flush=True)
+        return
+    table = [line for line in frames[-1].splitlines() if line.strip()]
+    header = next((i for i, line in enumerate(table) if line.split()[:1] == ["PID"]), None)
+    rows = table[header + 1:header + 1 + count] if header is not None else []
+    # top's columns: PID USER PR NI VIRT RES SHR S %CPU %MEM TIME+ COMMAND
+    busy = [f"{r.split()[8]}% {' '.join(r.split()[11:])} ({r.split()[0]})" for r in rows if len(r.split()) >= 12]
+    print(f"busiest threads {when} (load average {os.getloadavg()[0]:.1f}): " + " | ".join(busy), flush=True)
 
 
 def cupy_take(table: torch.Tensor, idx_gpu: torch.Tensor, out: torch.Tensor):
@@ -246,6 +265,7 @@ def gpu_benchmark(args) -> list[dict]:
                    median_seconds(lambda: speedtorch.gather(table, idx_cpu, "cuda"), args.reps))
             if locality == "spread":
                 cpu_share_rate(threads, idx_cpu)
+                busy_threads(f"at {threads} threads")
                 auto_against_uva(threads, idx_gpu)
             if args.quick:
                 continue
@@ -274,6 +294,7 @@ def gpu_benchmark(args) -> list[dict]:
                     seed_rows(threads, seed, idx_gpu)
                     # Again after SpeedTorch's turns: issue 30's collapse of auto began there.
                     cpu_share_rate(threads, idx_cpu, ", after SpeedTorch's turns")
+                    busy_threads(f"at {threads} threads, after SpeedTorch's turns")
             # Half-precision tables: the same bytes seen as (rows, 2 * dim) 16-bit values, so row bytes match.
             if locality == "spread":
                 for dtype in (torch.float16, torch.bfloat16):

@@ -58,3 +58,9 @@ def test_each_check_prints_ok_or_fail_and_a_count(transfer, capsys):
     assert lines[0].endswith("FAIL") and "23.970 ms vs 1.600 ms" in lines[0] and "h2d" in lines[0]
     assert lines[1].endswith("ok") and "d2h" in lines[1]
     assert lines[2].startswith("check auto <= UVA alone: 1 ok, 1 FAIL")
+
+
+def test_busiest_threads_print_one_line(transfer, capsys):
+    transfer.busy_threads("now", count=3)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("busiest threads now")
