@@ -85,12 +85,12 @@ CXX_FOR_ASAN ?= c++
 # gathering while others scatter, step and save one PinnedEmbedding) first among them. OMP_NUM_THREADS=1 keeps
 # at::parallel_for on the calling thread: libgomp is not instrumented, so TSan cannot see its barriers and would
 # report every parallel loop as a race. For the same reason the tests that force OpenMP threads themselves
-# (ScatterThreads with 2 and 3 threads, RowCopyOpenMP, a parallel region around helped_parallel_for) are left out
+# (ScatterThreads with 2 and 3 threads, RowCopyLarge, a parallel region around helped_parallel_for) are left out
 # here; they run in make test and make sanitize. helped_parallel_for's own helper threads are std::threads, which
 # TSan sees: its tests run here with several threads. tests/tsan_suppressions.txt names the one report that comes
 # from libc10 not being instrumented, and why.
 TSAN_BUILD ?= build-tsan
-TSAN_SKIP := ^(Threads/ScatterThreads\.DuplicatesLastOccurrenceWins/[23]|RowCopyOpenMP\..*|HelpedParallelForAlone\.RunsOnTheCallingThreadInsideAParallelRegion)$$
+TSAN_SKIP := ^(Threads/ScatterThreads\.DuplicatesLastOccurrenceWins/[23]|RowCopyLarge\..*|HelpedParallelForAlone\.RunsOnTheCallingThreadInsideAParallelRegion)$$
 tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) -DSPEEDTORCH_CUDA=OFF \
 	  -DSPEEDTORCH_SANITIZE=ON -DSPEEDTORCH_SANITIZE_KIND=thread -DSPEEDTORCH_BUILD_EXAMPLES=OFF \

@@ -13,8 +13,20 @@ bench/seed_speedtorch.py) is timed in turns with speedtorch's default plan on th
 printed; without CuPy or `make seed-speedtorch` a line says it was skipped. Without a GPU it runs bench/cpu_path.py
 instead (the CPU path's operators beside the torch code doing the same, at `--threads`, default 1 and 2).
 
+Checks (issue 30 item 4): `auto` must never be slower than UVA alone. For every thread count, dtype and direction
+`auto` and UVA alone (`uva_fraction=1`) are also timed in turns, and a line `check ... ok` or `check ... FAIL` is
+printed for each (FAIL: `auto`'s median is more than 3% slower, the link's run-to-run spread), and for every other
+`auto` row of the run against the UVA-alone row of its thread count and dtype. These are benchmark checks, not tests:
+they print, the exit status stays 0. Beside them: what the CPU threads of the staged share move (one staging chunk
+gathered on the CPU, at each thread count), and the split each kind of call measured and the guard's state
+(`speedtorch.transfer_calibrations()`), so a slow `auto` shows whether its CPU share or the GPU was slow.
+
+`--reference` (default with `--quick`) runs bench/uva_reference.py afterwards in the same process: stand-alone
+CuPy kernels, and a UVA kernel beside CPU threads staging a share, as shares of the same memcpy.
+
     python bench/transfer.py                       # the design workload (needs ~6 GB of host RAM per table)
     python bench/transfer.py --rows 1000000 --json out.json
+    python bench/transfer.py --quick --threads 16,2    # issue 30 item 4's figures in ~3 minutes
 """
 
 from __future__ import annotations
@@ -22,7 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
+import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -38,6 +54,11 @@ from interleaved_timing import time_calls  # noqa: E402
 from torch_staged_baseline import torch_staged_calls  # noqa: E402
 
 SEED_ROW = f"{seed_speedtorch.LABEL} ModelFactory(CPUPinn=True)"
+AUTO_IN_TURNS = "speedtorch auto, in turns with UVA alone"
+UVA_IN_TURNS = "speedtorch uva=1.00, in turns with auto"
+# `auto` counts as slower than UVA alone when its median time is more than this much above UVA alone's: the link's
+# run-to-run spread (the calibration's margin, csrc/transfer/split_calibration.cpp).
+AUTO_TOLERANCE = 1.03
 
 
 def rss_bytes() -> int:
@@ -47,6 +68,24 @@ def rss_bytes() -> int:
 
 def fraction_label(f: float) -> str:
     return "auto" if f < 0 else f"uva={f:.2f}"
+
+
+def busy_threads(when: str, count: int = 8) -> None:
+    """Prints the machine's busiest threads over the last 0.3 s (`top`'s second frame): what else competes with the
+    CPU threads of the staged share (issue 30: one core busy elsewhere makes an OpenMP region wait a scheduling
+    period)."""
+    try:
+        frames = subprocess.run(["top", "-b", "-H", "-n", "2", "-d", "0.3", "-w", "160"], capture_output=True,
+                                text=True, timeout=10).stdout.split("\n\n")
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"busiest threads {when}: top failed ({e})", flush=True)
+        return
+    table = [line for line in frames[-1].splitlines() if line.strip()]
+    header = next((i for i, line in enumerate(table) if line.split()[:1] == ["PID"]), None)
+    rows = table[header + 1:header + 1 + count] if header is not None else []
+    # top's columns: PID USER PR NI VIRT RES SHR S %CPU %MEM TIME+ COMMAND
+    busy = [f"{r.split()[8]}% {' '.join(r.split()[11:])} ({r.split()[0]})" for r in rows if len(r.split()) >= 12]
+    print(f"busiest threads {when} (load average {os.getloadavg()[0]:.1f}): " + " | ".join(busy), flush=True)
 
 
 def cupy_take(table: torch.Tensor, idx_gpu: torch.Tensor, out: torch.Tensor):
@@ -152,11 +191,58 @@ def gpu_benchmark(args) -> list[dict]:
             seed_ratios.append({"threads": threads, "dir": direction,
                                 "speedup": timed[("seed", direction)] / timed[("speedtorch", direction)]})
 
+    def auto_against_uva(threads, idx_gpu):
+        """`auto` and UVA alone in turns, per dtype and direction (the item-4 check's own figures)."""
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            view, view_src = table.view(dtype), src.view(dtype)
+            name = str(dtype).replace("torch.", "")
+
+            def uva_gather():
+                with speedtorch.transfer_config_override(uva_fraction=1.0):
+                    speedtorch.gather(view, idx_gpu)
+
+            def uva_scatter():
+                with speedtorch.transfer_config_override(uva_fraction=1.0):
+                    speedtorch.scatter_(view, idx_gpu, view_src)
+
+            timed = time_calls({("auto", "h2d"): lambda: speedtorch.gather(view, idx_gpu),
+                                ("uva", "h2d"): uva_gather,
+                                ("auto", "d2h"): lambda: speedtorch.scatter_(view, idx_gpu, view_src),
+                                ("uva", "d2h"): uva_scatter}, args.reps, args.rounds)
+            for direction in ("h2d", "d2h"):
+                record(threads, "spread", name, AUTO_IN_TURNS, direction, timed[("auto", direction)])
+                record(threads, "spread", name, UVA_IN_TURNS, direction, timed[("uva", direction)])
+
+    def cpu_share_rate(threads, idx_cpu, when=""):
+        """What the staged share's CPU threads move: one staging chunk (8 MiB) of the spread rows gathered on the CPU
+        into host memory by speedtorch's CPU kernel (the staged share's: helper threads that join when they run,
+        cpu/helped_parallel_for.h), and by torch.index_select (at::parallel_for, OpenMP: a split that waits for every
+        thread, also one the scheduler has not run yet), at this thread count: median and slowest call."""
+        chunk = idx_cpu[: (8 << 20) // row_bytes]
+        staging_rows = torch.empty(chunk.numel(), dim)
+        for way, fn in (("CPU gather, one 8 MiB staging chunk (helper threads)",
+                         lambda: speedtorch.gather(table, chunk)),
+                        ("torch.index_select of the same rows (OpenMP)",
+                         lambda: torch.index_select(table, 0, chunk, out=staging_rows))):
+            times = []
+            for _ in range(args.reps + 3):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            times = times[3:]
+            seconds = statistics.median(times)
+            results.append({"threads": threads, "rows": "spread", "dtype": "float32", "way": way + when, "dir": "cpu",
+                            "ms": seconds * 1e3, "max ms": max(times) * 1e3,
+                            "GB/s": gbps(chunk.numel() * row_bytes, seconds), "load": os.getloadavg()[0],
+                            "torch threads": torch.get_num_threads()})
+
     seed_ratios: list[dict] = []
     staging = torch.empty(batch, dim, pin_memory=True)
     for threads in args.threads:
         torch.set_num_threads(threads)
         for locality, idx_cpu in index_sets.items():
+            if args.quick and locality != "spread":
+                continue
             measure_limit()
             idx_gpu = idx_cpu.cuda()
             for fraction in args.fractions:
@@ -177,6 +263,12 @@ def gpu_benchmark(args) -> list[dict]:
             # Same call with host indices (the data loader's usual output).
             record(threads, locality, "float32", "speedtorch auto, CPU indices", "h2d",
                    median_seconds(lambda: speedtorch.gather(table, idx_cpu, "cuda"), args.reps))
+            if locality == "spread":
+                cpu_share_rate(threads, idx_cpu)
+                busy_threads(f"at {threads} threads")
+                auto_against_uva(threads, idx_gpu)
+            if args.quick:
+                continue
 
             torch_staged_gather, torch_staged_scatter = torch_staged_calls(table, idx_cpu, out, src, staging)
             record(threads, locality, "float32", "torch index_select + pinned staging", "h2d",
@@ -200,6 +292,9 @@ def gpu_benchmark(args) -> list[dict]:
                            median_seconds(cp[1], args.reps))
                 if seed is not None:
                     seed_rows(threads, seed, idx_gpu)
+                    # Again after SpeedTorch's turns: issue 30's collapse of auto began there.
+                    cpu_share_rate(threads, idx_cpu, ", after SpeedTorch's turns")
+                    busy_threads(f"at {threads} threads, after SpeedTorch's turns")
             # Half-precision tables: the same bytes seen as (rows, 2 * dim) 16-bit values, so row bytes match.
             if locality == "spread":
                 for dtype in (torch.float16, torch.bfloat16):
@@ -210,6 +305,11 @@ def gpu_benchmark(args) -> list[dict]:
                            median_seconds(lambda: speedtorch.gather(half, idx_gpu), args.reps))
                     record(threads, locality, name, "speedtorch auto", "d2h",
                            median_seconds(lambda: speedtorch.scatter_(half, idx_gpu, half_src), args.reps))
+                    with speedtorch.transfer_config_override(uva_fraction=1.0):
+                        record(threads, locality, name, "speedtorch uva=1.00", "h2d",
+                               median_seconds(lambda: speedtorch.gather(half, idx_gpu), args.reps))
+                        record(threads, locality, name, "speedtorch uva=1.00", "d2h",
+                               median_seconds(lambda: speedtorch.scatter_(half, idx_gpu, half_src), args.reps))
         torch.cuda.synchronize()
     measure_limit()
     del seed
@@ -219,6 +319,51 @@ def gpu_benchmark(args) -> list[dict]:
     results.extend({"what": f"speedtorch auto vs {seed_speedtorch.LABEL}, {r['dir']}, {r['threads']} threads "
                             f"(times faster)", "value": r["speedup"]} for r in seed_ratios)
     return results, limits_seen
+
+
+def auto_checks(rows: list[dict]) -> list[dict]:
+    """`auto` against UVA alone in the same run: the in-turns pairs, then every other `auto` row against the
+    UVA-alone row of its thread count, rows, dtype and direction. One dict per comparison, `ok` False when `auto`'s
+    median is more than AUTO_TOLERANCE slower."""
+    checks = []
+    uva = {(r["threads"], r["rows"], r["dtype"], r["dir"], r["way"] == UVA_IN_TURNS): r for r in rows
+           if r.get("way") in ("speedtorch uva=1.00", UVA_IN_TURNS)}
+    for r in rows:
+        way = r.get("way", "")
+        if not way.startswith("speedtorch auto") or "CPU indices" in way:  # no UVA-alone row with CPU indices
+            continue
+        in_turns = way == AUTO_IN_TURNS
+        base = uva.get((r["threads"], r["rows"], r["dtype"], r["dir"], in_turns))
+        if base is None:
+            continue
+        ratio = r["ms"] / base["ms"]
+        checks.append({"threads": r["threads"], "rows": r["rows"], "dtype": r["dtype"], "dir": r["dir"], "way": way,
+                       "auto ms": r["ms"], "uva ms": base["ms"], "auto / uva time": ratio,
+                       "ok": ratio <= AUTO_TOLERANCE})
+    return checks
+
+
+def print_checks(checks: list[dict]) -> None:
+    for c in checks:
+        print(f"check auto <= UVA alone: {c['threads']:2d} threads, {c['rows']}, {c['dtype']}, {c['dir']}, "
+              f"{c['way']}: {c['auto ms']:.3f} ms vs {c['uva ms']:.3f} ms ({c['auto / uva time']:.3f}x) "
+              f"{'ok' if c['ok'] else 'FAIL'}")
+    failed = sum(not c["ok"] for c in checks)
+    print(f"check auto <= UVA alone: {len(checks) - failed} ok, {failed} FAIL (tolerance {AUTO_TOLERANCE:.2f}x)",
+          flush=True)
+
+
+def print_calibrations() -> list[dict]:
+    """The split each kind of call measured, the share in force (the guard's) and its window of recent calls."""
+    calibrations = speedtorch.transfer_calibrations()
+    for c in calibrations:
+        k = c["key"]
+        tried = ", ".join(f"{share:.2f}: {ms:.2f}" for share, ms in c["tried"].items())
+        recent = ", ".join(f"{ms:.2f}" for ms in c["recent_ms"])
+        print(f"split of {k['direction']}, {'CPU' if k['host_indices'] else 'GPU'} indices, {k['threads']} threads, "
+              f"rows 2^{k['rows_log2']} of {k['row_bytes']} B: measured {c['calibrated_share']:.2f}, in force "
+              f"{c['uva_share']:.2f}; tried (UVA share: ms) {tried}; recent calls (ms) [{recent}]")
+    return calibrations
 
 
 def duplex_seconds(nbytes: int, reps: int) -> tuple[float, float, float]:
@@ -285,8 +430,19 @@ def main() -> int:
                         help=f"turns in which speedtorch and {seed_speedtorch.LABEL} are timed")
     parser.add_argument("--no-step", dest="step", action="store_false",
                         help="leave out the fused optimizer step (it needs ~16 GB of host RAM for Adam)")
+    parser.add_argument("--quick", action="store_true",
+                        help="issue 30 item 4's figures only: spread rows, the shares -1,1,0.9,0.8, the in-turns "
+                             "check, no SpeedTorch 0.1.6 / CuPy / torch rows, no fused step; --reference on")
+    parser.add_argument("--reference", action=argparse.BooleanOptionalAction, default=None,
+                        help="run bench/uva_reference.py (CuPy) in this process afterwards (default: with --quick)")
     parser.add_argument("--json", type=Path, help="write all results here")
     args = parser.parse_args()
+    if args.quick:
+        if "--fractions" not in " ".join(sys.argv):
+            args.fractions = [-1.0, 1.0, 0.9, 0.8]
+        args.seed = args.step = False
+    if args.reference is None:
+        args.reference = args.quick
     threads_given = args.threads is not None
     if args.threads is None:
         args.threads = sorted({torch.get_num_threads(), 2}, reverse=True)
@@ -305,8 +461,28 @@ def main() -> int:
     for r in results:
         if "value" in r:
             print(f"{r['what']}: {r['value']:.3f}")
+    for r in rows:
+        if r["dir"] == "cpu":
+            print(f"{r['way']}, {r['threads']} threads: {r['GB/s']:.1f} GB/s ({r['ms']:.3f} ms median, "
+                  f"{r['max ms']:.3f} ms the slowest; load average {r['load']:.1f}, torch threads "
+                  f"{r['torch threads']})")
+    calibrations = print_calibrations()
+    checks = auto_checks(rows)
+    print_checks(checks)
+    report = {"limits": limits, "results": results, "checks": checks, "calibrations": calibrations, "reference": []}
+    if args.json:  # written now too: a failing reference below must not lose the run's figures
+        args.json.write_text(json.dumps(report, indent=1))
+    if args.reference:
+        try:
+            import uva_reference
+            report["reference"] = uva_reference.run(args.threads)
+        except ImportError as e:
+            print(f"reference (bench/uva_reference.py): skipped ({e})", flush=True)
+        except Exception:  # noqa: BLE001 - the yardstick's failure is reported, the run's figures stand
+            traceback.print_exc()
+            print("reference (bench/uva_reference.py): failed (above)", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"limits": limits, "results": results}, indent=1))
+        args.json.write_text(json.dumps(report, indent=1))
     return 0
 
 

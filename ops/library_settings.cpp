@@ -48,15 +48,18 @@ void pop_transfer_overrides_op(int64_t id) {
 
 std::vector<std::string> transfer_option_names_op() { return transfer_option_names(); }
 
-// The measured splits: one line per kind of call ("name=value ..."), and per line the shares tried and their best
-// milliseconds (Python's speedtorch.transfer_calibrations() turns them into dicts).
+// The measured splits: one line per kind of call ("name=value ..."), and per line the share in force, the shares
+// tried and their best milliseconds, the share the measurement chose and the guard's window of recent calls
+// (split_calibration.h; Python's speedtorch.transfer_calibrations() turns them into dicts).
 std::tuple<std::vector<std::string>, std::vector<double>, std::vector<std::vector<double>>,
-           std::vector<std::vector<double>>>
+           std::vector<std::vector<double>>, std::vector<double>, std::vector<std::vector<double>>>
 transfer_calibrations_op() {
   std::vector<std::string> keys;
   std::vector<double> chosen;
   std::vector<std::vector<double>> shares;
   std::vector<std::vector<double>> times;
+  std::vector<double> calibrated;
+  std::vector<std::vector<double>> recent;
   for (const SplitCalibration& c : split_calibrations()) {
     const SplitKey& k = c.key;
     keys.push_back("device=" + std::to_string(k.device) +
@@ -71,8 +74,10 @@ transfer_calibrations_op() {
     chosen.push_back(c.uva_share);
     shares.push_back(c.shares);
     times.push_back(c.milliseconds);
+    calibrated.push_back(c.calibrated_share);
+    recent.push_back(c.recent_ms);
   }
-  return {keys, chosen, shares, times};
+  return {keys, chosen, shares, times, calibrated, recent};
 }
 
 void clear_transfer_calibrations_op() { clear_split_calibrations(); }
@@ -147,7 +152,7 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
   m.def(stateful("push_transfer_overrides(str[] names, float[] values) -> int"),
         &speedtorch::ops::push_transfer_overrides_op);
   m.def(stateful("pop_transfer_overrides(int id) -> ()"), &speedtorch::ops::pop_transfer_overrides_op);
-  m.def(stateful("transfer_calibrations() -> (str[], float[], float[][], float[][])"),
+  m.def(stateful("transfer_calibrations() -> (str[], float[], float[][], float[][], float[], float[][])"),
         &speedtorch::ops::transfer_calibrations_op);
   m.def(stateful("clear_transfer_calibrations() -> ()"), &speedtorch::ops::clear_transfer_calibrations_op);
   m.def(stateful("set_deferred_index_checks(bool deferred) -> ()"), &speedtorch::ops::set_deferred_index_checks_op);

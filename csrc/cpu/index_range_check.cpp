@@ -1,7 +1,6 @@
 // Host-side index validation (see index_range_check.h).
 #include "cpu/index_range_check.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/ops/aminmax.h>
 #include <ATen/ops/stack.h>
 #include <c10/util/Exception.h>
@@ -11,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/helped_parallel_for.h"
 #include "cpu/table_views.h"
 
 namespace speedtorch {
@@ -21,9 +21,11 @@ struct Scan {
   int64_t first_bad = -1;  // smallest position holding an out-of-range index
 };
 
-// The span in one pass of two running extremes (no branch per index), on the calling thread for a small batch;
-// the first bad position, in a second pass, only when the span leaves [0, num_rows) (the smallest position, so
-// messages are deterministic).
+// The span in one pass of two running extremes (no branch per index), on the calling thread for a small batch,
+// with helper threads that join when they run for a large one (cpu/helped_parallel_for.h: every transfer with CPU
+// indices checks them here first, and an OpenMP region would wait a scheduling period for a thread not running;
+// cpu/row_copy_cpu.cpp, issue 30); the first bad position, in a second pass, only when the span leaves
+// [0, num_rows) (the smallest position, so messages are deterministic).
 template <typename Index>
 Scan scan_indices(const Index* indices, int64_t count, int64_t num_rows) {
   Scan total;
@@ -31,7 +33,7 @@ Scan scan_indices(const Index* indices, int64_t count, int64_t num_rows) {
   total.span.min = INT64_MAX;
   total.span.max = INT64_MIN;
   std::mutex mutex;
-  at::parallel_for(0, count, 1 << 16, [&](int64_t begin, int64_t end) {
+  helped_parallel_for(count, 1 << 16, [&](int64_t begin, int64_t end) {
     int64_t lo = INT64_MAX;
     int64_t hi = INT64_MIN;
     for (int64_t i = begin; i < end; ++i) {

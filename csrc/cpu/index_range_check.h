@@ -1,7 +1,7 @@
 // Validation of row indices: every index must lie in [0, num_rows). The one place that decides and words it.
 //
 // Done before any row is touched, so a bad index is reported with its value and position and never reads or writes
-// out of bounds. Parallel over the indices (at::parallel_for); one pass, no allocation. Every route calls
+// out of bounds. Parallel over the indices (cpu/helped_parallel_for.h); one pass, no allocation. Every route calls
 // check_index_tensor: the CPU routes (transfer/row_transfer.cpp, the optimizer's CPU route) directly, the GPU
 // routes through validate_indices (transfer/device_access.h), which summarizes CUDA indices on the GPU and comes
 // here to name a bad one; Python code that checks ids itself calls check_index_tensor_on_any_device (the

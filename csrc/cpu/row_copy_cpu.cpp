@@ -23,7 +23,6 @@ namespace {
 // 512-byte rows: 32-35 GB/s with 16 threads like this, 28-34 without prefetching, and 17-25 when every line of the
 // row was prefetched non-temporally (prefetchnta), which the copy to staging then missed.
 constexpr int64_t kPrefetchDistance = 8;
-constexpr int64_t kGrainRows = 256;
 
 inline void prefetch_row_start(const char* row) { __builtin_prefetch(row, /*rw=*/0, /*locality=*/3); }
 
@@ -33,41 +32,35 @@ inline int64_t owner_lane(int64_t index, int64_t lanes) {
   return static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(lanes)) >> 64);
 }
 
-// Rows a thread must have before a second one is woken: at least kGrainRows and 256 KiB. Below that, waking OpenMP
-// threads costs more than the copy, and on a loaded machine far more (a parallel region waits for its slowest
-// thread, which the scheduler may not run for milliseconds; bench/RESULTS.md, issue 16's CPU runs).
-constexpr int64_t kGrainBytes = 256 << 10;
-
-inline int64_t grain_rows(int64_t row_bytes) {
-  return std::max<int64_t>(kGrainRows, kGrainBytes / std::max<int64_t>(1, row_bytes));
-}
-
 // How many threads a copy of `bytes` gets. Below kSerialBytes, only the calling thread: waking another costs more
 // than it saves (on the CPU machine, a VM, an idle one, a sleeping helper asked for starts within 3 us in half the
 // calls, but in a third not within 400 us, queued behind the busy caller: a 256 KiB gather took 26 us with a
-// helper asked for, 9 us alone). Up to kHelpedBytes, helpers that join when they can (cpu/helped_parallel_for.h):
-// at::parallel_for would make the caller wait for a thread the scheduler has not run, milliseconds on a loaded
-// machine (issue 23 item 7: a demo step's 512 KiB gather took 5 ms with 2 threads at a load of 10, 20 us alone).
-// Above it (a staging chunk is 8 MiB), such a wait is small beside the copy, and OpenMP's threads, which spin
-// between regions, serve.
+// helper asked for, 9 us alone). Above it, helpers that join when they can (cpu/helped_parallel_for.h), whatever
+// the size: at::parallel_for splits the work up front and waits for every thread, also one the scheduler has not
+// run yet, which costs a scheduling period (CFS's is 24 ms on a machine of 8 CPUs or more) however short the copy.
+// Issue 23 item 7: a demo step's 512 KiB gather took 5 ms with 2 threads at a load of 10, 20 us alone. Issue 30
+// item 4: copies of more than 4 MiB went to OpenMP until then, every 8 MiB chunk of a transfer's staged share among
+// them, which runs on the calling thread before the call returns. On the 2-core CPU machine at a load of 18, a
+// gather of 4 MiB and one row (8,193 spread 512-byte rows) with 2 threads took 24.0, 24.0 and 28.0 ms in the median
+// of 200 calls through OpenMP, and 0.12-0.13 ms through the helpers (90th percentile 0.39-1.7 ms), three runs each
+// in turns: the 23.97 ms of the `auto` gathers that once took that long a call on the GPU machine, where UVA alone
+// took 1.6 ms.
 constexpr int64_t kSerialBytes = 1 << 20;
-constexpr int64_t kHelpedBytes = 4 << 20;
 constexpr int64_t kHelpedGrainBytes = 64 << 10;
 
-// fn(begin, end) over [0, count), each item once, on as many threads as `bytes` (the whole call's) call for:
-// `helped_grain` items a chunk for helpers, `parallel_grain` for at::parallel_for.
+// fn(begin, end) over [0, count), each item once, on as many threads as `bytes` (the whole call's) call for, in
+// chunks of `grain` items.
 template <typename Fn>
-void for_ranges(int64_t count, int64_t bytes, int64_t helped_grain, int64_t parallel_grain, const Fn& fn) {
+void for_ranges(int64_t count, int64_t bytes, int64_t grain, const Fn& fn) {
   if (bytes < kSerialBytes) return fn(0, count);
-  if (bytes < kHelpedBytes) return helped_parallel_for(count, helped_grain, fn);
-  at::parallel_for(0, count, parallel_grain, fn);
+  helped_parallel_for(count, grain, fn);
 }
 
 // fn(begin, end) over the rows [0, count), each row once.
 template <typename Fn>
 void for_row_ranges(int64_t count, int64_t row_bytes, const Fn& fn) {
   const int64_t rb = std::max<int64_t>(1, row_bytes);
-  for_ranges(count, count * row_bytes, std::max<int64_t>(1, kHelpedGrainBytes / rb), grain_rows(row_bytes), fn);
+  for_ranges(count, count * row_bytes, std::max<int64_t>(1, kHelpedGrainBytes / rb), fn);
 }
 
 // Calls fn with the row size as a compile-time constant for the common ones (rows of 16 to 128 float32, or 32 to
@@ -210,7 +203,7 @@ void scatter_rows_cpu(const HostRows& table, const Index* indices, int64_t count
     for (int64_t i = 0; i < count; ++i) std::memcpy(row(i), src + i * rb, rb);
     return;
   }
-  for_ranges(lanes, count * rb, /*helped_grain=*/1, /*parallel_grain=*/1, [&](int64_t lane_begin, int64_t lane_end) {
+  for_ranges(lanes, count * rb, /*grain=*/1, [&](int64_t lane_begin, int64_t lane_end) {
     for (int64_t lane = lane_begin; lane < lane_end; ++lane) {
       for (int64_t i = 0; i < count; ++i) {
         if (owner_lane(static_cast<int64_t>(indices[i]), lanes) == lane) std::memcpy(row(i), src + i * rb, rb);

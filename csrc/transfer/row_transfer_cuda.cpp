@@ -21,6 +21,9 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "cpu/index_range_check.h"
@@ -139,6 +142,69 @@ class StagedShare {
   c10::cuda::CUDAStream copy_;
 };
 
+// The guard's timing of a measured split (split_calibration.h): a call that stages a share taken from a measurement
+// is timed as the calibration timed its trials, by a pair of timing events on the caller's stream around the
+// transfer (the host's part included: the end is recorded after it), and the pair is read at the next call of the
+// same kind, without waiting: a pair not done yet leaves that call untimed. One pair per kind, so one call of each
+// kind is in flight at a time; a call on another thread meanwhile goes untimed.
+struct TimedCall {
+  at::cuda::CUDAEvent start{cudaEventDefault};  // timing enabled (the default flags disable it)
+  at::cuda::CUDAEvent stop{cudaEventDefault};
+  double uva_share = 1.0;
+  bool claimed = false;    // a call is recording it
+  bool in_flight = false;  // recorded, not yet read
+};
+
+class SplitTimings {
+ public:
+  // Reads the kind's last timed call if it is done, reporting it to the guard (which may move the kind's share),
+  // and returns the pair for this call; null while the pair is still in use.
+  TimedCall* take(const SplitKey& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<TimedCall>& call = calls_[key];
+    if (!call) call = std::make_unique<TimedCall>();
+    if (call->claimed || (call->in_flight && !call->stop.query())) return nullptr;
+    if (call->in_flight) note_split_time(key, call->uva_share, call->start.elapsed_time(call->stop));
+    call->in_flight = false;
+    call->claimed = true;
+    return call.get();
+  }
+  void give_back(TimedCall* call, bool recorded) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    call->claimed = false;
+    call->in_flight = recorded;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<SplitKey, std::unique_ptr<TimedCall>> calls_;
+};
+
+SplitTimings& split_timings() {
+  static SplitTimings* timings = new SplitTimings();  // leaked on purpose: its events must not die after the driver
+  return *timings;
+}
+
+// One call's use of its kind's pair: begin() before the transfer's own work (the indices' trip to the host
+// included, as in the calibration's trials), end() after it; handed back when destroyed, an exception included
+// (untimed then).
+class CallTiming {
+ public:
+  CallTiming(TimedCall* call, double uva_share) : call_(call) { call_->uva_share = uva_share; }
+  ~CallTiming() { split_timings().give_back(call_, ended_); }
+  CallTiming(const CallTiming&) = delete;
+  CallTiming& operator=(const CallTiming&) = delete;
+  void begin(const c10::cuda::CUDAStream& stream) { call_->start.record(stream); }
+  void end(const c10::cuda::CUDAStream& stream) {
+    call_->stop.record(stream);
+    ended_ = true;
+  }
+
+ private:
+  TimedCall* call_;
+  bool ended_ = false;
+};
+
 // What a transfer between a pinned table and a GPU knows before it moves a row.
 struct PinnedTransfer {
   HostRows rows{};
@@ -148,6 +214,7 @@ struct PinnedTransfer {
   bool sorted = false;  // the indices are known to be non-decreasing: the UVA share is in order already
   at::Tensor host_idx;  // the indices on the host: CPU indices, or CUDA ones when a staged share needs them
   std::optional<SplitKey> calibrate;  // this call measures its split first (split_calibration.h)
+  std::shared_ptr<CallTiming> timing;  // this call's split is timed for the guard (split_calibration.h)
 };
 
 // The split of a call: fixed by the rules, measured before (or by this call), or the model's. A pageable table
@@ -172,7 +239,13 @@ void choose_split(PinnedTransfer& t, const at::Tensor& indices, bool pageable, T
   }
   const SplitKey key =
       split_key(device, direction, indices.is_cpu(), t.footprint, t.rows.row_bytes, count, threads, t.config);
-  if (const std::optional<double> share = calibrated_uva_share(key)) {
+  if (std::optional<double> share = calibrated_uva_share(key)) {
+    if (*share < 1.0) {
+      // The last timed call of this kind is reported first: the guard may have given UVA rows back.
+      TimedCall* call = split_timings().take(key);
+      share = calibrated_uva_share(key);
+      if (call != nullptr) t.timing = std::make_shared<CallTiming>(call, *share);
+    }
     t.plan = plan_from_share(*share, count);
   } else if (deferred_index_checks()) {
     t.plan = plan_transfer(t.config, t.footprint, t.rows.row_bytes, count, threads);
@@ -196,6 +269,11 @@ PinnedTransfer plan_pinned_transfer(const at::Tensor& table, const at::Tensor& i
   const std::optional<IndexSpan> span = validate_indices(indices, t.rows.num_rows, stream, op, &t.sorted);
   t.footprint = touched_bytes(t.rows.num_rows, t.rows.row_stride_bytes, span);
   choose_split(t, indices, pageable, direction, device, stream);
+  if (t.timing != nullptr && t.plan.staged_rows > 0) {
+    t.timing->begin(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)));
+  } else {
+    t.timing.reset();  // UVA alone: nothing to guard
+  }
   if (indices.is_cpu() || t.plan.staged_rows > 0 || t.calibrate.has_value()) t.host_idx = indices.cpu();
   // Deferred checks left CUDA indices unchecked; the CPU threads of the staged share must not meet a bad one.
   if (!span.has_value() && t.host_idx.defined()) check_index_tensor(t.host_idx, t.rows.num_rows, op);
@@ -330,6 +408,7 @@ void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, a
   };
   calibrate_split(t, indices, stream, move);
   move(t);
+  if (t.timing != nullptr) t.timing->end(stream);
   count_pinned_transfer(t.plan.uva_rows, t.plan.staged_rows, t.rows.row_bytes, metrics::Direction::kGather);
 }
 
@@ -405,6 +484,7 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   auto move = [&](const PinnedTransfer& plan) { move_cuda_to_pinned(table, indices, src, plan, device, stream, op); };
   calibrate_split(t, indices, stream, move);
   move(t);
+  if (t.timing != nullptr) t.timing->end(stream);
   count_pinned_transfer(t.plan.uva_rows, t.plan.staged_rows, t.rows.row_bytes, metrics::Direction::kScatter);
 }
 

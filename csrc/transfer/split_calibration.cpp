@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -27,6 +28,23 @@ constexpr double kStagedMustWinBy = 0.97;
 
 int32_t log2_bucket(int64_t value) {
   return value <= 1 ? 0 : static_cast<int32_t>(std::floor(std::log2(static_cast<double>(value))));
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// The share the guard moves to from `current` when calls at it lost to UVA alone: the next larger candidate
+// (candidates run from 1.0 down), or UVA alone after a collapse.
+double larger_share(double current, bool collapsed) {
+  if (collapsed) return 1.0;
+  double next = 1.0;
+  for (double s : candidate_uva_shares()) {
+    if (s > current && s < next) next = s;
+  }
+  return next;
 }
 
 }  // namespace
@@ -82,9 +100,29 @@ double calibrate_uva_share(const SplitKey& key, const std::function<double(doubl
   for (size_t i = 1; i < shares.size(); ++i) {
     if (best[i] < best[chosen] && best[i] < kStagedMustWinBy * best[0]) chosen = i;
   }
-  SplitCalibration entry{key, shares[chosen], shares, best};
+  SplitCalibration entry{key, shares[chosen], shares[chosen], shares, best, {}};
   std::lock_guard<std::mutex> lock(cache().mutex);
   cache().entries[key] = entry;
+  return entry.uva_share;
+}
+
+double note_split_time(const SplitKey& key, double uva_share, double ms) {
+  std::lock_guard<std::mutex> lock(cache().mutex);
+  const auto it = cache().entries.find(key);
+  if (it == cache().entries.end()) return 1.0;
+  SplitCalibration& entry = it->second;
+  if (uva_share != entry.uva_share || entry.uva_share >= 1.0) return entry.uva_share;
+  entry.recent_ms.push_back(ms);
+  if (entry.recent_ms.size() > static_cast<size_t>(kSplitGuardWindow)) entry.recent_ms.erase(entry.recent_ms.begin());
+  if (entry.recent_ms.size() < static_cast<size_t>(kSplitGuardMinCalls)) return entry.uva_share;
+  // All-UVA is the first candidate: its best time is what UVA alone took on this kind of call. A split whose
+  // calls now take longer than that (the median: one slow call is no trend) has lost what it was kept for.
+  const double uva_alone_ms = entry.milliseconds.front();
+  const double typical_ms = median(entry.recent_ms);
+  if (typical_ms > uva_alone_ms) {
+    entry.uva_share = larger_share(entry.uva_share, typical_ms > kSplitCollapse * uva_alone_ms);
+    entry.recent_ms.clear();  // the new share is judged on its own calls
+  }
   return entry.uva_share;
 }
 

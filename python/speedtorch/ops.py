@@ -133,15 +133,19 @@ def transfer_calibrations() -> list[dict]:
 
     The first pinned<->GPU gather or scatter_ of each kind (GPU, direction, host or GPU indices, table span, row
     size, batch size, CPU threads, launch settings) times the candidate shares on its own rows and keeps the fastest
-    for the process; ``uva_fraction`` >= 0 or ``calibrate_split=0`` (``set_transfer_config``) skip it. Each entry:
-    the kind (``key``, a dict), the share kept (``uva_share``), and each share tried with its best time
-    (``tried``: share -> milliseconds)."""
-    keys, chosen, shares, times = torch.ops.speedtorch.transfer_calibrations()
+    for the process; ``uva_fraction`` >= 0 or ``calibrate_split=0`` (``set_transfer_config``) skip it. Later calls
+    that stage a share are timed the same way, and a guard gives UVA rows back when their median is slower than UVA
+    alone was (the next larger share; UVA alone at once past 1.5x its time). Each entry: the kind (``key``, a
+    dict), the share in force (``uva_share``), each share tried with its best time (``tried``: share ->
+    milliseconds), the share the measurement chose (``calibrated_share``: larger ``uva_share`` means the guard
+    moved it) and the guard's window, the last calls' milliseconds at the share in force (``recent_ms``)."""
+    keys, chosen, shares, times, calibrated, recent_ms = torch.ops.speedtorch.transfer_calibrations()
     out = []
-    for key, share, tried, ms in zip(keys, chosen, shares, times):
+    for key, share, tried, ms, first, recent in zip(keys, chosen, shares, times, calibrated, recent_ms):
         fields = dict(item.split("=", 1) for item in key.split())
         parsed = {name: (value if name == "direction" else int(value)) for name, value in fields.items()}
-        out.append({"key": parsed, "uva_share": share, "tried": dict(zip(tried, ms))})
+        out.append({"key": parsed, "uva_share": share, "tried": dict(zip(tried, ms)), "calibrated_share": first,
+                    "recent_ms": list(recent)})
     return out
 
 

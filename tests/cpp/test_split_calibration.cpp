@@ -103,5 +103,60 @@ TEST_F(SplitCalibrationTest, RulesFixTheShareWhereStagingCannotPay) {
   EXPECT_EQ(plan.staged_rows, 150);
 }
 
+// A made-up machine where UVA alone takes 1.0 ms and a staged share of 20% 0.9 ms: the calibration keeps 0.8.
+SplitKey calibrated_at_0_8() {
+  const SplitKey key = key_for(int64_t{5} << 30, 131072, 16);
+  calibrate_uva_share(key, [](double s) { return s == 0.8 ? 0.9 : 1.0; });
+  return key;
+}
+
+TEST_F(SplitCalibrationTest, GuardKeepsASplitThatStillWins) {
+  const SplitKey key = calibrated_at_0_8();
+  for (int call = 0; call < 20; ++call) EXPECT_DOUBLE_EQ(note_split_time(key, 0.8, 0.92), 0.8);
+  EXPECT_DOUBLE_EQ(*calibrated_uva_share(key), 0.8);
+}
+
+TEST_F(SplitCalibrationTest, GuardGivesUvaRowsBackWhenTheSplitLoses) {
+  const SplitKey key = calibrated_at_0_8();
+  // Slower than UVA alone (1.0 ms), but no collapse: one candidate toward UVA, after three calls.
+  EXPECT_DOUBLE_EQ(note_split_time(key, 0.8, 1.1), 0.8);
+  EXPECT_DOUBLE_EQ(note_split_time(key, 0.8, 1.1), 0.8);
+  EXPECT_DOUBLE_EQ(note_split_time(key, 0.8, 1.1), 0.85);
+  EXPECT_DOUBLE_EQ(*calibrated_uva_share(key), 0.85);
+  // A call planned before the move reports the old share: ignored.
+  EXPECT_DOUBLE_EQ(note_split_time(key, 0.8, 5.0), 0.85);
+  // The new share is judged on its own calls, and keeps moving while it loses.
+  for (int call = 0; call < 3; ++call) note_split_time(key, 0.85, 1.05);
+  EXPECT_DOUBLE_EQ(*calibrated_uva_share(key), 0.9);
+  const std::vector<SplitCalibration> all = split_calibrations();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_DOUBLE_EQ(all[0].calibrated_share, 0.8);
+  EXPECT_DOUBLE_EQ(all[0].uva_share, 0.9);
+  EXPECT_TRUE(all[0].recent_ms.empty());
+}
+
+TEST_F(SplitCalibrationTest, GuardGoesStraightToUvaAloneAfterACollapse) {
+  // Issue 30 item 4: 24 ms a call where UVA alone took ~1.6 ms.
+  const SplitKey key = calibrated_at_0_8();
+  for (int call = 0; call < 2; ++call) EXPECT_DOUBLE_EQ(note_split_time(key, 0.8, 24.0), 0.8);
+  EXPECT_DOUBLE_EQ(note_split_time(key, 0.8, 24.0), 1.0);
+  EXPECT_DOUBLE_EQ(*calibrated_uva_share(key), 1.0);
+  // UVA alone has nothing left to guard; the split stays off until the kind is measured again.
+  EXPECT_DOUBLE_EQ(note_split_time(key, 1.0, 24.0), 1.0);
+  clear_split_calibrations();
+  EXPECT_FALSE(calibrated_uva_share(key).has_value());
+}
+
+TEST_F(SplitCalibrationTest, GuardIgnoresOccasionalSlowCalls) {
+  const SplitKey key = calibrated_at_0_8();
+  for (double ms : {0.9, 24.0, 0.9, 0.9, 24.0, 0.9, 0.9}) EXPECT_DOUBLE_EQ(note_split_time(key, 0.8, ms), 0.8);
+}
+
+TEST_F(SplitCalibrationTest, GuardIgnoresKindsNotMeasured) {
+  const SplitKey key = key_for(int64_t{5} << 30, 131072, 16);
+  EXPECT_DOUBLE_EQ(note_split_time(key, 0.8, 24.0), 1.0);
+  EXPECT_FALSE(calibrated_uva_share(key).has_value());
+}
+
 }  // namespace
 }  // namespace speedtorch

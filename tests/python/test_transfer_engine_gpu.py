@@ -100,3 +100,27 @@ def test_the_split_is_measured_once_per_kind_and_kept(table, transfer_settings):
     finally:
         speedtorch.clear_transfer_calibrations()
     assert speedtorch.transfer_calibrations() == []
+
+
+def test_calls_after_the_measurement_are_timed_for_the_guard(table, transfer_settings):
+    """Calls that stage a share from a measured split are timed (read at the next call, never waited for) and the
+    guard's window fills, or the guard has moved the share toward UVA alone; the rows stay exact either way."""
+    speedtorch.clear_transfer_calibrations()
+    try:
+        transfer_settings(**FULL_PATH, uva_fraction=-1.0, calibrate_split=1)
+        ids = torch.randint(0, ROWS, (60_000,), device="cuda")
+        expected = table[ids.cpu()]
+        assert torch.equal(speedtorch.gather(table, ids).cpu(), expected)  # measures
+        (entry,) = speedtorch.transfer_calibrations()
+        assert entry["uva_share"] == entry["calibrated_share"] and entry["recent_ms"] == []
+        for _ in range(8):
+            assert torch.equal(speedtorch.gather(table, ids).cpu(), expected)
+        (entry,) = speedtorch.transfer_calibrations()
+        assert entry["uva_share"] >= entry["calibrated_share"]  # the guard only gives rows back to UVA
+        if entry["calibrated_share"] < 1.0:
+            assert entry["recent_ms"] or entry["uva_share"] > entry["calibrated_share"]
+            assert all(ms > 0 for ms in entry["recent_ms"])
+        else:
+            assert entry["recent_ms"] == []  # UVA alone: nothing to guard
+    finally:
+        speedtorch.clear_transfer_calibrations()
