@@ -393,6 +393,10 @@ class HostEmbedding(torch.nn.Module):
         finally:
             if param is not None:
                 self._parameters["weight"] = param
+        if converted.device != self.device:  # the streams, events and rows read ahead belong to the old device
+            self._sync_for_host_access()
+            self._prefetched = self._written = None
+            self._side_stream = self._rows_stream = self._update_stream = None
         self.device = converted.device
         self.output_dtype = converted.dtype
         return out
@@ -783,9 +787,9 @@ class HostEmbedding(torch.nn.Module):
                 rows = self.table.gather(unique, self.device)
                 state = torch.ops.speedtorch.gather(self.table.state(), unique, self.device) \
                     if self._updates_ahead() else None
-            ready = torch.cuda.Event()
-            ready.record(side)
-            pending = PrefetchedRows(next_input, unique, inverse, rows, ready, state)
+            pending = PrefetchedRows(next_input, unique, inverse, rows, None, state)
+            pending.ready = torch.cuda.Event()  # after everything the prefetch queued, PrefetchedRows' copy included
+            pending.ready.record(side)
         # The side stream may still be reading the table's device tensors (a hybrid table's hot rows) after this
         # returns, and may have made new ones there (_refresh_hot_rows) that the current stream then uses: whichever
         # stream frees them, the caching allocator must reuse their memory only once both streams are done.
