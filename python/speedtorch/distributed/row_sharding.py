@@ -87,7 +87,7 @@ class RowSharding:
     """Moves ids, rows and gradients between the ranks for one table; see the module docstring."""
 
     def __init__(self, layout: RowLayout, shard, host_group, comm_device: torch.device, reduction: str,
-                 table_id: int):
+                 table_id: int, control_group):
         self.layout = layout
         self.shard = shard  # this host's rows (a PinnedEmbedding shared by the host's ranks)
         self.host_group = host_group
@@ -95,7 +95,8 @@ class RowSharding:
         self.reduction = reduction
         self.host_start = layout.host_range(layout.topology.host)[0]
         # table_id: the number every rank agreed on for this table (ShardedHostTable), carried by every header
-        self.headers = ExchangeHeaders(layout.topology.world_size, comm_device, table_id,
+        # control_group: Gloo, every rank; the headers travel there (exchange_headers.py says why)
+        self.headers = ExchangeHeaders(layout.topology.world_size, control_group, table_id,
                                        f"table #{table_id} ({layout.num_rows} rows x {shard.dim()})")
         # What this rank's collectives cost since construction (bench/distributed.py reads them): bytes sent to
         # other ranks, and host seconds inside collective calls (with NCCL, the waits for split sizes and fences).
@@ -128,7 +129,7 @@ class RowSharding:
         """This rank's ids for a lookup hold ``bad_id``, out of range: with several hosts it still takes part in the
         lookup's exchange, flagging it, so that every other rank raises too (the caller raises its own error)."""
         if self.layout.topology.num_hosts > 1:
-            empty = torch.zeros(self.layout.topology.world_size, dtype=torch.int64, device=self.comm_device)
+            empty = torch.zeros(self.layout.topology.world_size, dtype=torch.int64)
             self._timed(self.headers.open, LOOKUP, empty, bad_id)
 
     # --- 1. input dist: where ids go -------------------------------------------------------------------------
