@@ -516,6 +516,17 @@ def scenario_collection(rank, cfg):
             "groups": groups, "dense": {k: v.cpu().clone() for k, v in model.dense.state_dict().items()},
             "exchanges": collection.sharding.headers.opened, "bytes_sent": collection.sharding.bytes_sent,
             "state_dict_keys": sorted(collection.state_dict())}
+    if cfg.get("bad_id_rank") is not None:  # an id out of range on one rank: every rank raises, then all go on
+        features = collection_batch(99, rank, cfg["batch"], False)[0]
+        if rank == cfg["bad_id_rank"]:
+            features[2, 3] = COLLECTION_FEATURES[3][1]  # feature d's table has that many rows
+        with torch.no_grad():
+            try:
+                collection(features)
+                out["bad_id"] = None
+            except IndexError as e:
+                out["bad_id"] = str(e)
+            out["after_bad_id"] = tuple(collection(collection_batch(100, rank, cfg["batch"], False)[0]).shape)
     return out
 
 

@@ -1,0 +1,77 @@
+"""speedtorch.distributed.DistributedHostEmbeddingBagCollection with real processes (Gloo on CPU): world sizes 1, 2
+and 4 on one simulated host and 4 as two hosts of two (LOCAL_WORLD_SIZE), one-hot and multi-hot features, three
+groups of two widths and two optimizers, the dense part under DDP. Each run equals one process training a
+HostEmbeddingBagCollection on the concatenation of the ranks' batches (rows, optimizer state, step counts, dense
+parameters), and each step is one exchange for all the groups (not one per group). The run at world 2 prefetches
+each next batch before step(), the one on two hosts trains through TrainPipeline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if torch.__version__ < (2, 5):
+    pytest.skip("speedtorch.distributed needs torch >= 2.5", allow_module_level=True)
+
+import distributed_workers as workers  # noqa: E402
+from test_distributed import TOL, launch, shm_dir, succeeded  # noqa: E402,F401 (shm_dir: the fixture)
+
+BATCH, STEPS = 8, 3
+
+
+def reference(world: int, multi_hot: bool, reduction: str):
+    """One process, one HostEmbeddingBagCollection, the ranks' batches concatenated at every step."""
+    from speedtorch import HostEmbeddingBagCollection
+
+    collection = HostEmbeddingBagCollection(workers.collection_configs(), optimizer="adam",
+                                            optimizer_options={"lr": 0.05}, device="cpu", state_beside_rows=False)
+    for g, module in enumerate(collection.groups):
+        module.table.copy_(workers.collection_initial(module.num_embeddings, module.embedding_dim, g))
+    model = workers.CollectionModel(collection)
+    opt = torch.optim.SGD(model.dense.parameters(), lr=0.1)
+    for step in range(STEPS):
+        batches = [workers.collection_batch(step, r, BATCH, multi_hot) for r in range(world)]
+        features, target = workers.concatenated_batches(batches, multi_hot)
+        losses = (model(features) - target).pow(2).view(world, BATCH).mean(1)  # each rank's loss
+        (losses.mean() if reduction == "mean" else losses.sum()).backward()
+        collection.step()
+        if reduction == "sum":  # DDP averages the dense gradients whatever the tables' reduction
+            for p in model.dense.parameters():
+                p.grad /= world
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+@pytest.mark.parametrize("world,local_world,reduction", [(1, 1, "mean"), (2, 2, "sum"), (4, 4, "mean"),
+                                                         (4, 2, "mean")])
+def test_collection_training_equals_single_process(world, local_world, reduction, shm_dir):
+    # prefetch before step() by hand at world 2, TrainPipeline (prefetch, groups stepped one by one) on two hosts
+    cfg = dict(batch=BATCH, steps=STEPS, reduction=reduction, shm_dir=shm_dir, prefetch=world == local_world == 2,
+               pipeline=local_world < world, bad_id_rank=1 if local_world < world else None)
+    results = succeeded(launch(world, local_world, "collection", cfg))
+    for variant in ("one_hot", "multi_hot"):
+        ref = reference(world, variant == "multi_hot", reduction)
+        for g, module in enumerate(ref.sparse.groups):
+            got = [results[r][variant]["groups"][g] for r in range(world)]
+            torch.testing.assert_close(torch.cat([b["weight"] for b in got]), module.weight, **TOL)
+            torch.testing.assert_close(torch.cat([b["optimizer_state"] for b in got]), module.table.state(), **TOL)
+            assert {b["step"] for b in got} == {module.table.step_count()}
+            assert {b["own_exchanges"] for b in got} == {0}  # the groups' tables never exchange on their own
+        for r in range(world):
+            for k, v in ref.dense.state_dict().items():
+                torch.testing.assert_close(results[r][variant]["dense"][k], v, **TOL)
+            # One exchange per step for all three groups, and with two hosts one per forward.
+            assert results[r][variant]["exchanges"] == STEPS * (1 if local_world == world else 2)
+            assert results[r][variant]["state_dict_keys"] == sorted(
+                f"groups.{g}.{k}" for g in range(3) for k in ("weight", "optimizer_state", "optimizer_step",
+                                                              "_extra_state"))
+        if world > 1:
+            assert min(results[r][variant]["bytes_sent"] for r in range(world)) > 0
+    if local_world < world:  # several hosts: rank 1's id out of range makes every rank raise, then all go on
+        assert "feature 'd' (table 't2')" in results[1]["bad_id"] and "input[2, 3]" in results[1]["bad_id"], \
+            results[1]["bad_id"]
+        for r in (0, 2, 3):
+            assert results[r]["bad_id"].startswith("speedtorch.distributed: rank 1's ids hold an id out of range "
+                                                   "for collection #"), results[r]["bad_id"]
+        assert {results[r]["after_bad_id"] for r in range(world)} == {(BATCH, 18)}
