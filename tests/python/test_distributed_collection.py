@@ -75,3 +75,33 @@ def test_collection_training_equals_single_process(world, local_world, reduction
             assert results[r]["bad_id"].startswith("speedtorch.distributed: rank 1's ids hold an id out of range "
                                                    "for collection #"), results[r]["bad_id"]
         assert {results[r]["after_bad_id"] for r in range(world)} == {(BATCH, 18)}
+
+
+def test_the_dlrm_benchmark_runs_under_torchrun_on_the_cpu(tmp_path):
+    """bench/dlrm_distributed.py at its tiny size, world 2 on two simulated hosts (Gloo; what it reports, not how
+    fast), then --report on the records it appended."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_distributed import _free_port
+
+    root = Path(__file__).resolve().parents[2]
+    results = tmp_path / "records.jsonl"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                          str(_free_port()), str(root / "bench" / "dlrm_distributed.py"), "--backend", "gloo",
+                          "--tiny", "--hosts", "2", "--results", str(results)],
+                         capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(root / "python"), OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads(run.stdout.strip().splitlines()[-1])["record"]
+    assert record["world"] == 2 and record["hosts"] == 2 and record["samples_per_s"] > 0
+    assert min(record["bytes_to_other_hosts_per_rank_step"]) > 0  # rows and gradients crossed the hosts
+    assert set(record["bytes_by_stage_rank0"]) == {"headers", "input_dist", "output_dist", "gradients"}
+    assert 1.0 <= record["host_ram_ratio"] <= 1.02  # one copy per host (+ the files' header pages at this size)
+    printed = subprocess.run([sys.executable, str(root / "bench" / "dlrm_distributed.py"), "--report", str(results)],
+                             capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, PYTHONPATH=str(root / "python")))
+    assert printed.returncode == 0 and "weak scaling" in printed.stdout, printed.stderr[-2000:]
