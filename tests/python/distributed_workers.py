@@ -473,6 +473,9 @@ def scenario_collection(rank, cfg):
 
     from speedtorch.distributed import DistributedHostEmbeddingBagCollection
 
+    global DEVICE
+    if cfg.get("device") == "cuda" and DEVICE.type == "cpu":  # GPU compute with Gloo between the ranks
+        DEVICE = torch.device("cuda", rank % torch.cuda.device_count())
     out = {}
     for multi_hot in (False, True):
         collection = DistributedHostEmbeddingBagCollection(collection_configs(), optimizer="adam",
