@@ -3,8 +3,8 @@ copy per host in shared memory, rows sharded over hosts; docs/distributed.md.
 
 - :class:`DistributedHostEmbedding`: the module (a :class:`speedtorch.nn.HostEmbedding` whose table is sharded);
 - :class:`DistributedHostEmbeddingBagCollection`: the table collection (``HostEmbeddingBagCollection``) over such
-  tables, every group's rows and gradients in one exchange per lookup and per step (collection_sharding.py);
-- :class:`ShardedHostTable`: the table it trains (row_sharding.py holds the three stages rows and gradients go through);
+  tables, every group's rows and gradients in one exchange per lookup and per step (row_exchange.py);
+- :class:`ShardedHostTable`: the table it trains (row_exchange.py holds the three stages rows and gradients go through);
 - :class:`HostTopology`: which ranks share a host (``LOCAL_WORLD_SIZE``);
 - :func:`share_rows`: one copy per host of a serving table (quantized rows) for every local rank.
 """

@@ -7,7 +7,7 @@ weights); what differs is where rows come from and where gradients go:
 
 - rows: each group is a :class:`DistributedHostEmbedding` (a :class:`ShardedHostTable`). With one host every rank
   reads any row of its host's copy straight from shared memory (UVA from a GPU): no row travels. With several hosts
-  the rows of other hosts come through collection_sharding.py's input dist / lookup / output dist, one exchange for
+  the rows of other hosts come through row_exchange.py's input dist / lookup / output dist, one exchange for
   all the groups of a batch;
 - gradients: :meth:`step` takes every group's pending gradient (summed per distinct row by autograd) and sends each
   row's to its owner in one exchange for all groups; each owner applies its group's fused optimizer once.
@@ -27,9 +27,8 @@ import torch
 from ..embedding_collection import HostEmbeddingBagCollection, TableConfig
 from ..ops import unique_indices
 from ..sparse_features import SparseFeatures
-from .collection_sharding import CollectionSharding
 from .embedding import DistributedHostEmbedding
-from .exchange_headers import LOOKUP
+from .row_exchange import RowExchange
 from .sharded_table import agree_on_id
 
 __all__ = ["DistributedHostEmbeddingBagCollection"]
@@ -75,7 +74,7 @@ class DistributedHostEmbeddingBagCollection(HostEmbeddingBagCollection):
         config = [(m.num_embeddings, m.embedding_dim, m.table.optimizer()) for m in self.groups]
         set_id = agree_on_id(first.control_group, "DistributedHostEmbeddingBagCollection: every rank must build "
                              "the same collection", groups=config, features=self.feature_names)
-        self.sharding = CollectionSharding([m.table.sharding for m in self.groups], first.control_group, set_id,
+        self.sharding = RowExchange([m.table.sharding for m in self.groups], first.control_group, set_id,
                                            f"collection #{set_id} ({len(self.tables)} tables in {len(config)} "
                                            f"groups)")
         self._awaiting_step = False  # a forward ran whose update step() has not applied yet
@@ -122,10 +121,8 @@ class DistributedHostEmbeddingBagCollection(HostEmbeddingBagCollection):
         opens the lookup's exchange, flagging it, so every rank raises instead of waiting for its rows."""
         try:
             return self._plan(features)
-        except (IndexError, ValueError, TypeError):
-            if self.sharding.topology.num_hosts > 1:
-                self.sharding.headers.open(LOOKUP, torch.zeros(self.sharding.topology.world_size, len(self._groups),
-                                                          dtype=torch.int64), bad_id=True)
+        except IndexError:
+            self.sharding.refuse_lookup(True)  # several hosts: the others raise too
             raise
 
     def _hand_rows(self, plan) -> None:

@@ -105,6 +105,8 @@ class ExchangeHeaders:
             return counts.tolist(), [h[_COUNT] for h in headers], sum(h[_TOTAL] for h in headers)
         if flagged:  # this rank flagged its own ids (the others raised above): nothing more is exchanged
             return counts.tolist(), [[0] * counts.shape[1]] * self.world_size, [0] * counts.shape[1]
+        if counts.shape[1] == 1:  # one table: the header said it all
+            return counts.tolist(), [[h[_COUNT]] for h in headers], [sum(h[_TOTAL] for h in headers)]
         # Every rank is at this exchange of this set of tables (checked above), so all send the same table count:
         # each table's rows to each rank, and this rank's total per table (the ranks' sum says whether a table steps).
         tables = counts.shape[1]

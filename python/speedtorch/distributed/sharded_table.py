@@ -1,7 +1,7 @@
 """``ShardedHostTable``: one embedding table and its optimizer state trained by every rank of a process group.
 
 Each host keeps its rows once, in shared memory that all of its ranks map (host_shard.py); rows move between hosts
-and gradients reach their owners through ``torch.distributed`` collectives (row_sharding.py). It offers the part of
+and gradients reach their owners through ``torch.distributed`` collectives (row_exchange.py). It offers the part of
 :class:`speedtorch.PinnedEmbedding`'s API that :class:`speedtorch.nn.HostEmbedding` uses, so the module's code is
 the same as for the single-process placements; :class:`DistributedHostEmbedding` (embedding.py) is that module.
 """

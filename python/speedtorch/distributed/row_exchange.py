@@ -1,27 +1,41 @@
-"""Row-wise sharding of several tables exchanged together: the groups of a distributed collection (collection.py),
-in row_sharding.py's three stages, with one header and one ``all_to_all`` each way for all the tables of a lookup,
-and one for all the tables of a step, whatever their number.
+"""The three stages of row-wise sharding (TorchRec's ``rw_sharding.py``), for one table or several moved together:
 
-Each table keeps its own :class:`RowSharding` (its layout over hosts, its host's shared shard, its owners); this class
-only moves the rows of all of them at once. A rank's send buffer is bytes: for each destination rank, the rows of
-table 0 it sends there, then those of table 1, and so on (ids as int64 for the input dist; rows in their table's dtype
-for the output dist; for a step, each row's id and float32 gradient side by side). The headers
+1. **input dist** (:meth:`RowExchange._input_dist`) -- where ids go: ids of rows on other hosts, bucketed by owner,
+   ``all_to_all``;
+2. **lookup** (:meth:`RowExchange._lookup`) -- where rows are read: every rank reads its own host's rows straight from
+   the shared table (UVA from a GPU), its own ids' and those other hosts sent it;
+3. **output dist** (:meth:`RowExchange._output_dist`) -- where rows go back: to the ranks that asked;
+
+and **gradients** (:meth:`RowExchange.apply_gradients`) -- where gradients go: summed per distinct row on each rank,
+scaled for ``mean``, sent to the row's owner, which applies the fused optimizer once per row; a fence across the
+host's ranks then ends the step. With one host, stages 1 and 3 carry nothing and are skipped: the same code with a
+shortcut, and no row travels for a read.
+
+Each table keeps its own :class:`RowSharding` (row_sharding.py: its layout over hosts, its host's shared shard, its
+owners); a ``RowExchange`` moves the rows of its tables -- one for a :class:`ShardedHostTable`, a collection's groups
+for :class:`DistributedHostEmbeddingBagCollection` -- with one header exchange and one ``all_to_all`` each way per
+lookup, and one per step, whatever their number. A rank's send buffer is bytes: for each destination rank, the rows of
+table 0 it sends there, then those of table 1, and so on (ids as int64 for the input dist; rows in their table's
+dtype for the output dist; for a step, each row's id and float32 gradient side by side). The headers
 (exchange_headers.py) carry how many rows of each table go to each rank, so every rank cuts what it receives the
 same way, and tables of different widths and dtypes share one exchange.
-
-With one host, stages 1 and 3 carry nothing and are skipped (every rank reads every row of its host from shared
-memory); the step's exchange still runs: each row's gradient reaches the one local rank that owns it.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.distributed as dist
 
 from .exchange_headers import LOOKUP, STEP, ExchangeHeaders, header_bytes
-from .row_sharding import RowSharding, _bucket
 
-__all__ = ["CollectionSharding"]
+__all__ = ["RowExchange"]
+
+
+def _bucket(dest: torch.Tensor, world: int):
+    """Positions ordered by destination rank, and how many go to each rank."""
+    return torch.sort(dest, stable=True).indices, torch.bincount(dest, minlength=world)
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -34,12 +48,13 @@ def _from_bytes(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return b.contiguous().view(dtype)
 
 
-class CollectionSharding:
-    """Moves ids, rows and gradients of several tables (each with its :class:`RowSharding`) between the ranks in one
-    exchange per lookup and one per step; see the module docstring. ``set_id`` is the number every rank agreed on
-    for this set of tables (its headers' identity) and ``name`` how errors name it."""
+class RowExchange:
+    """Moves ids, rows and gradients of one or several tables (each with its :class:`RowSharding`) between the ranks
+    in one exchange per lookup and one per step; see the module docstring. ``set_id`` is the number every rank agreed
+    on for the table or set of tables (its headers' identity), ``name`` how errors name it, ``control_group`` the
+    Gloo group of every rank the headers travel over."""
 
-    def __init__(self, shardings: list[RowSharding], control_group, set_id: int, name: str):
+    def __init__(self, shardings: list, control_group, set_id: int, name: str):
         self.shardings = shardings
         self.topology = shardings[0].layout.topology
         self.comm_device = shardings[0].comm_device
@@ -50,6 +65,14 @@ class CollectionSharding:
         self.bytes_sent = 0
         self.bytes_by_stage = {"headers": 0, "input_dist": 0, "output_dist": 0, "gradients": 0}
         self.bytes_to_other_hosts = 0
+        self.collective_seconds = 0.0  # host seconds inside collective calls (with NCCL, the waits for counts, fences)
+
+    def _timed(self, collective, *args):
+        start = time.perf_counter()
+        try:
+            return collective(*args)
+        finally:
+            self.collective_seconds += time.perf_counter() - start
 
     # --- the one exchange every stage uses --------------------------------------------------------------------------
 
@@ -66,7 +89,7 @@ class CollectionSharding:
         recv_bytes = [sum(recv_counts[s][t] * width[t] for t in range(tables)) for s in range(world)]
         self._count(stage, send_bytes)
         received = send.new_empty(sum(recv_bytes))
-        dist.all_to_all_single(received, send, recv_bytes, send_bytes)
+        self._timed(dist.all_to_all_single, received, send, recv_bytes, send_bytes)
         cut = received.split([recv_counts[s][t] * width[t] for s in range(world) for t in range(tables)])
         return [torch.cat([cut[s * tables + t].view(-1, width[t]) for s in range(world)]) for t in range(tables)]
 
@@ -81,9 +104,9 @@ class CollectionSharding:
         ``dest[t][i]``: what arrived per table, the order each table's rows took, the counts both ways, and each
         table's row count over all ranks (0 for every table: nothing followed the headers)."""
         world = self.topology.world_size
-        buckets = [_bucket(d, d.to(self.comm_device), world) for d in dest]
+        buckets = [_bucket(d.to(self.comm_device), world) for d in dest]
         counts = torch.stack([c.cpu() for _, c in buckets], 1)  # (world, tables)
-        send_counts, recv_counts, totals = self.headers.open(kind, counts)
+        send_counts, recv_counts, totals = self._timed(self.headers.open, kind, counts)
         self._count("headers", [header_bytes(len(dest))] * world)
         if sum(totals) == 0:
             return [p[:0] for p in payload], [o for o, _ in buckets], send_counts, recv_counts, totals
@@ -91,29 +114,39 @@ class CollectionSharding:
         received = self._all_to_all("gradients" if kind == STEP else "input_dist", ordered, send_counts, recv_counts)
         return received, [o for o, _ in buckets], send_counts, recv_counts, totals
 
+    def refuse_lookup(self, bad_id) -> None:
+        """This rank's ids for a lookup hold ``bad_id``, out of range (True: a value not known here): with several
+        hosts it still takes part in the lookup's exchange, flagging it, so that every other rank raises too (the
+        caller raises its own error)."""
+        if self.topology.num_hosts > 1:
+            empty = torch.zeros(self.topology.world_size, len(self.shardings), dtype=torch.int64)
+            self._timed(self.headers.open, LOOKUP, empty, bad_id)
+
     # --- 1. input dist: where ids go -----------------------------------------------------------------------------
 
     def _input_dist(self, ids: list[torch.Tensor]):
         """Ids of rows on other hosts, per table, to the rank that owns each (one exchange for all tables)."""
         dest = [s.layout.owner_of(i) for s, i in zip(self.shardings, ids)]
         payload = [_as_bytes(i.reshape(-1, 1)) for i in ids]
-        received, order, send_counts, recv_counts, _ = self._to_owners(LOOKUP, dest, payload)
+        received, order, send_counts, recv_counts, totals = self._to_owners(LOOKUP, dest, payload)
         asked = [_from_bytes(r, torch.int64).reshape(-1) for r in received]
-        return asked, order, send_counts, recv_counts
+        return asked, order, send_counts, recv_counts, sum(totals)
 
     # --- 2. lookup: where rows are read --------------------------------------------------------------------------
 
     def _lookup(self, ids: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-        """Each table's rows for its ids (all on this host), straight from the host's shared table."""
-        return [s._lookup(i, device) for s, i in zip(self.shardings, ids)]
+        """Each table's rows for its ids (all on this host), straight from the host's shared table, on ``device``."""
+        return [s.shard.gather(i - s.host_start, device) for s, i in zip(self.shardings, ids)]
 
     # --- 3. output dist: where rows go back ----------------------------------------------------------------------
 
-    def _output_dist(self, served: list[torch.Tensor], send_counts: list, recv_counts: list) -> list[torch.Tensor]:
+    def _output_dist(self, served: list[torch.Tensor], send_counts: list, recv_counts: list,
+                     total: int) -> list[torch.Tensor]:
         """The rows read for other ranks, back to them (the input dist in reverse), per table in the order the
-        input dist sent the ids."""
-        if sum(sum(row) for row in recv_counts) + sum(sum(row) for row in send_counts) == 0:
-            return [s[:0] for s in served]
+        input dist sent the ids; ``total``: the rows all ranks asked for (0: no rank takes part, as every rank knows
+        from the input dist's headers)."""
+        if total == 0:
+            return served
         back = self._all_to_all("output_dist", [_as_bytes(s) for s in served], recv_counts, send_counts)
         return [_from_bytes(b, s.dtype) for b, s in zip(back, served)]
 
@@ -121,18 +154,17 @@ class CollectionSharding:
         """Rows for ``ids[t]`` (1-D, in range) of every table, on ``device``: the three stages, once for all."""
         if self.topology.num_hosts == 1:
             return self._lookup(ids, device)  # every row is on this host: no row travels
-        rows, remote_pos, remote_ids = [], [], []
-        for s, i in zip(self.shardings, ids):
-            local = s.layout.host_of(i) == self.topology.host
-            out = torch.empty(i.numel(), s.shard.dim(), dtype=s.shard.table().dtype, device=device)
-            out[local.nonzero().squeeze(1).to(device)] = s._lookup(i[local], device)
+        here = [s.layout.host_of(i) == self.topology.host for s, i in zip(self.shardings, ids)]
+        mine = self._lookup([i[h] for i, h in zip(ids, here)], device)
+        away = [(~h).nonzero().squeeze(1) for h in here]
+        asked, order, send_counts, recv_counts, total = self._input_dist([i[a] for i, a in zip(ids, away)])
+        answered = self._output_dist(self._lookup(asked, self.comm_device), send_counts, recv_counts, total)
+        rows = []
+        for i, h, m, a, o, r in zip(ids, here, mine, away, order, answered):
+            out = m.new_empty(i.numel(), m.shape[1])
+            out[h.nonzero().squeeze(1).to(device)] = m
+            out[a.to(device)[o.to(device)]] = r.to(device)
             rows.append(out)
-            remote_pos.append((~local).nonzero().squeeze(1))
-            remote_ids.append(i[remote_pos[-1]])
-        asked, order, send_counts, recv_counts = self._input_dist(remote_ids)
-        answered = self._output_dist(self._lookup(asked, self.comm_device), send_counts, recv_counts)
-        for out, pos, o, a in zip(rows, remote_pos, order, answered):
-            out[pos.to(device)[o.to(device)]] = a.to(device)
         return rows
 
     # --- gradients: to the owners, applied once per row ----------------------------------------------------------
@@ -156,4 +188,10 @@ class CollectionSharding:
                 owned_grad = _from_bytes(r[:, 8:], torch.float32)
                 s.shard.apply_gradients(owned_ids - s.host_start, owned_grad)
         if any(totals):
-            self.shardings[0].fence()  # every table of this host updated before any rank reads in the next step
+            self.fence()  # every table of this host updated before any rank reads in the next step
+
+    def fence(self) -> None:
+        """Returns once every rank of this host has finished its writes to the shared rows (of every table here)."""
+        if self.comm_device.type == "cuda":
+            torch.cuda.current_stream(self.comm_device).synchronize()  # the owners' UVA kernels have landed
+        self._timed(dist.barrier, self.shardings[0].host_group)
