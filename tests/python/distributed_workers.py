@@ -530,6 +530,10 @@ def scenario_collection(rank, cfg):
             except IndexError as e:
                 out["bad_id"] = str(e)
             out["after_bad_id"] = tuple(collection(collection_batch(100, rank, cfg["batch"], False)[0]).shape)
+            # Rank 0 asks for no row and no rank asks it for one (id 1 of every table is on host 0, owned by rank 1)
+            # while the others exchange rows: it still takes part in every stage.
+            ones = torch.ones(0 if rank == 0 else cfg["batch"], len(COLLECTION_FEATURES), dtype=torch.int64)
+            out["idle_rank"] = collection(ones)[:1].clone()
     return out
 
 

@@ -88,6 +88,9 @@ def check_collection(world, local_world, reduction, shm_dir, device=None, tol=No
             assert results[r]["bad_id"].startswith("speedtorch.distributed: rank 1's ids hold an id out of range "
                                                    "for collection #"), results[r]["bad_id"]
         assert {results[r]["after_bad_id"] for r in range(world)} == {(BATCH, 18)}
+        assert results[0]["idle_rank"].shape == (0, 18)  # and the others got their rows
+        for r in range(2, world):
+            torch.testing.assert_close(results[r]["idle_rank"], results[1]["idle_rank"], rtol=0, atol=0)
 
 
 def test_the_dlrm_benchmark_runs_under_torchrun_on_the_cpu(tmp_path):
