@@ -126,10 +126,11 @@ class HostEmbeddingBagCollection(torch.nn.Module):
                     raise ValueError(f"HostEmbeddingBagCollection: placement='hybrid' needs hot_fraction in (0, 1] "
                                      f"(tables {[tables[t].name for t in members]}), got {fraction!r}")
                 cache_rows = sum(max(1, math.ceil(fraction * tables[t].num_embeddings)) for t in members)
-            module = HostEmbedding(offset, dim, optimizer=opt or None, optimizer_options=dict(options), update=update,
-                                   device=self.device, dtype=getattr(torch, dtype_name),
-                                   state_beside_rows=state_beside_rows, init_std=init_std,
-                                   seed=None if seed is None else seed + g, placement=where, cache_rows=cache_rows)
+            module = self._group_module(offset, dim, optimizer=opt or None, optimizer_options=dict(options),
+                                        update=update, device=self.device, dtype=getattr(torch, dtype_name),
+                                        state_beside_rows=state_beside_rows, init_std=init_std,
+                                        seed=None if seed is None else seed + g, placement=where,
+                                        cache_rows=cache_rows)
             features = [f for f, t in enumerate(feature_table) if t in members]
             self._groups.append(_Group(module, stacked, features))
 
@@ -142,6 +143,11 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         self.feature_dims = [tables[t].embedding_dim for t in feature_table]
         self._constants: dict = {}
         self._prefetched = None
+
+    def _group_module(self, num_rows: int, dim: int, **kwargs) -> HostEmbedding:
+        """The module of one group (``HostEmbedding``'s arguments); speedtorch.distributed's collection makes it a
+        table shared by the ranks of a process group."""
+        return HostEmbedding(num_rows, dim, **kwargs)
 
     def extra_repr(self) -> str:
         """The module's repr lines: table and feature counts, the device, and each group's tables, size, optimizer and

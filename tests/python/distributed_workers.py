@@ -152,10 +152,13 @@ def scenario_dcp_load(rank, cfg):
 
 
 def scenario_kill(rank, cfg):
-    """Rank ``victim`` dies (SIGKILL-like exit) in the middle of a step; the others must fail, not hang."""
+    """Rank ``victim`` dies (SIGKILL-like exit) in the middle of a step; the others must fail, not hang, and their
+    shared table must be the one of the last step every rank finished."""
     from speedtorch.distributed import DistributedHostEmbedding
 
-    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], device=DEVICE, shm_dir=cfg["shm_dir"])
+    m = DistributedHostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam", optimizer_options={"lr": 0.01},
+                                 device=DEVICE, shm_dir=cfg["shm_dir"])
+    m.table.copy_(initial_table(cfg["rows"], cfg["dim"]))
     train(m, rank, 1, 0, cfg["rows"], cfg["batch"], cfg["dim"])
     ids, weights = batch(1, rank, cfg["rows"], cfg["batch"], cfg["dim"])
     (m(ids) * weights.to(DEVICE)).sum().backward()
@@ -164,8 +167,9 @@ def scenario_kill(rank, cfg):
     start = time.monotonic()
     try:
         m.step()
-    except Exception as e:  # noqa: BLE001 (what the test checks is that it raised, and how soon)
-        return {"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - start}
+    except Exception as e:  # noqa: BLE001 (what the test checks is that it raised, how soon, and what it said)
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - start,
+                "table": m.weight.clone(), "optimizer_state": m.table.state().clone(), "step": m.table.step_count()}
     return {"error": None, "seconds": time.monotonic() - start}
 
 
@@ -255,9 +259,11 @@ def scenario_build(rank, cfg):
 
 
 def _ddp_host_table(rank, cfg, ignore):
-    """A model holding a plain HostEmbedding (one table per process) inside DDP. With ddp_ignore_host_tables the
-    table is left alone (no broadcast, no gradient bucket) and the dense part is synchronised; without it, DDP
-    broadcasts rank 0's table at construction (a registered CPU parameter) and would refuse a GPU model."""
+    """A model holding a plain HostEmbedding (one table per process) inside DDP, computing where the rank computes
+    (the CPU with Gloo, its GPU with NCCL), as docs/training.md's flow does. With ddp_ignore_host_tables the table is
+    left alone (no broadcast, no gradient bucket) and the dense part is synchronised; without it, DDP broadcasts rank
+    0's table at construction (a registered CPU parameter) on the CPU, and refuses a GPU model (the table's
+    parameter lies on the CPU, the rest on the GPU): that refusal's text is returned."""
     from torch.nn.parallel import DistributedDataParallel
 
     from speedtorch.nn import HostEmbedding, ddp_ignore_host_tables, dense_parameters
@@ -267,9 +273,9 @@ def _ddp_host_table(rank, cfg, ignore):
         def __init__(self):
             super().__init__()
             self.emb = HostEmbedding(cfg["rows"], cfg["dim"], optimizer="adam", optimizer_options={"lr": 0.01},
-                                     device="cpu", seed=100 + rank)  # each rank its own table
+                                     device=DEVICE, seed=100 + rank)  # each rank its own table
             torch.manual_seed(rank)  # and its own dense values: DDP makes them rank 0's
-            self.dense = torch.nn.Linear(cfg["dim"], 1)
+            self.dense = torch.nn.Linear(cfg["dim"], 1).to(DEVICE)
 
         def forward(self, ids):
             return self.dense(self.emb(ids)).squeeze(-1)
@@ -278,17 +284,23 @@ def _ddp_host_table(rank, cfg, ignore):
     initial = model.emb.weight.clone()
     if ignore:
         ddp_ignore_host_tables(model)
-    ddp = DistributedDataParallel(model)
+    device_ids = [DEVICE.index] if DEVICE.type == "cuda" else None
+    try:
+        ddp = DistributedDataParallel(model, device_ids=device_ids)
+    except ValueError as e:
+        if ignore or DEVICE.type == "cpu":
+            raise
+        return {"refused": str(e)}
     after_wrap = model.emb.weight.clone()
     opt = CombinedOptimizer([HostEmbeddingOptimizer(model), torch.optim.SGD(dense_parameters(model), lr=0.1)])
     for step in range(cfg["steps"]):
         ids, weights = batch(step, rank, cfg["rows"], cfg["batch"], cfg["dim"])
-        (ddp(ids) - weights[:, 0]).pow(2).mean().backward()
+        (ddp(ids) - weights[:, 0].to(DEVICE)).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
     return {"initial": initial, "after_wrap": after_wrap, "table": model.emb.weight.clone(),
             "steps": model.emb.table.step_count(),
-            "dense": {k: v.clone() for k, v in model.dense.state_dict().items()}}
+            "dense": {k: v.cpu().clone() for k, v in model.dense.state_dict().items()}}
 
 
 def _shared_arguments(rank, cfg):
@@ -382,6 +394,149 @@ def scenario_pipeline(rank, cfg):
     return out
 
 
+# --- the table collection ------------------------------------------------------------------------------------------
+
+# (name, rows, dim, pooling, features, optimizer): three groups, two of dim 4 (adam, with t0 read by two features;
+# adagrad) and one of dim 6 (sgd), so a step moves the rows of three groups of two widths.
+COLLECTION_TABLES = [("t0", 23, 4, "sum", ("a", "b"), None), ("t1", 17, 4, "mean", ("c",), "adagrad"),
+                     ("t2", 31, 6, "sum", ("d",), "sgd")]
+_TABLE_OPTIONS = {None: None, "adagrad": {"lr": 0.1}, "sgd": {"lr": 0.1, "momentum": 0.9}}
+COLLECTION_FEATURES = [("a", 23), ("b", 23), ("c", 17), ("d", 31)]  # feature, its table's rows
+
+
+def collection_configs():
+    from speedtorch import TableConfig
+
+    return [TableConfig(name, rows, dim, pooling=pooling, feature_names=features, optimizer=opt,
+                        optimizer_options=_TABLE_OPTIONS[opt])
+            for name, rows, dim, pooling, features, opt in COLLECTION_TABLES]
+
+
+def collection_batch(step: int, rank: int, size: int, multi_hot: bool):
+    """Rank ``rank``'s features at ``step``: a (size, features) one-hot tensor, or SparseFeatures with 0-3 ids per
+    bag (empty bags included), and the regression targets."""
+    from speedtorch import SparseFeatures
+
+    g = torch.Generator().manual_seed(104729 * step + 31 * rank + (7 if multi_hot else 0))
+    target = torch.randn(size, generator=g)
+    if not multi_hot:
+        return torch.stack([torch.randint(0, rows, (size,), generator=g) for _, rows in COLLECTION_FEATURES], 1), target
+    lengths = torch.randint(0, 4, (len(COLLECTION_FEATURES), size), generator=g)
+    values = torch.cat([torch.randint(0, rows, (int(lengths[f].sum()),), generator=g)
+                        for f, (_, rows) in enumerate(COLLECTION_FEATURES)])
+    return SparseFeatures([n for n, _ in COLLECTION_FEATURES], values, lengths.reshape(-1)), target
+
+
+def concatenated_batches(batches, multi_hot: bool):
+    """The ranks' batches as one (what single-process training on all of them takes)."""
+    from speedtorch import SparseFeatures
+
+    if not multi_hot:
+        return torch.cat([f for f, _ in batches]), torch.cat([t for _, t in batches])
+    features = [f for f, _ in batches]
+    per_feature = len(COLLECTION_FEATURES)
+    lengths, values = [], []
+    for f in range(per_feature):
+        for kjt in features:
+            bag_lengths = kjt.lengths.view(per_feature, -1)
+            start = int(bag_lengths[:f].sum())
+            lengths.append(bag_lengths[f])
+            values.append(kjt.values[start:start + int(bag_lengths[f].sum())])
+    return (SparseFeatures(features[0].keys, torch.cat(values), torch.cat(lengths)),
+            torch.cat([t for _, t in batches]))
+
+
+def collection_initial(rows: int, dim: int, group: int) -> torch.Tensor:
+    return torch.randn(rows, dim, generator=torch.Generator().manual_seed(4321 + group))
+
+
+class CollectionModel(torch.nn.Module):
+    """The collection and a linear layer on its pooled features: what the test trains on every rank under DDP and
+    in one process (the reference)."""
+
+    def __init__(self, collection):
+        super().__init__()
+        self.sparse = collection
+        torch.manual_seed(0)
+        self.dense = torch.nn.Linear(sum(d for _, _, d, _, feats, _ in COLLECTION_TABLES for _ in feats), 1)
+
+    def forward(self, features):
+        return self.dense(self.sparse(features)).squeeze(-1)
+
+
+def scenario_collection(rank, cfg):
+    """DistributedHostEmbeddingBagCollection under DDP, one-hot and multi-hot (a collection each), trained for
+    cfg["steps"] steps (the pipeline's order with cfg["prefetch"]: the next batch prefetched before step()). Returns
+    per variant each group's block of rows and state, its step count, the dense parameters, and how many
+    exchanges the collection and its groups' own tables opened."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from speedtorch.distributed import DistributedHostEmbeddingBagCollection
+
+    global DEVICE
+    if cfg.get("device") == "cuda" and DEVICE.type == "cpu":  # GPU compute with Gloo between the ranks
+        DEVICE = torch.device("cuda", rank % torch.cuda.device_count())
+    out = {}
+    for multi_hot in (False, True):
+        collection = DistributedHostEmbeddingBagCollection(collection_configs(), optimizer="adam",
+                                                           optimizer_options={"lr": 0.05}, device=DEVICE,
+                                                           reduction=cfg["reduction"], shm_dir=cfg["shm_dir"])
+        for g, module in enumerate(collection.groups):
+            module.table.copy_(collection_initial(module.num_embeddings, module.embedding_dim, g))
+        model = CollectionModel(collection).to(DEVICE)
+        ddp = DistributedDataParallel(model, device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        batches = [collection_batch(step, rank, cfg["batch"], multi_hot) for step in range(cfg["steps"])]
+        if cfg.get("pipeline"):  # TrainPipeline: it prefetches each next batch and steps the groups one by one
+            from speedtorch import TrainPipeline
+
+            class Loss(torch.nn.Module):
+                def __init__(self, model):
+                    super().__init__()
+                    self.model = model
+
+                def forward(self, batch):
+                    return (self.model(batch[0]) - batch[1]).pow(2).mean()
+
+            ddp = DistributedDataParallel(Loss(model), device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None)
+            pipeline = TrainPipeline(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), batches, device=DEVICE,
+                                     sparse_inputs=lambda b: [(collection, b[0])])
+            assert sum(1 for _ in pipeline) == len(batches)
+        for step, (features, target) in enumerate([] if cfg.get("pipeline") else batches):
+            (ddp(features) - target.to(DEVICE)).pow(2).mean().backward()
+            if cfg.get("prefetch") and step + 1 < len(batches):
+                collection.prefetch(batches[step + 1][0])  # before step(): gathered once every update is done
+            collection.step()
+            opt.step()
+            opt.zero_grad()
+        groups = []
+        for module in collection.groups:
+            sd = module.state_dict()
+            groups.append({"weight": sd["weight"].to_local().clone(),
+                           "optimizer_state": sd["optimizer_state"].to_local().clone(),
+                           "step": int(sd["optimizer_step"]), "own_exchanges": module.table.sharding.headers.opened})
+        out["multi_hot" if multi_hot else "one_hot"] = {
+            "groups": groups, "dense": {k: v.cpu().clone() for k, v in model.dense.state_dict().items()},
+            "exchanges": collection.sharding.headers.opened, "bytes_sent": collection.sharding.bytes_sent,
+            "state_dict_keys": sorted(collection.state_dict())}
+    if cfg.get("bad_id_rank") is not None:  # an id out of range on one rank: every rank raises, then all go on
+        features = collection_batch(99, rank, cfg["batch"], False)[0]
+        if rank == cfg["bad_id_rank"]:
+            features[2, 3] = COLLECTION_FEATURES[3][1]  # feature d's table has that many rows
+        with torch.no_grad():
+            try:
+                collection(features)
+                out["bad_id"] = None
+            except IndexError as e:
+                out["bad_id"] = str(e)
+            out["after_bad_id"] = tuple(collection(collection_batch(100, rank, cfg["batch"], False)[0]).shape)
+            # Rank 0 asks for no row and no rank asks it for one (id 1 of every table is on host 0, owned by rank 1)
+            # while the others exchange rows: it still takes part in every stage.
+            ones = torch.ones(0 if rank == 0 else cfg["batch"], len(COLLECTION_FEATURES), dtype=torch.int64)
+            out["idle_rank"] = collection(ones)[:1].clone()
+    return out
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
@@ -400,6 +555,8 @@ def run(rank: int, world: int, port: int, local_world: int, scenario: str, cfg: 
                                 timeout=datetime.timedelta(seconds=cfg.get("timeout", 60)))
         result = SCENARIOS[scenario](rank, cfg)
         torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+        if scenario == "kill":  # a peer is gone: no group to tear down with it (NCCL's would wait for it)
+            os._exit(0)
     except BaseException as e:  # noqa: BLE001
         with open(os.path.join(out_dir, f"{rank}.err"), "w") as f:
             f.write(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")

@@ -2,7 +2,9 @@
 copy per host in shared memory, rows sharded over hosts; docs/distributed.md.
 
 - :class:`DistributedHostEmbedding`: the module (a :class:`speedtorch.nn.HostEmbedding` whose table is sharded);
-- :class:`ShardedHostTable`: the table it trains (row_sharding.py holds the three stages rows and gradients go through);
+- :class:`DistributedHostEmbeddingBagCollection`: the table collection (``HostEmbeddingBagCollection``) over such
+  tables, every group's rows and gradients in one exchange per lookup and per step (row_exchange.py);
+- :class:`ShardedHostTable`: the table it trains (row_exchange.py holds the three stages rows and gradients go through);
 - :class:`HostTopology`: which ranks share a host (``LOCAL_WORLD_SIZE``);
 - :func:`share_rows`: one copy per host of a serving table (quantized rows) for every local rank.
 """
@@ -14,10 +16,12 @@ if torch.__version__ < (2, 5):
     raise ImportError(f"speedtorch.distributed needs torch >= 2.5 (torch.distributed.tensor.DTensor); this is torch "
                       f"{torch.__version__}")
 
+from .collection import DistributedHostEmbeddingBagCollection  # noqa: E402
 from .embedding import DistributedHostEmbedding  # noqa: E402
 from .host_shard import share_rows  # noqa: E402
 from .row_sharding import RowLayout  # noqa: E402
 from .sharded_table import ShardedHostTable  # noqa: E402
 from .topology import HostTopology  # noqa: E402
 
-__all__ = ["DistributedHostEmbedding", "HostTopology", "RowLayout", "ShardedHostTable", "share_rows"]
+__all__ = ["DistributedHostEmbedding", "DistributedHostEmbeddingBagCollection", "HostTopology", "RowLayout",
+           "ShardedHostTable", "share_rows"]

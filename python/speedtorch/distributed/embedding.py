@@ -136,6 +136,13 @@ class DistributedHostEmbedding(HostEmbedding):
         else:
             super().prefetch(next_input)
 
+    def hand_rows(self, input: torch.Tensor, unique: torch.Tensor, inverse: torch.Tensor, rows: torch.Tensor) -> None:
+        """Gives the next lookup of this very ``input`` tensor its rows, gathered by the caller: ``unique`` (its
+        distinct ids), ``inverse`` (``input == unique[inverse]``) and ``rows`` (theirs, on :attr:`device`). The
+        distributed collection gathers the rows of all its groups in one exchange and hands each group its own."""
+        self._prefetched = (input, unique, inverse, rows)
+        self._updated_since_prefetch = []
+
     # --- state_dict: DTensors over each rank's block of the shared rows -------------------------------------------
 
     def _table_tensors(self) -> dict:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .. import PinnedEmbedding
-from .topology import HostTopology
+from .topology import HostTopology, control_group_timeout
 
 __all__ = ["open_host_shard", "share_on_host", "share_rows", "SHM_PREFIX"]
 
@@ -96,7 +96,8 @@ def share_rows(rows, local_world_size: Optional[int] = None, shm_dir: str = "/de
     from ..quantized import QuantizedRows
 
     topology = HostTopology.of(None, local_world_size)
-    host_groups = [dist.new_group(topology.host_ranks(h), backend="gloo") for h in range(topology.num_hosts)]
+    host_groups = [dist.new_group(topology.host_ranks(h), backend="gloo", timeout=control_group_timeout())
+                   for h in range(topology.num_hosts)]
 
     def create(folder):
         if rows is None:

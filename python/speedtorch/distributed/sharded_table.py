@@ -1,7 +1,7 @@
 """``ShardedHostTable``: one embedding table and its optimizer state trained by every rank of a process group.
 
 Each host keeps its rows once, in shared memory that all of its ranks map (host_shard.py); rows move between hosts
-and gradients reach their owners through ``torch.distributed`` collectives (row_sharding.py). It offers the part of
+and gradients reach their owners through ``torch.distributed`` collectives (row_exchange.py). It offers the part of
 :class:`speedtorch.PinnedEmbedding`'s API that :class:`speedtorch.nn.HostEmbedding` uses, so the module's code is
 the same as for the single-process placements; :class:`DistributedHostEmbedding` (embedding.py) is that module.
 """
@@ -18,7 +18,7 @@ from .. import PinnedEmbedding
 from ..ops import _first_out_of_range, check_indices
 from .host_shard import open_host_shard
 from .row_sharding import RowLayout, RowSharding
-from .topology import HostTopology
+from .topology import HostTopology, control_group_timeout
 
 __all__ = ["ShardedHostTable"]
 
@@ -29,10 +29,11 @@ _next_table_id = 0
 
 
 def _control_group():
-    # Object exchanges and barriers run on the CPU: Gloo, whatever the data path's backend.
+    # Headers, object exchanges and barriers run on the CPU: Gloo, whatever the data path's backend, with the default
+    # group's timeout (a new group's default is Gloo's 30 minutes).
     if dist.get_backend() == "gloo":
         return dist.group.WORLD
-    return dist.new_group(backend="gloo")
+    return dist.new_group(backend="gloo", timeout=control_group_timeout())
 
 
 def _rows_with_own_storage(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
@@ -41,6 +42,26 @@ def _rows_with_own_storage(t: torch.Tensor, start: int, end: int) -> torch.Tenso
     if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: the same bits as int16
         return torch.from_numpy(t.view(torch.int16).numpy()[start:end]).view(torch.bfloat16)
     return torch.from_numpy(t.numpy()[start:end])
+
+
+def agree_on_id(control_group, what: str, **config) -> int:
+    """Checks that every rank passes the same ``config`` (a ``ValueError`` on every rank, starting with ``what``,
+    naming the first rank and setting that differ) and returns the number the ranks agree on for the new table (or
+    set of tables): its identity in the exchange headers (exchange_headers.py). A collective of every rank."""
+    # Before any other collective: a rank whose table differs would otherwise hang or corrupt the others.
+    global _next_table_id
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (config, _next_table_id), group=control_group)
+    for rank, (other, _) in enumerate(everyone):
+        for name, value in other.items():
+            if value != everyone[0][0][name]:
+                raise ValueError(f"{what}, but rank {rank} has {name}={value!r} where rank 0 has "
+                                 f"{name}={everyone[0][0][name]!r}")
+    # The largest proposal: the same on every rank, and above every number this process gave out before (a rank
+    # whose count differs, say it built a table in an earlier process group, cannot make two ranks disagree).
+    table_id = max(proposed for _, proposed in everyone)
+    _next_table_id = table_id + 1
+    return table_id
 
 
 class ShardedHostTable:
@@ -72,7 +93,7 @@ class ShardedHostTable:
         topology = HostTopology.of(None, local_world_size)
         host_group = None
         for host in range(topology.num_hosts):  # every rank creates every group, in the same order
-            group = dist.new_group(topology.host_ranks(host), backend="gloo")
+            group = dist.new_group(topology.host_ranks(host), backend="gloo", timeout=control_group_timeout())
             if host == topology.host:
                 host_group = group
         self.layout = RowLayout(num_rows, topology)
@@ -80,26 +101,14 @@ class ShardedHostTable:
         shard = open_host_shard(topology, host_group, end - start, dim, dtype, optimizer, options, shm_dir)
         comm_device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
             else torch.device("cpu")
-        self.sharding = RowSharding(self.layout, shard, host_group, comm_device, reduction, self.table_id)
+        self.sharding = RowSharding(self.layout, shard, host_group, comm_device, reduction, self.table_id,
+                                    self.control_group)
         self.shard = shard
         self._num_rows = num_rows
 
     def _check_same_everywhere(self, **config) -> int:
         """Checks that every rank builds the same table and returns the table's number, agreed by every rank."""
-        # Before any other collective: a rank whose table differs would otherwise hang or corrupt the others.
-        global _next_table_id
-        everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, (config, _next_table_id), group=self.control_group)
-        for rank, (other, _) in enumerate(everyone):
-            for name, value in other.items():
-                if value != everyone[0][0][name]:
-                    raise ValueError(f"ShardedHostTable: every rank must build the same table, but rank {rank} has "
-                                     f"{name}={value!r} where rank 0 has {name}={everyone[0][0][name]!r}")
-        # The largest proposal: the same on every rank, and above every number this process gave out before (a rank
-        # whose count differs, say it built a table in an earlier process group, cannot make two ranks disagree).
-        table_id = max(proposed for _, proposed in everyone)
-        _next_table_id = table_id + 1
-        return table_id
+        return agree_on_id(self.control_group, "ShardedHostTable: every rank must build the same table", **config)
 
     # --- what HostEmbedding uses -----------------------------------------------------------------------------------
 

@@ -9,11 +9,26 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Optional
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["HostTopology"]
+__all__ = ["HostTopology", "control_group_timeout"]
+
+
+def control_group_timeout() -> timedelta:
+    """The default process group's ``timeout`` (``init_process_group(timeout=...)``), which the Gloo groups the
+    tables create (headers, fences, object exchanges) take too: ``new_group`` would give them Gloo's default (30
+    minutes), so a rank that died would be noticed only then."""
+    group = dist.distributed_c10d._get_default_group()
+    for device in ("cuda", "cpu"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except (RuntimeError, AttributeError):
+            continue
+    return dist.default_pg_timeout
 
 
 @dataclass(frozen=True)
