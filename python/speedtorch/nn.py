@@ -186,6 +186,15 @@ class HostEmbedding(torch.nn.Module):
     # TorchScript compiles properties unless told not to; `weight` syncs placements in Python.
     __jit_unused_properties__ = ["weight"]
 
+    def __new__(cls, *args, **kwargs):
+        # HostEmbedding(None, dim, capacity=...): a table that grows, taking raw int64 ids
+        # (speedtorch.dynamic_embedding.DynamicHostEmbedding, docs/dynamic_tables.md).
+        if cls is HostEmbedding and (args or "num_embeddings" in kwargs) and \
+                (args[0] if args else kwargs["num_embeddings"]) is None:
+            from .dynamic_embedding import DynamicHostEmbedding
+            cls = DynamicHostEmbedding
+        return super().__new__(cls)
+
     def __init__(
         self,
         num_embeddings: int,
