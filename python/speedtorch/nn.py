@@ -127,7 +127,9 @@ class HostEmbedding(torch.nn.Module):
     (int32/int64, any device), NumPy arrays or lists.
 
     Args:
-        num_embeddings, embedding_dim: table size.
+        num_embeddings, embedding_dim: table size. ``num_embeddings=None`` with ``capacity=`` builds a table that
+            grows over raw int64 ids of any value (:class:`speedtorch.dynamic_embedding.DynamicHostEmbedding`,
+            docs/dynamic_tables.md).
         padding_idx: this row gets no gradient (and is never updated); a new table starts with it zero. In bags its
             entries are left out (``nn.EmbeddingBag``'s rule).
         max_norm, norm_type: rows looked up whose ``norm_type``-norm exceeds ``max_norm`` are scaled down to it, in
