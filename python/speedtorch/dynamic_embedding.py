@@ -140,7 +140,10 @@ class DynamicHostEmbedding(HostEmbedding):
             self._step_open = True
         if evicted_slots.numel() and self.on_evict is not None:
             rows = self.table.gather(evicted_slots, torch.device("cpu"))
-            state = self.table.state()[evicted_slots].clone() if self.table.optimizer() else None
+            state = None
+            if self.table.optimizer():
+                self._sync_for_host_access()  # the state tensor is read without the table's ordering of GPU work
+                state = self.table.state()[evicted_slots].clone()
             self.on_evict(evicted_keys, rows, state)
         if admitted.numel():
             self._initialise_rows(admitted)
@@ -149,8 +152,11 @@ class DynamicHostEmbedding(HostEmbedding):
     @torch.no_grad()
     def _initialise_rows(self, slots: torch.Tensor) -> None:
         rows = torch.randn(slots.numel(), self.embedding_dim, generator=self._init_generator) * self.init_std
-        self.table.scatter_(slots, rows.to(self.table.table().dtype))
+        self.table.scatter_(slots, rows.to(self._table_param.dtype))  # waits for GPU work on these rows itself
         if self.table.optimizer():
+            # Written through the state tensor, which the table does not order after GPU updates still running on
+            # these rows (an evicted row's last step): wait for them first. (A state scatter in C++ would not.)
+            self._sync_for_host_access()
             self.table.state()[slots] = 0
 
     def _rows_for(self, input: torch.Tensor):
