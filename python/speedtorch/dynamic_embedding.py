@@ -164,7 +164,9 @@ class DynamicHostEmbedding(HostEmbedding):
         slots = self._assign(ids) if self.training else self.index.find(ids)
         unique, inverse = unique_indices(slots.to(self.device))  # -1 (no row), if any, comes first
         rows = self.table.gather(unique.clamp(min=0), self.device)
-        rows.masked_fill_((unique < 0).unsqueeze(1), 0)
+        if unique.numel():
+            # Only the first distinct slot can be -1 (sorted); a where over one row needs no wait for the GPU.
+            rows[:1] = torch.where(unique[:1].unsqueeze(1) >= 0, rows[:1], 0)
         return unique, inverse, rows
 
     def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
