@@ -30,30 +30,32 @@ at::Tensor host_ids(const at::Tensor& ids, const char* op) {
 
 }  // namespace
 
-void IdIndex::Links::push_back(List& list, int64_t at) {
-  prev[at] = list.tail;
-  next[at] = -1;
+template <typename Entry>
+void IdIndex::push_back(std::vector<Entry>& entries, List& list, int64_t at) {
+  entries[at].prev = list.tail;
+  entries[at].next = -1;
   if (list.tail == -1) {
     list.head = at;
   } else {
-    next[list.tail] = at;
+    entries[list.tail].next = at;
   }
   list.tail = at;
 }
 
-void IdIndex::Links::unlink(List& list, int64_t at) {
-  const int64_t before = prev[at], after = next[at];
+template <typename Entry>
+void IdIndex::unlink(std::vector<Entry>& entries, List& list, int64_t at) {
+  const int64_t before = entries[at].prev, after = entries[at].next;
   if (before == -1) {
     list.head = after;
   } else {
-    next[before] = after;
+    entries[before].next = after;
   }
   if (after == -1) {
     list.tail = before;
   } else {
-    prev[after] = before;
+    entries[after].prev = before;
   }
-  prev[at] = next[at] = -1;
+  entries[at].prev = entries[at].next = -1;
 }
 
 IdIndex::IdIndex(int64_t capacity, int64_t admit_after, const std::string& policy, int64_t candidate_capacity)
@@ -128,39 +130,41 @@ void IdIndex::drop_bucket_if_empty(int64_t bucket) {
 
 void IdIndex::link_slot(int64_t slot) {
   if (policy_ == Policy::kLru) {
-    slot_links_.push_back(recency_, slot);
+    push_back(rows_, recency_, slot);
     return;
   }
-  const int64_t bucket = bucket_for_count_after(-1, count_[slot]);
-  slot_links_.push_back(buckets_[bucket].rows, slot);
-  bucket_of_[slot] = bucket;
+  const int64_t bucket = bucket_for_count_after(-1, rows_[slot].count);
+  push_back(rows_, buckets_[bucket].rows, slot);
+  rows_[slot].bucket = bucket;
 }
 
 void IdIndex::unlink_slot(int64_t slot) {
   if (policy_ == Policy::kLru) {
-    slot_links_.unlink(recency_, slot);
+    unlink(rows_, recency_, slot);
     return;
   }
-  const int64_t bucket = bucket_of_[slot];
-  slot_links_.unlink(buckets_[bucket].rows, slot);
-  bucket_of_[slot] = -1;
+  const int64_t bucket = rows_[slot].bucket;
+  unlink(rows_, buckets_[bucket].rows, slot);
+  rows_[slot].bucket = -1;
   drop_bucket_if_empty(bucket);
 }
 
 void IdIndex::touch(int64_t slot) {
-  count_[slot] += 1;
-  last_step_[slot] = step_;
-  stamp_[slot] = ++clock_;
+  rows_[slot].count += 1;
+  rows_[slot].last_step = step_;
+  rows_[slot].stamp = ++clock_;
   if (policy_ == Policy::kLru) {
-    slot_links_.unlink(recency_, slot);
-    slot_links_.push_back(recency_, slot);
+    if (recency_.tail != slot) {
+      unlink(rows_, recency_, slot);
+      push_back(rows_, recency_, slot);
+    }
     return;
   }
-  const int64_t from = bucket_of_[slot];
-  slot_links_.unlink(buckets_[from].rows, slot);
-  const int64_t to = bucket_for_count_after(from, count_[slot]);
-  slot_links_.push_back(buckets_[to].rows, slot);
-  bucket_of_[slot] = to;
+  const int64_t from = rows_[slot].bucket;
+  unlink(rows_, buckets_[from].rows, slot);
+  const int64_t to = bucket_for_count_after(from, rows_[slot].count);
+  push_back(rows_, buckets_[to].rows, slot);
+  rows_[slot].bucket = to;
   drop_bucket_if_empty(from);
 }
 
@@ -169,11 +173,11 @@ int64_t IdIndex::victim() const {
   // was seen in the current step, so were all the others.
   if (policy_ == Policy::kLru) {
     const int64_t oldest = recency_.head;
-    return oldest != -1 && last_step_[oldest] < step_ ? oldest : -1;
+    return oldest != -1 && rows_[oldest].last_step < step_ ? oldest : -1;
   }
   for (int64_t b = lowest_bucket_; b != -1; b = buckets_[b].higher) {
     const int64_t oldest = buckets_[b].rows.head;
-    if (last_step_[oldest] < step_) {
+    if (rows_[oldest].last_step < step_) {
       return oldest;
     }
   }
@@ -189,31 +193,27 @@ void IdIndex::remember_candidate(int64_t key, int64_t sightings) {
   auto found = candidate_of_.find(key);
   if (found != candidate_of_.end()) {
     const int64_t entry = found->second;
-    candidate_count_[entry] = sightings;
-    candidate_stamp_[entry] = ++clock_;
-    candidate_links_.unlink(candidate_recency_, entry);
-    candidate_links_.push_back(candidate_recency_, entry);
+    candidates_[entry].count = sightings;
+    candidates_[entry].stamp = ++clock_;
+    unlink(candidates_, candidate_recency_, entry);
+    push_back(candidates_, candidate_recency_, entry);
     return;
   }
   if (static_cast<int64_t>(candidate_of_.size()) == candidate_capacity_) {
-    forget_candidate(candidate_key_[candidate_recency_.head]);  // full: the one seen least recently goes
+    forget_candidate(candidates_[candidate_recency_.head].key);  // full: the one seen least recently goes
   }
   int64_t entry;
   if (!free_candidates_.empty()) {
     entry = free_candidates_.back();
     free_candidates_.pop_back();
   } else {
-    entry = static_cast<int64_t>(candidate_key_.size());
-    candidate_key_.push_back(0);
-    candidate_count_.push_back(0);
-    candidate_stamp_.push_back(0);
-    candidate_links_.prev.push_back(-1);
-    candidate_links_.next.push_back(-1);
+    entry = static_cast<int64_t>(candidates_.size());
+    candidates_.emplace_back();
   }
-  candidate_key_[entry] = key;
-  candidate_count_[entry] = sightings;
-  candidate_stamp_[entry] = ++clock_;
-  candidate_links_.push_back(candidate_recency_, entry);
+  candidates_[entry].key = key;
+  candidates_[entry].count = sightings;
+  candidates_[entry].stamp = ++clock_;
+  push_back(candidates_, candidate_recency_, entry);
   candidate_of_.emplace(key, entry);
 }
 
@@ -224,7 +224,7 @@ void IdIndex::forget_candidate(int64_t key) {
   }
   const int64_t entry = found->second;
   candidate_of_.erase(found);
-  candidate_links_.unlink(candidate_recency_, entry);
+  unlink(candidates_, candidate_recency_, entry);
   free_candidates_.push_back(entry);
 }
 
@@ -262,26 +262,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::assign(const
       int64_t sightings = new_sightings.find(key)->second;
       auto remembered = candidate_of_.find(key);
       if (remembered != candidate_of_.end()) {
-        sightings += candidate_count_[remembered->second];
+        sightings += candidates_[remembered->second].count;
       }
       int64_t slot = -1;
       if (!table_busy && sightings >= admit_after_) {
         if (size_ < capacity_) {
           slot = size_++;
-          for (auto* column : {&key_, &count_, &last_step_, &stamp_, &slot_links_.prev, &slot_links_.next}) {
-            column->push_back(-1);
-          }
-          if (policy_ == Policy::kLfu) {
-            bucket_of_.push_back(-1);
-          }
+          rows_.emplace_back();
         } else {
           slot = victim();
           if (slot == -1) {
             table_busy = true;
           } else {
-            evicted_keys.push_back(key_[slot]);
+            evicted_keys.push_back(rows_[slot].key);
             evicted_slots.push_back(slot);
-            slot_of_.erase(key_[slot]);
+            slot_of_.erase(rows_[slot].key);
             unlink_slot(slot);
           }
         }
@@ -292,10 +287,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::assign(const
       }
       // 4. The new row: count = its sightings, the most recent.
       forget_candidate(key);
-      key_[slot] = key;
-      count_[slot] = sightings;
-      last_step_[slot] = step_;
-      stamp_[slot] = ++clock_;
+      rows_[slot].key = key;
+      rows_[slot].count = sightings;
+      rows_[slot].last_step = step_;
+      rows_[slot].stamp = ++clock_;
       slot_of_.emplace(key, slot);
       link_slot(slot);
       admitted.push_back(slot);
@@ -362,28 +357,20 @@ int64_t IdIndex::candidates() const {
   return static_cast<int64_t>(candidate_of_.size());
 }
 
-namespace {
-at::Tensor copy_of(const std::vector<int64_t>& values, int64_t n) {
-  at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kLong));
-  std::copy(values.begin(), values.begin() + n, out.data_ptr<int64_t>());
+template <typename Field>
+at::Tensor IdIndex::column(Field field) const {
+  std::shared_lock<TableLock> guard(lock_);
+  at::Tensor out = at::empty({size_}, at::TensorOptions().dtype(at::kLong));
+  int64_t* values = out.data_ptr<int64_t>();
+  for (int64_t slot = 0; slot < size_; ++slot) {
+    values[slot] = rows_[slot].*field;
+  }
   return out;
 }
-}  // namespace
 
-at::Tensor IdIndex::keys() const {
-  std::shared_lock<TableLock> guard(lock_);
-  return copy_of(key_, size_);
-}
-
-at::Tensor IdIndex::counts() const {
-  std::shared_lock<TableLock> guard(lock_);
-  return copy_of(count_, size_);
-}
-
-at::Tensor IdIndex::last_steps() const {
-  std::shared_lock<TableLock> guard(lock_);
-  return copy_of(last_step_, size_);
-}
+at::Tensor IdIndex::keys() const { return column(&Row::key); }
+at::Tensor IdIndex::counts() const { return column(&Row::count); }
+at::Tensor IdIndex::last_steps() const { return column(&Row::last_step); }
 
 std::string IdIndex::repr() const {
   std::shared_lock<TableLock> guard(lock_);
@@ -410,16 +397,16 @@ at::Tensor IdIndex::state() const {
     }
   }
   for (int64_t slot = 0; slot < size_; ++slot) {
-    rows[kHeaderRows + slot][0] = key_[slot];
-    rows[kHeaderRows + slot][1] = count_[slot];
-    rows[kHeaderRows + slot][2] = last_step_[slot];
-    rows[kHeaderRows + slot][3] = stamp_[slot];
+    rows[kHeaderRows + slot][0] = rows_[slot].key;
+    rows[kHeaderRows + slot][1] = rows_[slot].count;
+    rows[kHeaderRows + slot][2] = rows_[slot].last_step;
+    rows[kHeaderRows + slot][3] = rows_[slot].stamp;
   }
   int64_t row = kHeaderRows + capacity_;
-  for (int64_t entry = candidate_recency_.head; entry != -1; entry = candidate_links_.next[entry], ++row) {
-    rows[row][0] = candidate_key_[entry];
-    rows[row][1] = candidate_count_[entry];
-    rows[row][2] = candidate_stamp_[entry];
+  for (int64_t entry = candidate_recency_.head; entry != -1; entry = candidates_[entry].next, ++row) {
+    rows[row][0] = candidates_[entry].key;
+    rows[row][1] = candidates_[entry].count;
+    rows[row][2] = candidates_[entry].stamp;
   }
   return out;
 }
@@ -454,25 +441,15 @@ void IdIndex::check_state(const at::Tensor& state) const {
 
 void IdIndex::clear() {
   slot_of_.clear();
-  key_.clear();
-  count_.clear();
-  last_step_.clear();
-  stamp_.clear();
-  slot_links_.prev.clear();
-  slot_links_.next.clear();
+  rows_.clear();
   recency_ = List{};
-  bucket_of_.clear();
   buckets_.clear();
   free_buckets_.clear();
   lowest_bucket_ = -1;
   size_ = 0;
   candidate_of_.clear();
-  candidate_key_.clear();
-  candidate_count_.clear();
-  candidate_stamp_.clear();
+  candidates_.clear();
   free_candidates_.clear();
-  candidate_links_.prev.clear();
-  candidate_links_.next.clear();
   candidate_recency_ = List{};
 }
 
@@ -486,22 +463,14 @@ void IdIndex::load_state(const at::Tensor& given) {
   step_ = rows[1][1];
   clock_ = rows[1][2];
   size_ = size;
-  key_.resize(size);
-  count_.resize(size);
-  last_step_.resize(size);
-  stamp_.resize(size);
-  slot_links_.prev.assign(size, -1);
-  slot_links_.next.assign(size, -1);
-  if (policy_ == Policy::kLfu) {
-    bucket_of_.assign(size, -1);
-  }
+  rows_.resize(size);
   slot_of_.reserve(size);
   for (int64_t slot = 0; slot < size; ++slot) {
-    key_[slot] = rows[kHeaderRows + slot][0];
-    count_[slot] = rows[kHeaderRows + slot][1];
-    last_step_[slot] = rows[kHeaderRows + slot][2];
-    stamp_[slot] = rows[kHeaderRows + slot][3];
-    const bool fresh = slot_of_.emplace(key_[slot], slot).second;
+    rows_[slot].key = rows[kHeaderRows + slot][0];
+    rows_[slot].count = rows[kHeaderRows + slot][1];
+    rows_[slot].last_step = rows[kHeaderRows + slot][2];
+    rows_[slot].stamp = rows[kHeaderRows + slot][3];
+    const bool fresh = slot_of_.emplace(rows_[slot].key, slot).second;
     if (!fresh) {
       clear();
       TORCH_CHECK(false, "speedtorch.IdIndex.load_state: key ", rows[kHeaderRows + slot][0],
@@ -512,33 +481,29 @@ void IdIndex::load_state(const at::Tensor& given) {
   std::vector<int64_t> order(size);
   std::iota(order.begin(), order.end(), 0);
   if (policy_ == Policy::kLru) {
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return stamp_[a] < stamp_[b]; });
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows_[a].stamp < rows_[b].stamp; });
     for (const int64_t slot : order) {
-      slot_links_.push_back(recency_, slot);
+      push_back(rows_, recency_, slot);
     }
   } else {
     std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return count_[a] != count_[b] ? count_[a] < count_[b] : stamp_[a] < stamp_[b];
+      return rows_[a].count != rows_[b].count ? rows_[a].count < rows_[b].count : rows_[a].stamp < rows_[b].stamp;
     });
     int64_t highest = -1;
     for (const int64_t slot : order) {
-      if (highest == -1 || buckets_[highest].count != count_[slot]) {
-        highest = bucket_for_count_after(highest, count_[slot]);  // above every bucket made so far
+      if (highest == -1 || buckets_[highest].count != rows_[slot].count) {
+        highest = bucket_for_count_after(highest, rows_[slot].count);  // above every bucket made so far
       }
-      slot_links_.push_back(buckets_[highest].rows, slot);
-      bucket_of_[slot] = highest;
+      push_back(rows_, buckets_[highest].rows, slot);
+      rows_[slot].bucket = highest;
     }
   }
   const int64_t first = kHeaderRows + capacity_;
   for (int64_t i = 0; i < candidates; ++i) {
-    const int64_t entry = static_cast<int64_t>(candidate_key_.size());
-    candidate_key_.push_back(rows[first + i][0]);
-    candidate_count_.push_back(rows[first + i][1]);
-    candidate_stamp_.push_back(rows[first + i][2]);
-    candidate_links_.prev.push_back(-1);
-    candidate_links_.next.push_back(-1);
-    candidate_links_.push_back(candidate_recency_, entry);  // state() wrote them least recently seen first
-    candidate_of_.emplace(candidate_key_[entry], entry);
+    const int64_t entry = static_cast<int64_t>(candidates_.size());
+    candidates_.push_back(Candidate{rows[first + i][0], rows[first + i][1], rows[first + i][2], -1, -1});
+    push_back(candidates_, candidate_recency_, entry);  // state() wrote them least recently seen first
+    candidate_of_.emplace(candidates_[entry].key, entry);
   }
 }
 

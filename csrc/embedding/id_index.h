@@ -117,11 +117,29 @@ class IdIndex : public torch::CustomClassHolder {
     int64_t head = -1;
     int64_t tail = -1;
   };
-  struct Links {
-    std::vector<int64_t> prev, next;
-    void push_back(List& list, int64_t at);
-    void unlink(List& list, int64_t at);
+  // One used slot, in one record so that a sighting touches one cache line of it: its key, sighting count, the step
+  // it was last seen, its recency stamp, its neighbours in its list (LRU: the one list; LFU: its bucket's) and its
+  // bucket (LFU).
+  struct Row {
+    int64_t key = 0;
+    int64_t count = 0;
+    int64_t last_step = 0;
+    int64_t stamp = 0;
+    int64_t prev = -1;
+    int64_t next = -1;
+    int64_t bucket = -1;
   };
+  struct Candidate {
+    int64_t key = 0;
+    int64_t count = 0;
+    int64_t stamp = 0;
+    int64_t prev = -1;
+    int64_t next = -1;
+  };
+  template <typename Entry>
+  static void push_back(std::vector<Entry>& entries, List& list, int64_t at);
+  template <typename Entry>
+  static void unlink(std::vector<Entry>& entries, List& list, int64_t at);
   // LFU: the rows of one count, in recency order; buckets are chained by increasing count.
   struct Bucket {
     int64_t count = 0;
@@ -134,7 +152,7 @@ class IdIndex : public torch::CustomClassHolder {
 
   // The private helpers expect the caller to hold lock_ (exclusively for the ones that change anything).
   at::Tensor find_locked(const at::Tensor& host_ids) const;
-  // Puts a slot in the recency structure as the most recent row of count count_[slot] (LRU: one list; LFU: its
+  // Puts a slot in the recency structure as the most recent row of its count (LRU: one list; LFU: its
   // count's bucket, created when missing).
   void link_slot(int64_t slot);
   void unlink_slot(int64_t slot);
@@ -150,6 +168,9 @@ class IdIndex : public torch::CustomClassHolder {
   void forget_candidate(int64_t key);
   void clear();
   void check_state(const at::Tensor& state) const;
+  // One field of every used slot, as a tensor (keys(), counts(), last_steps()).
+  template <typename Field>
+  at::Tensor column(Field field) const;
 
   int64_t capacity_;
   int64_t admit_after_;
@@ -157,10 +178,8 @@ class IdIndex : public torch::CustomClassHolder {
   int64_t candidate_capacity_;
 
   IdMap slot_of_;  // key -> slot
-  std::vector<int64_t> key_, count_, last_step_, stamp_;  // per slot
-  Links slot_links_;
+  std::vector<Row> rows_;             // per used slot
   List recency_;                      // LRU: every used slot, least recently seen first
-  std::vector<int64_t> bucket_of_;    // LFU: the bucket of each used slot
   std::vector<Bucket> buckets_;       // LFU: bucket storage (free ones reused through free_buckets_)
   std::vector<int64_t> free_buckets_;
   int64_t lowest_bucket_ = -1;        // LFU: the bucket of the lowest count
@@ -169,9 +188,8 @@ class IdIndex : public torch::CustomClassHolder {
   int64_t clock_ = 0;  // recency stamps: each touch or admission of a row, each sighting of a candidate
 
   IdMap candidate_of_;  // key -> candidate entry
-  std::vector<int64_t> candidate_key_, candidate_count_, candidate_stamp_;
+  std::vector<Candidate> candidates_;
   std::vector<int64_t> free_candidates_;
-  Links candidate_links_;
   List candidate_recency_;  // least recently seen first
 
   mutable TableLock lock_;
