@@ -175,6 +175,24 @@ def test_index_pickles():
     assert torch.equal(torch.load(buffer, weights_only=False).state(), index.state())
 
 
+class _ScriptedLookup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.index = IdIndex(8, 1, "lru", 0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.index.advance_step()
+        return self.index.assign(ids)[0]
+
+
+def test_index_in_torchscript_and_jit_save(tmp_path):
+    scripted = torch.jit.script(_ScriptedLookup())
+    assert scripted(torch.tensor([5, 6, 5])).tolist() == [0, 1, 0]
+    speedtorch.jit_save(scripted, tmp_path / "lookup.pt")
+    loaded = torch.jit.load(str(tmp_path / "lookup.pt"))
+    assert loaded(torch.tensor([6, 7])).tolist() == [1, 2] and loaded.index.size() == 3
+
+
 # --- the module against a dict + nn.Embedding reference ---------------------------------------------------------
 
 
