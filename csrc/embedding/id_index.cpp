@@ -4,6 +4,7 @@
 #include "embedding/id_index.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -18,6 +19,8 @@ namespace {
 
 constexpr int64_t kStateFormat = 1;
 constexpr int64_t kHeaderRows = 3;
+// Ids per task of the parallel lookups: below this a batch is looked up on the calling thread alone.
+constexpr int64_t kLookupGrain = 8192;
 
 // ids as a flat, contiguous int64 CPU tensor (a copy to the host for CUDA ids).
 at::Tensor host_ids(const at::Tensor& ids, const char* op) {
@@ -239,17 +242,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::assign(const
   std::vector<int64_t> admitted, evicted_keys, evicted_slots;
   {
     std::unique_lock<TableLock> guard(lock_);
-    // 1. Ids in the table are touched in the batch's order; the others are counted.
+    // 1. Ids in the table are touched in the batch's order; the others are counted. The lookups only read the map:
+    // they run on several threads first (this thread holds the lock for all of them).
+    lookup_locked(in, out, n);
     IdMap new_sightings;
     std::vector<int64_t> new_keys;  // in the order of their first occurrence
     for (int64_t i = 0; i < n; ++i) {
-      auto found = slot_of_.find(in[i]);
-      if (found != slot_of_.end()) {
-        touch(found->second);
-        out[i] = found->second;
+      if (out[i] != -1) {
+        touch(out[i]);
         continue;
       }
-      out[i] = -1;
       auto counted = new_sightings.try_emplace(in[i], 0);
       if (counted.second) {
         new_keys.push_back(in[i]);
@@ -311,24 +313,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::assign(const
           as_tensor(evicted_slots)};
 }
 
-at::Tensor IdIndex::find_locked(const at::Tensor& host) const {
-  const int64_t n = host.numel();
-  at::Tensor slots = at::empty({n}, at::TensorOptions().dtype(at::kLong));
-  const int64_t* in = host.data_ptr<int64_t>();
-  int64_t* out = slots.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    auto found = slot_of_.find(in[i]);
-    out[i] = found == slot_of_.end() ? -1 : found->second;
-  }
-  return slots;
+void IdIndex::lookup_locked(const int64_t* ids, int64_t* slots, int64_t n) const {
+  at::parallel_for(0, n, kLookupGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      auto found = slot_of_.find(ids[i]);
+      slots[i] = found == slot_of_.end() ? -1 : found->second;
+    }
+  });
 }
 
 at::Tensor IdIndex::find(const at::Tensor& ids) const {
   const at::Tensor host = host_ids(ids, "find");
-  at::Tensor slots;
+  at::Tensor slots = at::empty({host.numel()}, at::TensorOptions().dtype(at::kLong));
   {
     std::shared_lock<TableLock> guard(lock_);
-    slots = find_locked(host);
+    lookup_locked(host.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), host.numel());
   }
   return slots.view(ids.sizes()).to(ids.device());
 }

@@ -140,6 +140,19 @@ def test_index_matches_the_reference(capacity, admit_after, policy, pool):
     assert index.find(torch.tensor(keys)).tolist() == list(range(len(keys)))
 
 
+def test_large_batches_look_up_on_several_threads_alike():
+    # Batches above 8,192 ids look the map up on at::parallel_for's threads before the ordered pass.
+    generator = torch.Generator().manual_seed(9)
+    universe = raw_universe(generator, 6000)
+    index, reference = IdIndex(10000, 2, "lfu", 10000), ReferenceIndex(10000, 2, "lfu", 10000)
+    for _ in range(3):
+        ids = skewed_ids(generator, 20000, universe)
+        index.advance_step()
+        reference.advance_step()
+        assert index.assign(ids)[0].tolist() == reference.assign(ids.tolist())[0]
+    assert index.find(universe).tolist() == [reference.slot.get(k, -1) for k in universe.tolist()]
+
+
 def test_index_find_changes_nothing_and_keeps_shape():
     index = IdIndex(4, 1, "lru", 0)
     index.advance_step()
