@@ -4,7 +4,6 @@
 #include "embedding/id_index.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -12,6 +11,8 @@
 #include <numeric>
 #include <shared_mutex>
 #include <sstream>
+
+#include "cpu/helped_parallel_for.h"
 
 namespace speedtorch {
 
@@ -314,7 +315,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::assign(const
 }
 
 void IdIndex::lookup_locked(const int64_t* ids, int64_t* slots, int64_t n) const {
-  at::parallel_for(0, n, kLookupGrain, [&](int64_t begin, int64_t end) {
+  helped_parallel_for(n, kLookupGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       auto found = slot_of_.find(ids[i]);
       slots[i] = found == slot_of_.end() ? -1 : found->second;

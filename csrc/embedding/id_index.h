@@ -33,8 +33,8 @@
 //
 // Threads: as PinnedEmbedding (embedding/table_lock.h): find() and the accessors share the lock; assign(),
 // advance_step() and load_state() hold it alone, so each call sees the index entirely before or after another.
-// Inside a call, the map lookups of a batch of more than 8,192 ids run on at::parallel_for's threads (they only
-// read); counts, recency, admission and eviction run on the calling thread, in the batch's order.
+// Inside a call, the map lookups of a batch of more than 8,192 ids run on several threads (cpu/helped_parallel_for.h:
+// they only read); counts, recency, admission and eviction run on the calling thread, in the batch's order.
 //
 // CUDA ids are copied to the host, mapped, and their slots copied back to the ids' device (a synchronising copy each
 // way; a mapping on the GPU is not yet written).
@@ -153,7 +153,7 @@ class IdIndex : public torch::CustomClassHolder {
   enum class Policy { kLru, kLfu };
 
   // The private helpers expect the caller to hold lock_ (exclusively for the ones that change anything).
-  // slots[i] = the slot of ids[i] or -1, for n ids, on several threads (at::parallel_for) for large batches.
+  // slots[i] = the slot of ids[i] or -1, for n ids, on several threads (helped_parallel_for) for large batches.
   void lookup_locked(const int64_t* ids, int64_t* slots, int64_t n) const;
   // Puts a slot in the recency structure as the most recent row of its count (LRU: one list; LFU: its
   // count's bucket, created when missing).
