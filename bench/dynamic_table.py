@@ -11,6 +11,7 @@ one training step (forward, backward, fused row-wise Adagrad step) of a DynamicH
 HostEmbedding of the same rows (target <= 1.15x).
 
     python bench/dynamic_table.py [--rows 1000000] [--batch 65536] [--dim 64] [--reps 10] [--cpu-only]
+                                  [--threads N]
 """
 
 from __future__ import annotations
@@ -163,7 +164,12 @@ def main() -> None:
     parser.add_argument("--dim", type=positive_int, default=64, help="row width (64 float32: 256-byte rows)")
     parser.add_argument("--reps", type=positive_int, default=10)
     parser.add_argument("--cpu-only", action="store_true", help="skip the GPU section")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch.set_num_threads for the run (default: torch's); on a loaded machine OpenMP's "
+                        "joins make torch's CPU ops slower with more threads, so compare at 1 there too")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     print(f"speedtorch {speedtorch.__version__} ({speedtorch.build_info()}), torch {torch.__version__}\n")
     cpu_section(args, generator)

@@ -1,5 +1,5 @@
 // IdIndex (id_index.h): raw id -> slot with admission and eviction. The semantics are written at the top of
-// id_index.h; this file keeps the recency structures (an intrusive list for LRU, count buckets for LFU) and the
+// id_index.h; this file keeps the recency structures (a queue of sightings for LRU, count buckets for LFU) and the
 // candidate pool consistent with them.
 #include "embedding/id_index.h"
 
@@ -132,9 +132,31 @@ void IdIndex::drop_bucket_if_empty(int64_t bucket) {
   free_buckets_.push_back(bucket);
 }
 
+void IdIndex::push_touch(int64_t slot) {
+  if (lru_queue_.size() > lru_head_ && lru_queue_.back().slot == slot) {
+    lru_queue_.back().stamp = rows_[slot].stamp;  // seen again right after its last sighting
+    return;
+  }
+  if (lru_queue_.size() - lru_head_ > 2 * static_cast<size_t>(size_) + 1024) {
+    // Mostly stale entries: keep the valid ones (one per used slot), in order.
+    size_t kept = 0;
+    for (size_t at = lru_head_; at < lru_queue_.size(); ++at) {
+      if (rows_[lru_queue_[at].slot].stamp == lru_queue_[at].stamp) {
+        lru_queue_[kept++] = lru_queue_[at];
+      }
+    }
+    lru_queue_.resize(kept);
+    lru_head_ = 0;
+  } else if (lru_head_ > 1024 && lru_head_ > lru_queue_.size() / 2) {
+    lru_queue_.erase(lru_queue_.begin(), lru_queue_.begin() + static_cast<std::ptrdiff_t>(lru_head_));
+    lru_head_ = 0;
+  }
+  lru_queue_.push_back(Touch{slot, rows_[slot].stamp});
+}
+
 void IdIndex::link_slot(int64_t slot) {
   if (policy_ == Policy::kLru) {
-    push_back(rows_, recency_, slot);
+    push_touch(slot);
     return;
   }
   const int64_t bucket = bucket_for_count_after(-1, rows_[slot].count);
@@ -144,8 +166,7 @@ void IdIndex::link_slot(int64_t slot) {
 
 void IdIndex::unlink_slot(int64_t slot) {
   if (policy_ == Policy::kLru) {
-    unlink(rows_, recency_, slot);
-    return;
+    return;  // its entries in the queue go stale when the slot gets its next stamp
   }
   const int64_t bucket = rows_[slot].bucket;
   unlink(rows_, buckets_[bucket].rows, slot);
@@ -158,10 +179,7 @@ void IdIndex::touch(int64_t slot) {
   rows_[slot].last_step = step_;
   rows_[slot].stamp = ++clock_;
   if (policy_ == Policy::kLru) {
-    if (recency_.tail != slot) {
-      unlink(rows_, recency_, slot);
-      push_back(rows_, recency_, slot);
-    }
+    push_touch(slot);
     return;
   }
   const int64_t from = rows_[slot].bucket;
@@ -172,12 +190,19 @@ void IdIndex::touch(int64_t slot) {
   drop_bucket_if_empty(from);
 }
 
-int64_t IdIndex::victim() const {
-  // Within the LRU list, and within each LFU bucket, rows are in the order they were last seen: when the first one
-  // was seen in the current step, so were all the others.
+int64_t IdIndex::victim() {
+  // In the LRU queue (its valid entries), and within each LFU bucket, rows are in the order they were last seen:
+  // when the first one was seen in the current step, so were all the others.
   if (policy_ == Policy::kLru) {
-    const int64_t oldest = recency_.head;
-    return oldest != -1 && rows_[oldest].last_step < step_ ? oldest : -1;
+    while (lru_head_ < lru_queue_.size()) {
+      const Touch oldest = lru_queue_[lru_head_];
+      if (rows_[oldest.slot].stamp != oldest.stamp) {
+        ++lru_head_;  // stale: the slot was seen (or reused) since
+        continue;
+      }
+      return rows_[oldest.slot].last_step < step_ ? oldest.slot : -1;
+    }
+    return -1;
   }
   for (int64_t b = lowest_bucket_; b != -1; b = buckets_[b].higher) {
     const int64_t oldest = buckets_[b].rows.head;
@@ -248,7 +273,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::assign(const
     lookup_locked(in, out, n);
     IdMap new_sightings;
     std::vector<int64_t> new_keys;  // in the order of their first occurrence
+    constexpr int64_t kAhead = 16;  // records are random accesses: ask for the one kAhead sightings on early
     for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n && out[i + kAhead] != -1) {
+        __builtin_prefetch(&rows_[out[i + kAhead]], 1);
+      }
       if (out[i] != -1) {
         touch(out[i]);
         continue;
@@ -442,7 +471,8 @@ void IdIndex::check_state(const at::Tensor& state) const {
 void IdIndex::clear() {
   slot_of_.clear();
   rows_.clear();
-  recency_ = List{};
+  lru_queue_.clear();
+  lru_head_ = 0;
   buckets_.clear();
   free_buckets_.clear();
   lowest_bucket_ = -1;
@@ -483,7 +513,7 @@ void IdIndex::load_state(const at::Tensor& given) {
   if (policy_ == Policy::kLru) {
     std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows_[a].stamp < rows_[b].stamp; });
     for (const int64_t slot : order) {
-      push_back(rows_, recency_, slot);
+      push_touch(slot);
     }
   } else {
     std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {

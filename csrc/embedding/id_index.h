@@ -120,8 +120,7 @@ class IdIndex : public torch::CustomClassHolder {
     int64_t tail = -1;
   };
   // One used slot, in one record so that a sighting touches one cache line of it: its key, sighting count, the step
-  // it was last seen, its recency stamp, its neighbours in its list (LRU: the one list; LFU: its bucket's) and its
-  // bucket (LFU).
+  // it was last seen, its recency stamp, and (LFU) its neighbours in its bucket's list and its bucket.
   struct Row {
     int64_t key = 0;
     int64_t count = 0;
@@ -155,14 +154,16 @@ class IdIndex : public torch::CustomClassHolder {
   // The private helpers expect the caller to hold lock_ (exclusively for the ones that change anything).
   // slots[i] = the slot of ids[i] or -1, for n ids, on several threads (helped_parallel_for) for large batches.
   void lookup_locked(const int64_t* ids, int64_t* slots, int64_t n) const;
-  // Puts a slot in the recency structure as the most recent row of its count (LRU: one list; LFU: its
+  // Puts a slot in the recency structure as the most recent row of its count (LRU: the queue; LFU: its
   // count's bucket, created when missing).
   void link_slot(int64_t slot);
   void unlink_slot(int64_t slot);
   // A sighting of a row already in the table.
   void touch(int64_t slot);
-  // The lowest-scored row not seen in the current step, or -1 when every row was.
-  int64_t victim() const;
+  // The lowest-scored row not seen in the current step, or -1 when every row was (drops stale LRU entries).
+  int64_t victim();
+  // LRU: appends the slot's current stamp to the queue.
+  void push_touch(int64_t slot);
   // LFU bucket chain.
   int64_t bucket_for_count_after(int64_t below, int64_t count);
   void drop_bucket_if_empty(int64_t bucket);
@@ -182,7 +183,15 @@ class IdIndex : public torch::CustomClassHolder {
 
   IdMap slot_of_;  // key -> slot
   std::vector<Row> rows_;             // per used slot
-  List recency_;                      // LRU: every used slot, least recently seen first
+  // LRU: (slot, stamp) of every sighting, oldest first, from lru_head_ on; an entry whose stamp is no longer its
+  // slot's is stale and skipped. A sighting is then one write to its slot's record and an append here (no list to
+  // relink); the queue is compacted to the valid entries when it holds more than 2 x size() + 1024.
+  struct Touch {
+    int64_t slot;
+    int64_t stamp;
+  };
+  std::vector<Touch> lru_queue_;
+  size_t lru_head_ = 0;
   std::vector<Bucket> buckets_;       // LFU: bucket storage (free ones reused through free_buckets_)
   std::vector<int64_t> free_buckets_;
   int64_t lowest_bucket_ = -1;        // LFU: the bucket of the lowest count

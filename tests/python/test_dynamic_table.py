@@ -140,6 +140,20 @@ def test_index_matches_the_reference(capacity, admit_after, policy, pool):
     assert index.find(torch.tensor(keys)).tolist() == list(range(len(keys)))
 
 
+def test_long_lru_streams_compact_the_queue_of_sightings_in_order():
+    # LRU keeps a queue of sightings, compacted past 2 x size + 1024 entries: thousands of sightings of few ids.
+    generator = torch.Generator().manual_seed(4)
+    universe = raw_universe(generator, 20)
+    index, reference = IdIndex(8, 1, "lru", 0), ReferenceIndex(8, 1, "lru", 0)
+    for batch in range(500):
+        ids = skewed_ids(generator, 10, universe)
+        index.advance_step()
+        reference.advance_step()
+        assert index.assign(ids)[0].tolist() == reference.assign(ids.tolist())[0], f"batch {batch}"
+        if batch == 250:
+            index = IdIndex.from_state(index.state())
+
+
 def test_large_batches_look_up_on_several_threads_alike():
     # Batches above 8,192 ids look the map up on at::parallel_for's threads before the ordered pass.
     generator = torch.Generator().manual_seed(9)
