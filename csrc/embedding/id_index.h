@@ -15,7 +15,7 @@
 //
 // Semantics of assign(ids) (the Python reference in tests/python/test_dynamic_table.py is the same, line by line):
 //  1. Ids present in the table are touched, in the batch's order: count += 1, last step = the current step, and they
-//     become the most recent (LRU: the end of the list; LFU: the end of the list of their new count).
+//     become the most recent (LRU: appended to the queue of sightings; LFU: the end of their new count's list).
 //  2. Ids not present are counted: sightings = the candidate pool's count (if it remembers the id) + occurrences in
 //     this batch. Those with sightings >= admit_after are admitted, in the order of their first occurrence in the
 //     batch; the others go (back) to the candidate pool with their sightings.
