@@ -21,16 +21,17 @@ test: build test-cpp test-python test-package
 # torch 2.11 from PyPI when no torch >= 2.4 is importable (an existing torch is reused: it must match the build);
 # the test tools, and matplotlib (bench/plot_sweeps.py, which tests/python/test_bench_sweeps.py runs);
 # from Debian when their headers are missing: nlohmann-json and xxHash (the library's meta files and content hashes:
-# required) and GoogleTest (the C++ tests: optional); tritonclient (PyPI: the example server's protocol tests) and
-# prometheus_client (PyPI: its parser reads the server's /metrics in tests/python/test_server_metrics.py).
+# required), robin-map (the id index of growing tables: required, header-only) and GoogleTest (the C++ tests:
+# optional); tritonclient (PyPI: the example server's protocol tests) and prometheus_client (PyPI: its parser reads
+# the server's /metrics in tests/python/test_server_metrics.py).
 deps:
 	@$(PYTHON) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split(\"+\")[0].split(\".\")[:2]); sys.exit(v < (2, 4))" 2>/dev/null \
 	  || $(PYTHON) -m pip install "torch==2.11.0"
 	@$(PYTHON) -c "import numpy, pytest, hypothesis, tqdm, expecttest, scikit_build_core, matplotlib" 2>/dev/null \
 	  || $(PYTHON) -m pip install -q numpy pytest hypothesis tqdm expecttest "scikit-build-core>=0.10" ninja matplotlib
 	@command -v cmake >/dev/null || $(PYTHON) -m pip install -q cmake
-	@[ -d /usr/include/nlohmann ] && [ -f /usr/include/xxhash.h ] \
-	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nlohmann-json3-dev libxxhash-dev)
+	@[ -d /usr/include/nlohmann ] && [ -f /usr/include/xxhash.h ] && [ -f /usr/include/tsl/robin_map.h ] \
+	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nlohmann-json3-dev libxxhash-dev robin-map-dev)
 	@[ -f /usr/include/gtest/gtest.h ] \
 	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q libgtest-dev) \
 	  || echo "GoogleTest not installed: the C++ tests are skipped"
@@ -142,11 +143,12 @@ bench: build
 # folder of its own (bench/seed_speedtorch.py imports it from there), from the hash-pinned wheel. build-deps/ is
 # git-ignored and carried to the GPU machine, which has no network. The last line imports it (needs CuPy).
 # What the GPU machine (the device tool; no network there) lacks, gathered into build-deps/ for `carry: ["build-deps"]`:
-# xxHash's header (the library needs it) and SpeedTorch 0.1.6 for the benchmarks. (The example server needs nothing
-# more: its HTTP layer is its own.)
+# xxHash's and robin-map's headers (the library needs them) and SpeedTorch 0.1.6 for the benchmarks. (The example
+# server needs nothing more: its HTTP layer is its own.)
 device-deps: deps seed-speedtorch
 	mkdir -p build-deps/include
 	cp /usr/include/xxhash.h build-deps/include/
+	cp -r /usr/include/tsl build-deps/include/
 	du -sh build-deps
 
 SEED_DIR := build-deps/seed-speedtorch

@@ -38,7 +38,8 @@ set(SPEEDTORCH_CORE_SOURCES
     csrc/io/meta_json.cpp
     csrc/io/embedding_files.cpp
     csrc/embedding/pinned_embedding_io.cpp
-    csrc/embedding/embedding_pickle.cpp)
+    csrc/embedding/embedding_pickle.cpp
+    csrc/embedding/id_index.cpp)
 set(SPEEDTORCH_OPS_SOURCES
     ops/schemas.cpp
     ops/row_ops.cpp
@@ -51,6 +52,7 @@ set(SPEEDTORCH_OPS_SOURCES
     ops/unique_indices_op.cpp
     ops/metrics_ops.cpp
     ops/pinned_embedding_class.cpp
+    ops/id_index_class.cpp
     ops/register_cpu.cpp
     ops/register_meta.cpp
     ops/register_autograd.cpp

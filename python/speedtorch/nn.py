@@ -133,7 +133,9 @@ class HostEmbedding(torch.nn.Module):
     (int32/int64, any device), NumPy arrays or lists.
 
     Args:
-        num_embeddings, embedding_dim: table size.
+        num_embeddings, embedding_dim: table size. ``num_embeddings=None`` with ``capacity=`` builds a table that
+            grows over raw int64 ids of any value (:class:`speedtorch.dynamic_embedding.DynamicHostEmbedding`,
+            docs/dynamic_tables.md).
         padding_idx: this row gets no gradient (and is never updated); a new table starts with it zero. In bags its
             entries are left out (``nn.EmbeddingBag``'s rule).
         max_norm, norm_type: rows looked up whose ``norm_type``-norm exceeds ``max_norm`` are scaled down to it, in
@@ -198,6 +200,15 @@ class HostEmbedding(torch.nn.Module):
     # On a GPU, run every update of the host table on the module's update stream (not only those a prefetch lets run
     # beside the next forward): readers wait for the module's write event (NgramHashEmbedding's rows set it).
     async_update = False
+
+    def __new__(cls, *args, **kwargs):
+        # HostEmbedding(None, dim, capacity=...): a table that grows, taking raw int64 ids
+        # (speedtorch.dynamic_embedding.DynamicHostEmbedding, docs/dynamic_tables.md).
+        if cls is HostEmbedding and (args or "num_embeddings" in kwargs) and \
+                (args[0] if args else kwargs["num_embeddings"]) is None:
+            from .dynamic_embedding import DynamicHostEmbedding
+            cls = DynamicHostEmbedding
+        return super().__new__(cls)
 
     def __init__(
         self,

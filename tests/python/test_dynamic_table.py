@@ -1,0 +1,419 @@
+"""Tables that grow (speedtorch.dynamic_embedding; docs/dynamic_tables.md) against a reference of the same semantics
+written with a plain Python dict (the index) and nn.Embedding (the rows): random skewed streams of raw int64 ids
+with admission and eviction, on the CPU exactly (slots, admissions, evictions, counts) and on the GPU (``gpu``)."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+import speedtorch
+from speedtorch.dynamic_embedding import DynamicHostEmbedding, IdIndex
+from speedtorch.nn import HostEmbedding
+
+
+class ReferenceIndex:
+    """csrc/embedding/id_index.h's rules with a dict, an OrderedDict and min() over the rows."""
+
+    def __init__(self, capacity, admit_after, policy, candidate_capacity):
+        self.capacity, self.k, self.policy, self.pool_size = capacity, admit_after, policy, candidate_capacity
+        self.slot, self.key = {}, {}  # key -> slot, slot -> key
+        self.count, self.last, self.stamp = {}, {}, {}  # per key
+        self.size = self.step = self.clock = 0
+        self.pool = collections.OrderedDict()  # candidate -> sightings, least recently seen first
+
+    def advance_step(self):
+        self.step += 1
+
+    def _touch(self, key):
+        self.count[key] += 1
+        self.last[key] = self.step
+        self.clock += 1
+        self.stamp[key] = self.clock
+
+    def _victim(self):
+        free = [k for k in self.slot if self.last[k] < self.step]
+        if not free:
+            return None
+        if self.policy == "lru":
+            return min(free, key=lambda k: self.stamp[k])
+        return min(free, key=lambda k: (self.count[k], self.stamp[k]))
+
+    def _remember(self, key, sightings):
+        if self.k == 1 or self.pool_size == 0:
+            return
+        self.clock += 1
+        if key in self.pool:
+            self.pool[key] = sightings
+            self.pool.move_to_end(key)
+            return
+        if len(self.pool) == self.pool_size:
+            self.pool.popitem(last=False)
+        self.pool[key] = sightings
+
+    def assign(self, ids):
+        new = {}  # first occurrence order
+        for key in ids:
+            if key in self.slot:
+                self._touch(key)
+            else:
+                new[key] = new.get(key, 0) + 1
+        admitted, evicted = [], []
+        busy = False
+        for key, seen in new.items():
+            sightings = seen + self.pool.get(key, 0)
+            slot = None
+            if not busy and sightings >= self.k:
+                if self.size < self.capacity:
+                    slot, self.size = self.size, self.size + 1
+                else:
+                    victim = self._victim()
+                    if victim is None:
+                        busy = True
+                    else:
+                        slot = self.slot.pop(victim)
+                        evicted.append((victim, slot))
+                        for table in (self.count, self.last, self.stamp):
+                            del table[victim]
+            if slot is None:
+                self._remember(key, sightings)
+                continue
+            self.pool.pop(key, None)
+            self.slot[key], self.key[slot] = slot, key
+            self.count[key], self.last[key] = sightings, self.step
+            self.clock += 1
+            self.stamp[key] = self.clock
+            admitted.append(slot)
+        return [self.slot.get(key, -1) for key in ids], admitted, evicted
+
+
+def skewed_ids(generator, n, universe):
+    """n raw ids drawn from `universe` (a tensor of distinct int64 values) with a power-law skew."""
+    ranks = (torch.rand(n, generator=generator) ** 3 * len(universe)).long()
+    return universe[ranks]
+
+
+def raw_universe(generator, size):
+    """About `size` distinct raw ids spread over the whole int64 range, negative ones included, in random order."""
+    values = torch.unique(torch.randint(-(2**62), 2**62, (size,), generator=generator, dtype=torch.int64))
+    return values[torch.randperm(len(values), generator=generator)]
+
+
+CONFIGS = [
+    # capacity, admit_after, policy, candidate_capacity
+    (16, 1, "lru", 0),
+    (16, 1, "lfu", 0),
+    (24, 2, "lru", 40),
+    (24, 3, "lfu", 8),
+    (64, 2, "lfu", 200),
+]
+
+
+@pytest.mark.parametrize("capacity,admit_after,policy,pool", CONFIGS)
+def test_index_matches_the_reference(capacity, admit_after, policy, pool):
+    generator = torch.Generator().manual_seed(capacity * 7 + admit_after)
+    universe = raw_universe(generator, 300)
+    index, reference = IdIndex(capacity, admit_after, policy, pool), ReferenceIndex(capacity, admit_after, policy,
+                                                                                    pool)
+    for batch in range(60):
+        ids = skewed_ids(generator, int(torch.randint(1, 40, (1,), generator=generator)), universe)
+        if batch % 5 != 4:  # now and then two lookups share a step (gradient accumulation)
+            index.advance_step()
+            reference.advance_step()
+        slots, admitted, evicted_keys, evicted_slots = index.assign(ids)
+        want_slots, want_admitted, want_evicted = reference.assign(ids.tolist())
+        assert slots.tolist() == want_slots, f"batch {batch}"
+        assert admitted.tolist() == want_admitted
+        assert list(zip(evicted_keys.tolist(), evicted_slots.tolist())) == want_evicted
+        if batch == 30:  # a restored index goes on exactly as the original
+            index = IdIndex.from_state(index.state())
+    keys = index.keys().tolist()
+    assert keys == [reference.key[slot] for slot in range(reference.size)]
+    assert index.counts().tolist() == [reference.count[k] for k in keys]
+    assert index.last_steps().tolist() == [reference.last[k] for k in keys]
+    assert index.candidates() == len(reference.pool)
+    assert index.find(torch.tensor(keys)).tolist() == list(range(len(keys)))
+
+
+def test_long_lru_streams_compact_the_queue_of_sightings_in_order():
+    # LRU keeps a queue of sightings, compacted past 2 x size + 1024 entries: thousands of sightings of few ids.
+    generator = torch.Generator().manual_seed(4)
+    universe = raw_universe(generator, 20)
+    index, reference = IdIndex(8, 1, "lru", 0), ReferenceIndex(8, 1, "lru", 0)
+    for batch in range(500):
+        ids = skewed_ids(generator, 10, universe)
+        index.advance_step()
+        reference.advance_step()
+        assert index.assign(ids)[0].tolist() == reference.assign(ids.tolist())[0], f"batch {batch}"
+        if batch == 250:
+            index = IdIndex.from_state(index.state())
+
+
+def test_large_batches_look_up_on_several_threads_alike():
+    # Batches above 8,192 ids look the map up on at::parallel_for's threads before the ordered pass.
+    generator = torch.Generator().manual_seed(9)
+    universe = raw_universe(generator, 6000)
+    index, reference = IdIndex(10000, 2, "lfu", 10000), ReferenceIndex(10000, 2, "lfu", 10000)
+    for _ in range(3):
+        ids = skewed_ids(generator, 20000, universe)
+        index.advance_step()
+        reference.advance_step()
+        assert index.assign(ids)[0].tolist() == reference.assign(ids.tolist())[0]
+    assert index.find(universe).tolist() == [reference.slot.get(k, -1) for k in universe.tolist()]
+
+
+def test_index_find_changes_nothing_and_keeps_shape():
+    index = IdIndex(4, 1, "lru", 0)
+    index.advance_step()
+    index.assign(torch.tensor([5, 6]))
+    before = index.state()
+    assert index.find(torch.tensor([[5, 7], [6, 5]])).tolist() == [[0, -1], [1, 0]]
+    assert torch.equal(index.state(), before)
+    assert index.assign(torch.tensor([[9, 5]], dtype=torch.int32))[0].tolist() == [[2, 0]]
+
+
+def test_index_refuses_bad_arguments():
+    with pytest.raises(RuntimeError, match="capacity must be >= 1"):
+        IdIndex(0, 1, "lru", 0)
+    with pytest.raises(RuntimeError, match="policy must be 'lru' or 'lfu'"):
+        IdIndex(4, 1, "fifo", 0)
+    with pytest.raises(RuntimeError, match="candidate_capacity must be >= 1"):
+        IdIndex(4, 2, "lru", 0)
+    with pytest.raises(RuntimeError, match="ids must be int64"):
+        IdIndex(4, 1, "lru", 0).assign(torch.tensor([1.0]))
+    with pytest.raises(RuntimeError, match="capacity=4.*this one has capacity=5"):
+        IdIndex(5, 1, "lru", 0).load_state(IdIndex(4, 1, "lru", 0).state())
+
+
+def test_index_pickles():
+    index = IdIndex(8, 2, "lfu", 4)
+    index.advance_step()
+    index.assign(torch.tensor([1, 1, 2, 3, 3, 3]))
+    for copied in (copy.deepcopy(index), pickle.loads(pickle.dumps(index))):
+        assert torch.equal(copied.state(), index.state())
+    buffer = io.BytesIO()
+    torch.save(index, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer, weights_only=False).state(), index.state())
+
+
+class _ScriptedLookup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.index = IdIndex(8, 1, "lru", 0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.index.advance_step()
+        return self.index.assign(ids)[0]
+
+
+def test_index_in_torchscript_and_jit_save(tmp_path):
+    scripted = torch.jit.script(_ScriptedLookup())
+    assert scripted(torch.tensor([5, 6, 5])).tolist() == [0, 1, 0]
+    speedtorch.jit_save(scripted, tmp_path / "lookup.pt")
+    loaded = torch.jit.load(str(tmp_path / "lookup.pt"))
+    assert loaded(torch.tensor([6, 7])).tolist() == [1, 2] and loaded.index.size() == 3
+
+
+# --- the module against a dict + nn.Embedding reference ---------------------------------------------------------
+
+
+class ReferenceTable:
+    """The module's semantics with ReferenceIndex and an nn.Embedding of `capacity` rows: a new row is drawn from
+    the module's generator in admission order, its optimizer state zeroed; ids without a row read zeros and get no
+    update; the index step advances at a training lookup unless the last one's gradient is still pending."""
+
+    def __init__(self, capacity, dim, admit_after, policy, pool, seed, optimizer, lr):
+        self.index = ReferenceIndex(capacity, admit_after, policy, pool)
+        self.rows = torch.nn.Embedding(capacity, dim)
+        torch.nn.init.zeros_(self.rows.weight)
+        self.adagrad = torch.zeros(capacity, dim) if optimizer == "adagrad" else None
+        self.generator = torch.Generator().manual_seed(seed)
+        self.lr, self.pending, self.evicted = lr, None, []
+
+    def forward(self, ids):
+        if self.pending is None:
+            self.index.advance_step()
+        slots, admitted, evicted = self.index.assign(ids.reshape(-1).tolist())
+        with torch.no_grad():
+            for key, slot in evicted:
+                self.evicted.append((key, self.rows.weight[slot].clone()))
+            if admitted:
+                self.rows.weight[admitted] = torch.randn(len(admitted), self.rows.weight.shape[1],
+                                                         generator=self.generator)
+                if self.adagrad is not None:
+                    self.adagrad[admitted] = 0
+        slots = torch.tensor(slots).reshape(ids.shape)
+        self.pending = slots
+        return self.rows(slots.clamp(min=0)) * (slots >= 0).unsqueeze(-1)
+
+    @torch.no_grad()
+    def step(self):
+        # Dense, over every row: rows without a gradient have a zero one, which changes neither SGD's nor Adagrad's
+        # rows or state, as the fused step leaves rows it is not given.
+        grad = self.rows.weight.grad
+        if grad is not None:
+            if self.adagrad is None:
+                self.rows.weight -= self.lr * grad
+            else:
+                self.adagrad += grad * grad
+                self.rows.weight -= self.lr * grad / (self.adagrad.sqrt() + 1e-10)
+        self.rows.weight.grad = None
+        self.pending = None
+
+
+@pytest.mark.parametrize("policy,admit_after,optimizer", [("lru", 1, "sgd"), ("lfu", 2, "adagrad"),
+                                                          ("lru", 3, "adagrad")])
+def test_module_trains_as_the_reference(policy, admit_after, optimizer):
+    capacity, dim, lr, seed = 20, 4, 0.1, 11
+    options = {"lr": lr} if optimizer == "sgd" else {"lr": lr, "eps": 1e-10}
+    evicted = []
+    module = HostEmbedding(None, dim, capacity=capacity, admit_after=admit_after, evict=policy, optimizer=optimizer,
+                           optimizer_options=options, seed=seed, device="cpu",
+                           on_evict=lambda keys, rows, state: evicted.extend(zip(keys.tolist(), rows)))
+    assert isinstance(module, DynamicHostEmbedding)
+    reference = ReferenceTable(capacity, dim, admit_after, policy, capacity, seed, optimizer, lr)
+    generator = torch.Generator().manual_seed(3)
+    universe = raw_universe(generator, 120)
+    for batch in range(40):
+        ids = skewed_ids(generator, 24, universe).reshape(4, 6)
+        target = torch.randn(4, 6, dim, generator=generator)
+        out, want = module(ids), reference.forward(ids)
+        torch.testing.assert_close(out, want.detach(), rtol=1e-5, atol=1e-6)
+        (out * target).sum().backward()
+        (want * target).sum().backward()
+        if batch % 4 != 3:  # gradient accumulation now and then: two lookups, one update
+            module.step()
+            reference.step()
+    module.step()
+    reference.step()
+    assert module.index.keys().tolist() == [reference.index.key[s] for s in range(reference.index.size)]
+    torch.testing.assert_close(module.table.table(), reference.rows.weight.detach(), rtol=1e-5, atol=1e-6)
+    assert [k for k, _ in evicted] == [k for k, _ in reference.evicted] and evicted
+    for (_, row), (_, want_row) in zip(evicted, reference.evicted):
+        torch.testing.assert_close(row, want_row, rtol=1e-5, atol=1e-6)
+
+
+def test_ids_without_a_row_read_zeros_and_get_no_update():
+    module = HostEmbedding(None, 3, capacity=2, admit_after=2, optimizer="sgd", optimizer_options={"lr": 1.0},
+                           device="cpu", seed=0)
+    out = module(torch.tensor([7, 8, 8]))
+    assert torch.equal(out[0], torch.zeros(3)) and out[1].abs().sum() > 0  # 7 seen once, 8 twice: admitted
+    out.sum().backward()
+    module.step()
+    assert module.slots(torch.tensor([7, 8])).tolist() == [-1, 0]
+    # Two rows, both looked up since the last update: a third id waits, reading zeros.
+    module(torch.tensor([8, 9, 9])).sum().backward()
+    out = module(torch.tensor([5, 5]))
+    assert torch.equal(out, torch.zeros(2, 3)) and module.slots(torch.tensor([5])).item() == -1
+    module.step()
+    module(torch.tensor([5]))  # now the least recently used row (8) goes
+    assert module.slots(torch.tensor([5, 8, 9])).tolist() == [0, -1, 1]
+
+
+def test_eval_lookups_change_nothing():
+    module = HostEmbedding(None, 2, capacity=4, device="cpu", seed=0)
+    module(torch.tensor([1, 2]))
+    state = module.index.state()
+    module.eval()
+    out = module(torch.tensor([1, 3]))
+    assert torch.equal(module.index.state(), state) and torch.equal(out[1], torch.zeros(2))
+
+
+def test_state_dict_save_load_and_copies_answer_the_same(tmp_path):
+    def make():
+        return HostEmbedding(None, 4, capacity=10, admit_after=2, evict="lfu", optimizer="adagrad", device="cpu",
+                             seed=5)
+
+    generator = torch.Generator().manual_seed(1)
+    universe = raw_universe(generator, 40)
+    module = make()
+    for _ in range(12):
+        module(skewed_ids(generator, 16, universe)).sum().backward()
+        module.step()
+    module.save(tmp_path / "t")
+    copies = [DynamicHostEmbedding.load(tmp_path / "t", device="cpu"), copy.deepcopy(module),
+              pickle.loads(pickle.dumps(module))]
+    restored = make()
+    restored.load_state_dict(module.state_dict())
+    copies.append(restored)
+    for _ in range(6):  # the same answers, admissions and evictions from here on
+        ids = skewed_ids(generator, 16, universe)
+        want = module(ids)
+        want.sum().backward()
+        module.step()
+        for other in copies:
+            out = other(ids)
+            torch.testing.assert_close(out, want)
+            out.sum().backward()
+            other.step()
+    for other in copies:
+        assert torch.equal(other.index.state(), module.index.state())
+
+
+def test_export_with_a_predicate():
+    module = HostEmbedding(None, 2, capacity=8, device="cpu", seed=0, optimizer=None)
+    module(torch.tensor([10, 20, 20, 30, 30, 30]))
+    keys, rows = module.export()
+    assert keys.tolist() == [10, 20, 30] and torch.equal(rows, module.table.table()[:3])
+    keys, rows = module.export(lambda keys, counts, last_steps: counts >= 2)
+    assert keys.tolist() == [20, 30] and torch.equal(rows, module.table.table()[1:3])
+    with pytest.raises(ValueError, match="bool mask of shape"):
+        module.export(lambda keys, counts, last_steps: counts[:1] > 0)
+
+
+def test_bags_and_the_collection_path():
+    module = HostEmbedding(None, 3, capacity=8, mode="sum", device="cpu", seed=0, optimizer=None)
+    ids, offsets = torch.tensor([4, 5, 4, 6]), torch.tensor([0, 2])
+    out = module(ids, offsets)
+    rows = module.table.table()
+    torch.testing.assert_close(out, torch.stack([rows[0] + rows[1], rows[0] + rows[2]]))
+
+
+def test_refusals_name_what_is_not_yet_supported():
+    with pytest.raises(ValueError, match="capacity"):
+        HostEmbedding(None, 4)
+    with pytest.raises(ValueError, match="padding_idx and max_norm are not yet supported"):
+        HostEmbedding(None, 4, padding_idx=0, capacity=4)
+    with pytest.raises(ValueError, match="placement='gpu' is not yet supported"):
+        HostEmbedding(None, 4, capacity=4, placement="gpu")
+    with pytest.raises(ValueError, match="evict must be 'lru' or 'lfu'"):
+        HostEmbedding(None, 4, capacity=4, evict="fifo")
+    with pytest.raises(NotImplementedError, match="prefetch is not yet supported"):
+        HostEmbedding(None, 4, capacity=4, device="cpu").prefetch(torch.tensor([1]))
+    assert type(HostEmbedding(10, 4, device="cpu")) is HostEmbedding
+
+
+@pytest.mark.gpu
+def test_cuda_ids_map_as_cpu_ids_and_train_alike():
+    generator = torch.Generator().manual_seed(2)
+    universe = raw_universe(generator, 100)
+    kwargs = dict(capacity=16, admit_after=2, evict="lru", optimizer="adagrad", seed=3)
+    on_gpu = HostEmbedding(None, 8, device="cuda", **kwargs)
+    on_cpu = HostEmbedding(None, 8, device="cpu", **kwargs)
+    for _ in range(20):
+        ids = skewed_ids(generator, 32, universe)
+        out_gpu, out_cpu = on_gpu(ids.cuda()), on_cpu(ids)
+        assert out_gpu.device.type == "cuda"
+        torch.testing.assert_close(out_gpu.cpu(), out_cpu, rtol=1e-5, atol=1e-6)
+        out_gpu.square().sum().backward()
+        out_cpu.square().sum().backward()
+        on_gpu.step()
+        on_cpu.step()
+    assert torch.equal(on_gpu.index.state(), on_cpu.index.state())
+    slots = on_gpu.index.find(universe.cuda())
+    assert slots.device.type == "cuda" and torch.equal(slots.cpu(), on_cpu.index.find(universe))
+
+
+@pytest.mark.gpu
+def test_cuda_index_assign_returns_slots_on_the_ids_device():
+    index = IdIndex(4, 1, "lfu", 0)
+    index.advance_step()
+    slots, admitted, _, _ = index.assign(torch.tensor([[3, 4], [3, 5]], device="cuda"))
+    assert slots.device.type == "cuda" and slots.tolist() == [[0, 1], [0, 2]]
+    assert admitted.device.type == "cpu"
