@@ -20,6 +20,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+from .._prefetched_rows import PrefetchedRows
 from ..nn import HostEmbedding, _options
 from .sharded_table import ShardedHostTable
 
@@ -140,8 +141,8 @@ class DistributedHostEmbedding(HostEmbedding):
         """Gives the next lookup of this very ``input`` tensor its rows, gathered by the caller: ``unique`` (its
         distinct ids), ``inverse`` (``input == unique[inverse]``) and ``rows`` (theirs, on :attr:`device`). The
         distributed collection gathers the rows of all its groups in one exchange and hands each group its own."""
-        self._prefetched = (input, unique, inverse, rows)
-        self._updated_since_prefetch = []
+        # Rows made on the current stream: ready for it (no event), kept exact by the updates until that lookup.
+        self._prefetched = PrefetchedRows(input, unique, inverse, rows, None)
 
     # --- state_dict: DTensors over each rank's block of the shared rows -------------------------------------------
 
