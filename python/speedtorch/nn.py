@@ -121,10 +121,6 @@ _forward_untensored_outside_graph = _eager_forward_outside_graph(
 
 
 class HostEmbedding(torch.nn.Module):
-    # Tests set this to run, on the CPU, the GPU's way of keeping rows read ahead exact (PrefetchedRows.advance);
-    # on the CPU a prefetch reads synchronously, so there is no update to run beside the next forward.
-    _advance_on_cpu = False
-
     """An embedding table of ``num_embeddings x embedding_dim`` in pinned host memory, trained by a fused optimizer.
 
     Takes ``nn.Embedding``'s arguments (``padding_idx``, ``max_norm``, ``norm_type``, ``scale_grad_by_freq``;
@@ -200,6 +196,9 @@ class HostEmbedding(torch.nn.Module):
     # On a GPU, run every update of the host table on the module's update stream (not only those a prefetch lets run
     # beside the next forward): readers wait for the module's write event (NgramHashEmbedding's rows set it).
     async_update = False
+    # Tests set this to run, on the CPU, the GPU's way of keeping rows read ahead exact (PrefetchedRows.advance);
+    # on the CPU a prefetch reads synchronously, so there is no update to run beside the next forward.
+    _advance_on_cpu = False
 
     def __new__(cls, *args, **kwargs):
         # HostEmbedding(None, dim, capacity=...): a table that grows, taking raw int64 ids

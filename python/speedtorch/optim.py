@@ -110,8 +110,9 @@ def _take_table_options(group: dict, kind: str, options: dict) -> None:
     place of the hyper-parameters it held; what else is in it (``params``, a scheduler's ``initial_lr``) stays."""
     old = dict(torch.classes.speedtorch.PinnedEmbedding.optimizer_defaults(group["optimizer"]))
     for key in _torch_style(old):
-        group.pop(key, None)
-    group.update(optimizer=kind, **_torch_style(options))
+        dict.pop(group, key, None)
+    # dict's own update: the values come from the table, there is nothing to hand back to it (_TableGroup).
+    dict.update(group, optimizer=kind, **_torch_style(options))
 
 
 def _host_embeddings(modules):
@@ -207,7 +208,11 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
 
     def __getstate__(self) -> dict:
         # torch.optim keeps defaults, state and param_groups alone: a copy must also know each group's table.
-        return {**super().__getstate__(), "_tables": self._tables}
+        return {**super().__getstate__(), "_tables": self._tables, "_generations": self._generations}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("_generations", {})  # pickled before tables could be re-configured
 
     @property
     def host_embeddings(self) -> list:
@@ -246,8 +251,8 @@ class HostEmbeddingOptimizer(torch.optim.Optimizer):
             if width(kind, _table_style(group, defaults), module.embedding_dim) == \
                     width(kind, options, module.embedding_dim):
                 return False
-        _take_table_options(group, kind, options)
         self._generations[param] = generation
+        _take_table_options(group, kind, options)
         module._sync_weight()  # (a table re-configured through module.table: its parameter follows it here)
         return True
 

@@ -118,12 +118,17 @@ class PinnedEmbeddingAPI:
         """Every option the optimizer ``kind`` accepts, with its default value."""
         raise _documentation_only()
 
-    def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor, sorted_unique: bool = False) -> None:
+    def apply_gradients(self, indices: torch.Tensor, grad: torch.Tensor, sorted_unique: bool = False,
+                        updated_rows: Optional[torch.Tensor] = None) -> None:
         """One optimizer step on the rows ``indices`` name: ``grad`` (``indices.shape + (dim,)``, any device) summed
         per distinct row, each row and its state updated once, in place (a GPU kernel over UVA and CPU threads). The
         step count advances by one (also for empty indices). ``sorted_unique``: the indices are strictly increasing
-        (checked), so the summing pass is skipped. A ``grad`` or ``indices`` sharing the memory of the rows or the
-        state raises RuntimeError: pass a copy."""
+        (checked on the host; under deferred index checks, CUDA indices are checked by the kernels instead, which flag
+        a row out of range or not above the one before it for ``speedtorch.check_index_errors()`` and leave it
+        alone), so the summing pass is skipped. ``updated_rows`` (with ``sorted_unique``; not with a row cache): also
+        receives each row's new weights, row i for indices[i], ``(M, dim)`` in the table's dtype on the device that
+        does the work (the gradients' GPU for a host table). A ``grad`` or ``indices`` sharing the memory of the rows or
+        the state raises RuntimeError: pass a copy."""
         raise _documentation_only()
 
     def optimizer(self) -> str:
