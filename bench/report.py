@@ -138,6 +138,14 @@ def dlrm_figures(data: dict) -> list:
                                   gpu["ms/step"], w["ms/step"] / gpu["ms/step"],
                                   "<= 1.05" if label.startswith(("host RAM, pipelined", "hybrid")) else "",
                                   f"{w['samples/s']:,.0f} samples/s"))
+        for label, w in ways.items():  # the overlap, not only the step time (bench/trace_summary.py)
+            t = w.get("trace")
+            if t:
+                beside = sum(s["overlapped_ms"] for s in t["streams"])
+                out.append(figure("dlrm-trace", f"{label}: GPU idle / window, a step", t["gpu_idle_ms"], "ms", "window",
+                                  t["window_ms"], t["gpu_idle_ms"] / t["window_ms"] if t["window_ms"] else None, "",
+                                  f"host waits {t['host_wait_ms']:.2f} ms in {t['host_waits']:.1f} calls; "
+                                  f"{beside:.2f} ms of stream time beside another stream"))
     if "criteo1tb" in data:
         c = data["criteo1tb"]
         for w in c["ways"]:
