@@ -26,10 +26,10 @@ def test_the_first_example_runs_as_written(capsys):
     exec(compile(block, str(readme), "exec"), namespace)
     model, loader = namespace["model"], namespace["loader"]
     assert model.users.table.step_count() == len(loader)  # one fused update per batch
-    assert namespace["opt"].param_groups[0]["lr"] == 0.05  # the warm-up reached the table's group
-    # Something was learned: the loss fell and the held-out clicks are guessed well above chance (76% on the CPU).
+    assert namespace["opt"].param_groups[0]["lr"] == 0.1  # the warm-up reached the table's group
+    # Something was learned: the loss fell and held-out clicks are guessed well above chance (51% -> 90% on the CPU).
     losses, before, after = namespace["losses"], namespace["before"], namespace["accuracy"](*namespace["held_out"])
-    assert losses[-1] < losses[0] and after > 0.65 and after > before + 0.1, (losses[0], losses[-1], before, after)
+    assert losses[-1] < losses[0] and after > 0.75 and after > before + 0.2, (losses[0], losses[-1], before, after)
     assert f"after {len(loader)} steps; held-out accuracy" in capsys.readouterr().out
 
 
