@@ -1,37 +1,46 @@
 # speedtorch: the two commands of the README, and the pieces they are made of.
-#   make demo   installs what is missing, builds, and runs the main job (python -m speedtorch demo)
-#   make test   installs what is missing, builds, and runs every test (C++ with ctest, Python with pytest, and a
-#               check that `pip install --no-build-isolation .` packages the library)
+#   make demo   installs what the library needs, builds the library alone (for the GPUs present), makes `import
+#               speedtorch` work in this Python (make develop), and runs the main job (python -m speedtorch demo)
+#   make test   installs what is missing, builds everything (tests, example server, benchmarks), and runs every test
+#               (C++ with ctest, Python with pytest, and a check that `pip install --no-build-isolation .` packages
+#               the library)
 #   make sanitize / tsan / fuzz   the CPU path under ASan + UBSan / ThreadSanitizer, and the libFuzzer targets
 PYTHON ?= python3
 BUILD ?= build
 JOBS ?= $(shell nproc)
-# Extra CMake options, e.g. CMAKE_ARGS=-DSPEEDTORCH_CUDA_ARCHS=9.0 for a Hopper-only build.
+# Extra CMake options, e.g. CMAKE_ARGS=-DSPEEDTORCH_CUDA_ARCHS=9.0 for a Hopper-only build, or =all for the five
+# architectures a wheel ships (the default is the GPUs of this machine: CMakeLists.txt).
 CMAKE_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 LIB := $(BUILD)/libspeedtorch_ops.so
 
-.PHONY: demo test deps build test-cpp test-python test-package sanitize tsan fuzz fuzz-deps bench seed-speedtorch device-deps clean
+.PHONY: demo test deps test-deps build-library build develop undevelop test-cpp test-python test-package sanitize tsan fuzz fuzz-deps bench seed-speedtorch device-deps clean
 
-demo: build
+demo: build-library develop
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) PYTHONPATH=$(abspath python) $(PYTHON) -m speedtorch demo
 
-test: build test-cpp test-python test-package
+test: build develop test-cpp test-python test-package
 
-# torch 2.11 from PyPI when no torch >= 2.4 is importable (an existing torch is reused: it must match the build);
-# the test tools, and matplotlib (bench/plot_sweeps.py, which tests/python/test_bench_sweeps.py runs);
-# from Debian when their headers are missing: nlohmann-json and xxHash (the library's meta files and content hashes:
-# required), robin-map (the id index of growing tables: required, header-only) and GoogleTest (the C++ tests:
-# optional); tritonclient (PyPI: the example server's protocol tests) and prometheus_client (PyPI: its parser reads
-# the server's /metrics in tests/python/test_server_metrics.py).
+# What the library and the demo need. torch 2.11 from PyPI when no torch >= 2.4 is importable (an existing torch is
+# reused: it must match the build); numpy and tqdm (the package's own dependencies); CMake and Ninja; from Debian when
+# their headers are missing, nlohmann-json and xxHash (the library's meta files and content hashes) and robin-map
+# (the id index of growing tables; header-only).
 deps:
 	@$(PYTHON) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split(\"+\")[0].split(\".\")[:2]); sys.exit(v < (2, 4))" 2>/dev/null \
 	  || $(PYTHON) -m pip install "torch==2.11.0"
-	@$(PYTHON) -c "import numpy, pytest, hypothesis, tqdm, expecttest, scikit_build_core, matplotlib" 2>/dev/null \
-	  || $(PYTHON) -m pip install -q numpy pytest hypothesis tqdm expecttest "scikit-build-core>=0.10" ninja matplotlib
+	@$(PYTHON) -c "import numpy, tqdm" 2>/dev/null || $(PYTHON) -m pip install -q numpy tqdm
 	@command -v cmake >/dev/null || $(PYTHON) -m pip install -q cmake
+	@command -v ninja >/dev/null || $(PYTHON) -m pip install -q ninja
 	@[ -d /usr/include/nlohmann ] && [ -f /usr/include/xxhash.h ] && [ -f /usr/include/tsl/robin_map.h ] \
 	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nlohmann-json3-dev libxxhash-dev robin-map-dev)
+
+# What the tests need besides: the test tools, scikit-build-core (test-package), and matplotlib
+# (bench/plot_sweeps.py, which tests/python/test_bench_sweeps.py runs); GoogleTest from Debian (the C++ tests:
+# optional); tritonclient (PyPI: the example server's protocol tests) and prometheus_client (PyPI: its parser reads
+# the server's /metrics in tests/python/test_server_metrics.py).
+test-deps: deps
+	@$(PYTHON) -c "import pytest, hypothesis, expecttest, scikit_build_core, matplotlib" 2>/dev/null \
+	  || $(PYTHON) -m pip install -q pytest hypothesis expecttest "scikit-build-core>=0.10" matplotlib
 	@[ -f /usr/include/gtest/gtest.h ] \
 	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q libgtest-dev) \
 	  || echo "GoogleTest not installed: the C++ tests are skipped"
@@ -40,9 +49,30 @@ deps:
 	@$(PYTHON) -c "import prometheus_client.parser" 2>/dev/null || $(PYTHON) -m pip install -q prometheus_client \
 	  || echo "prometheus_client not installed: the server's /metrics test with its parser is skipped"
 
-build: deps
-	cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) $(CMAKE_ARGS)
+CONFIGURE = cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) $(CMAKE_ARGS)
+
+# The library alone (libspeedtorch_ops.so): what the demo and the Python package load.
+build-library: deps
+	$(CONFIGURE)
+	cmake --build $(BUILD) -j $(JOBS) --target speedtorch_ops
+
+# Every target: the library, the C++ tests, the example server and trainer, the benchmarks' C++ side.
+build: test-deps
+	$(CONFIGURE)
 	cmake --build $(BUILD) -j $(JOBS)
+
+# `import speedtorch` from anywhere in this Python, as `pip install -e .` would, without a second build: a
+# speedtorch-source.pth in its site-packages (the user's when that is not writable) puts python/ on sys.path, and the
+# package finds build/libspeedtorch_ops.so beside it (python/speedtorch/_library.py; with another BUILD folder, set
+# SPEEDTORCH_LIBRARY). `make undevelop` removes it.
+DEVELOP_PTH = $(PYTHON) -c "import os, site, sysconfig; d = sysconfig.get_paths()['purelib']; \
+  d = d if os.access(d, os.W_OK) else site.getusersitepackages(); print(os.path.join(d, 'speedtorch-source.pth'))"
+develop:
+	@pth=$$($(DEVELOP_PTH)) && mkdir -p "$$(dirname "$$pth")" && echo "$(abspath python)" > "$$pth" \
+	  && echo "import speedtorch: $(abspath python) (written to $$pth)"
+
+undevelop:
+	rm -f "$$($(DEVELOP_PTH))"
 
 test-cpp:
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -65,7 +95,7 @@ test-package:
 # a package): the server is not built here; its request reading has GoogleTest tests and a fuzz target, and the
 # operators the quantized copies use are tested here (test_gather_dequant.py, test_persistence.py).
 ASAN_BUILD ?= build-asan
-sanitize: deps
+sanitize: test-deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) -DSPEEDTORCH_CUDA=OFF \
 	  -DSPEEDTORCH_SANITIZE=ON -DSPEEDTORCH_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
@@ -92,7 +122,7 @@ CXX_FOR_ASAN ?= c++
 # from libc10 not being instrumented, and why.
 TSAN_BUILD ?= build-tsan
 TSAN_SKIP := ^(Threads/ScatterThreads\.DuplicatesLastOccurrenceWins/[23]|RowCopyLarge\..*|HelpedParallelForAlone\.RunsOnTheCallingThreadInsideAParallelRegion)$$
-tsan: deps
+tsan: test-deps
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) -DSPEEDTORCH_CUDA=OFF \
 	  -DSPEEDTORCH_SANITIZE=ON -DSPEEDTORCH_SANITIZE_KIND=thread -DSPEEDTORCH_BUILD_EXAMPLES=OFF \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -111,7 +141,7 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := npy_header embedding_files request_body
 FUZZ_SUMMARY := ^(\#[0-9]+[[:space:]]+(INITED|DONE)|stat::number_of_executed_units|stat::new_units_added)
-fuzz: deps fuzz-deps
+fuzz: test-deps fuzz-deps
 	cmake -S tests/fuzz -B $(FUZZ_BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) \
 	  -DCMAKE_CXX_COMPILER=clang++
 	cmake --build $(FUZZ_BUILD) -j $(JOBS)
@@ -135,7 +165,7 @@ fuzz-deps:
 	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q clang libclang-rt-dev)
 	@rm -f /tmp/speedtorch-libfuzzer-probe
 
-bench: build
+bench: build-library
 	SPEEDTORCH_LIBRARY=$(abspath $(LIB)) $(PYTHON) bench/transfer.py
 
 # SpeedTorch 0.1.6 (the 2019 library; import name SpeedTorch, built on CuPy), which bench/transfer.py, train.py and
@@ -145,7 +175,7 @@ bench: build
 # What the GPU machine (the device tool; no network there) lacks, gathered into build-deps/ for `carry: ["build-deps"]`:
 # xxHash's and robin-map's headers (the library needs them) and SpeedTorch 0.1.6 for the benchmarks. (The example
 # server needs nothing more: its HTTP layer is its own.)
-device-deps: deps seed-speedtorch
+device-deps: test-deps seed-speedtorch
 	mkdir -p build-deps/include
 	cp /usr/include/xxhash.h build-deps/include/
 	cp -r /usr/include/tsl build-deps/include/

@@ -64,6 +64,7 @@ class AotiRunner final : public ModelRunner {
                 compiled_for == metadata.end() ? std::string("an unknown device") : compiled_for->second,
                 ", not for --device ", device.str(), " (recompile it with recommender_aoti.py --device ",
                 c10::DeviceTypeName(device.type(), true), ")");
+    check_device_present(device);
     num_users_ = metadata_int(metadata, "speedtorch.num_users", package_path);
     dim_ = metadata_int(metadata, "speedtorch.dim", package_path);
     num_items_ = metadata_int(metadata, "speedtorch.num_items", package_path);

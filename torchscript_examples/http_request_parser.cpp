@@ -51,6 +51,17 @@ bool list_has(std::string_view value, std::string_view token) {
   return false;
 }
 
+// Where the head in `text` ends (just past its blank line), searching from `from`; npos when it has not arrived.
+// Lines end in CRLF, or in a bare LF: RFC 9112 2.2 lets a recipient take a lone LF as a line's end (curl, ab and
+// nc send CRLF; a hand-typed request may not).
+std::size_t head_end(const std::string& text, std::size_t from) {
+  for (std::size_t lf = text.find('\n', from); lf != std::string::npos; lf = text.find('\n', lf + 1)) {
+    if (lf + 1 < text.size() && text[lf + 1] == '\n') return lf + 2;
+    if (lf + 2 < text.size() && text[lf + 1] == '\r' && text[lf + 2] == '\n') return lf + 3;
+  }
+  return std::string::npos;
+}
+
 }  // namespace
 
 const std::string* HttpRequest::header(std::string_view lower_case_name) const {
@@ -96,8 +107,8 @@ std::size_t HttpRequestParser::feed_head(std::string_view data) {
   const std::size_t room = limits_.max_head_bytes + 1 - std::min(before, limits_.max_head_bytes + 1);
   const std::size_t take = std::min(data.size() - used, room);
   head_.append(data.substr(used, take));
-  // The blank line may straddle what we had and what came: search from 3 bytes back.
-  const std::size_t end = head_.find("\r\n\r\n", before >= 3 ? before - 3 : 0);
+  // The blank line may straddle what we had and what came: search from 2 bytes back.
+  const std::size_t end = head_end(head_, before >= 2 ? before - 2 : 0);
   if (end == std::string::npos) {
     if (head_.size() > limits_.max_head_bytes) {
       fail(431, "the request line and headers exceed " + std::to_string(limits_.max_head_bytes) + " bytes");
@@ -105,9 +116,8 @@ std::size_t HttpRequestParser::feed_head(std::string_view data) {
     return used + take;
   }
   // Bytes after the blank line are not the head's: give them back.
-  const std::size_t head_end = end + 4;
-  const std::size_t returned = head_.size() - head_end;
-  head_.resize(head_end);
+  const std::size_t returned = head_.size() - end;
+  head_.resize(end);
   used += take - returned;
   if (!parse_head()) return used;
   state_ = body_mode_ == BodyMode::kNone ? State::kComplete : State::kBody;
@@ -116,11 +126,12 @@ std::size_t HttpRequestParser::feed_head(std::string_view data) {
 
 bool HttpRequestParser::parse_head() {
   std::string_view rest(head_);
-  rest.remove_suffix(2);  // the blank line's CRLF; every line below ends in CRLF
-  const auto next_line = [&rest]() {
-    const std::size_t eol = rest.find("\r\n");
-    const std::string_view line = rest.substr(0, eol);
-    rest.remove_prefix(eol + 2);
+  rest.remove_suffix(rest.size() >= 2 && rest[rest.size() - 2] == '\r' ? 2 : 1);  // the blank line
+  const auto next_line = [&rest]() {  // every line left ends in LF, most in CRLF
+    const std::size_t eol = rest.find('\n');
+    std::string_view line = rest.substr(0, eol);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    rest.remove_prefix(eol + 1);
     return line;
   };
   // request-line = method SP request-target SP HTTP-version
@@ -226,6 +237,10 @@ bool HttpRequestParser::parse_head() {
       request_.body.reserve(body_length_);
     }
   }
+  if (body_mode_ == BodyMode::kNone && request_.method == "POST" && !content_length) {
+    fail(411, "a POST needs a Content-Length header (or Transfer-Encoding: chunked)");
+    return false;
+  }
   if (body_mode_ == BodyMode::kNone) request_.expects_continue = false;  // nothing to wait for
   return true;
 }
@@ -306,6 +321,7 @@ const char* http_reason(int status) {
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
+    case 409: return "Conflict";
     case 411: return "Length Required";
     case 413: return "Content Too Large";
     case 415: return "Unsupported Media Type";

@@ -4,10 +4,11 @@
 // (Content-Length) or not (Transfer-Encoding: chunked; the limit applies to the decoded bytes as they arrive, so
 // a chunked body never grows past it). Nothing is recursive; memory is the head plus at most max_body_bytes.
 //
+// Lines of the head end in CRLF or a bare LF (RFC 9112 2.2); a chunked body's lines need CRLF.
 // What it refuses, with the status to answer: a malformed request line or header (400), a version other than
 // HTTP/1.0 or 1.1 (505), a head over its limit (431), a body over its limit (413), Content-Length together with
 // Transfer-Encoding or two different lengths (400: the ways requests are smuggled past proxies), a transfer coding
-// other than chunked (501). After a refusal the connection must be closed: its remaining bytes cannot be framed.
+// other than chunked (501), a POST with neither a length nor chunked (411). After a refusal the connection must be closed: its remaining bytes cannot be framed.
 //
 // Free of sockets so that GoogleTest and the fuzz target (tests/fuzz/fuzz_request_body.cpp) drive it directly.
 #pragma once

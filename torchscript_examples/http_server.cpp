@@ -57,6 +57,8 @@ struct HttpServer::Connection {
   std::string out_head, out_body;
   std::size_t out_done = 0;  // bytes of out_head + out_body written
   bool close_after = false;
+  bool http10 = false;     // the request was HTTP/1.0: keeping its connection open must be said (keep-alive)
+  bool head_only = false;  // the request was HEAD: answered as GET, without the body
   bool peer_closed = false;  // the client shut down its side: answer, then close
   uint32_t events = 0;       // what epoll watches
 };
@@ -277,6 +279,9 @@ void HttpServer::advance(Connection& c) {
         c.method = request.method;
         c.path = request.path;
         c.close_after = !request.keep_alive;
+        c.http10 = request.minor_version == 0;
+        c.head_only = request.method == "HEAD";
+        if (c.head_only) request.method = "GET";  // the same answer, less its body (RFC 9110 9.3.2)
         watch(c, 0);  // read nothing more until this is answered
         ++unanswered_;
         handler_(std::move(request), Responder(this, c.id));
@@ -293,6 +298,7 @@ void HttpServer::refuse(Connection& c, int status, const std::string& message) {
   c.method = c.parser.request().method;
   c.path = c.parser.request().path;
   c.close_after = true;
+  c.head_only = c.method == "HEAD";
   send_answer(c, std::move(response), /*refused=*/true);
 }
 
@@ -302,8 +308,8 @@ void HttpServer::send_answer(Connection& c, HttpResponse response, bool refused)
   head = "HTTP/1.1 " + std::to_string(response.status) + " " + http_reason(response.status) + "\r\nContent-Type: " +
          response.content_type + "\r\nContent-Length: " + std::to_string(response.body.size()) + "\r\n";
   for (const auto& [name, value] : response.headers) head += name + ": " + value + "\r\n";
-  head += c.close_after ? "Connection: close\r\n\r\n" : "\r\n";
-  c.out_body = std::move(response.body);
+  head += c.close_after ? "Connection: close\r\n\r\n" : c.http10 ? "Connection: keep-alive\r\n\r\n" : "\r\n";
+  c.out_body = c.head_only ? std::string() : std::move(response.body);
   c.out_done = 0;
   if (observer_) {
     const double elapsed =

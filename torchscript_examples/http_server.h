@@ -2,6 +2,8 @@
 //
 // - Keep-alive, with TCP_NODELAY on every connection and each answer written in one writev (head and body), so an
 //   answer never waits for the client's delayed ACK. Pipelined requests are answered in order, one at a time.
+//   HTTP/1.0 keeps the connection only when asked (Connection: keep-alive), and the answer says so. HEAD reaches the
+//   handler as GET and is answered without the body.
 // - Deadlines that do not restart per byte: a request's head must arrive within header_timeout of its first byte,
 //   its body within body_timeout of the end of its head, and the client must take an answer within write_timeout;
 //   a connection between requests is closed after idle_timeout. Late heads and bodies get 408.

@@ -27,7 +27,8 @@ std::optional<std::size_t> element_count(const std::vector<int64_t>& shape, std:
 
 // Appends the integers of `data` (a flat or nested JSON list) to `out`, without recursion: nested lists are walked
 // with an explicit stack (their depth is bounded by parse_json_object's limit anyway).
-bool flatten_integers(const json& data, std::size_t limit, std::vector<int64_t>& out, std::string& error) {
+bool flatten_integers(const json& data, std::size_t limit, std::vector<int64_t>& out, std::string& error,
+                      int& status) {
   std::vector<std::pair<const json*, std::size_t>> stack{{&data, 0}};
   while (!stack.empty()) {
     auto& [list, next] = stack.back();
@@ -40,8 +41,12 @@ bool flatten_integers(const json& data, std::size_t limit, std::vector<int64_t>&
       stack.emplace_back(&v, 0);
       continue;
     }
-    if (!v.is_number_integer() ||
-        (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+    if (beyond_int64(v)) {
+      status = 404;
+      error = "unknown id " + v.dump() + ": ids are in [0, the table's rows)";
+      return false;
+    }
+    if (!v.is_number_integer()) {
       error = "tensor data must be integers (int64), got " + describe(v);
       return false;
     }
@@ -78,7 +83,10 @@ bool read_inference_header_length(const std::string* header, std::size_t body_si
 }
 
 std::optional<InferRequest> parse_infer_request(std::string_view body, std::optional<std::size_t> header_length,
-                                                std::size_t max_elements, std::string& error) {
+                                                std::size_t max_elements, std::string& error, int* status) {
+  int unused;
+  int& why = status != nullptr ? *status : unused;
+  why = 400;
   const std::size_t json_size = header_length ? *header_length : body.size();
   if (json_size > body.size()) {
     error = "Inference-Header-Content-Length is beyond the body";
@@ -127,6 +135,7 @@ std::optional<InferRequest> parse_infer_request(std::string_view body, std::opti
     }
     const auto count = element_count(tensor.shape, max_elements);
     if (!count) {
+      why = 413;
       error = "input '" + tensor.name + "' has more than " + std::to_string(max_elements) + " elements";
       return std::nullopt;
     }
@@ -162,7 +171,7 @@ std::optional<InferRequest> parse_infer_request(std::string_view body, std::opti
         return std::nullopt;
       }
       tensor.values.reserve(*count);
-      if (!flatten_integers(input["data"], *count, tensor.values, error)) return std::nullopt;
+      if (!flatten_integers(input["data"], *count, tensor.values, error, why)) return std::nullopt;
       if (tensor.values.size() != *count) {
         error = "input '" + tensor.name + "' has " + std::to_string(tensor.values.size()) +
                 " elements of data for a shape of " + std::to_string(*count);
@@ -198,7 +207,7 @@ std::optional<InferRequest> parse_infer_request(std::string_view body, std::opti
   return out;
 }
 
-HttpResponse infer_error(int status, const std::string& message) {
+HttpResponse error_answer(int status, const std::string& message) {
   return {status, "application/json", {}, json{{"error", message}}.dump()};
 }
 
@@ -219,7 +228,7 @@ HttpResponse infer_answer(const std::string& model, const InferRequest& request,
     return response;
   }
   if (!std::all_of(data, data + count, [](float v) { return std::isfinite(v); })) {
-    return infer_error(500, "the output holds infinity or NaN, which JSON cannot carry: ask for it in binary "
+    return error_answer(500, "the output holds infinity or NaN, which JSON cannot carry: ask for it in binary "
                             "(parameters.binary_data)");
   }
   // The data written straight into the text (append_json_floats), the rest by nlohmann: {..., "outputs": [{...,

@@ -42,9 +42,11 @@ struct InferRequest {
 };
 
 // Reads a request. `header_length`: the Inference-Header-Content-Length header, or nothing when the whole body is
-// JSON. `max_elements`: the most elements one input may have. Returns nothing and sets `error` on failure.
+// JSON. `max_elements`: the most elements one input may have. Returns nothing and sets `error` on failure, and
+// `status` when given: 413 for an input of more than max_elements, 404 for an id beyond int64 (an unknown id, as on
+// /lookup), 400 for the rest.
 std::optional<InferRequest> parse_infer_request(std::string_view body, std::optional<std::size_t> header_length,
-                                                std::size_t max_elements, std::string& error);
+                                                std::size_t max_elements, std::string& error, int* status = nullptr);
 
 // Reads the Inference-Header-Content-Length header of a request (`header`: its value, or nullptr when absent) into
 // `length`. False, with `error` set, when it is not a decimal number of at most `body_size`.
@@ -56,7 +58,7 @@ bool read_inference_header_length(const std::string* header, std::size_t body_si
 HttpResponse infer_answer(const std::string& model, const InferRequest& request, const std::string& output,
                           const std::vector<int64_t>& shape, const float* data);
 
-// An error answer of the protocol: {"error": message}.
-HttpResponse infer_error(int status, const std::string& message);
+// An error answer, of the protocol and of the server's own routes: {"error": message}.
+HttpResponse error_answer(int status, const std::string& message);
 
 }  // namespace speedtorch::serving

@@ -3,17 +3,15 @@
 // its JSON form (v2json) or the server's own /lookup (json), mixed with /updates when asked, and checking every
 // answer. Written in C++ so that 64 clients cost little next to the server (a Python thread per client is itself
 // the limit at these rates); --path /v2/health/ready measures the client's own ceiling against a trivial endpoint.
+// Usage: kUsage below (--help prints it).
 //
-//   speedtorch_load_client --port P --expected TABLE.f32 --users N --dim D [--host 127.0.0.1] [--clients 64]
-//       [--requests 1000 | --seconds S] [--warmup 20] [--ids 16] [--protocol binary|v2json|json]
-//       [--update-every K] [--hot-ids 64] [--seed 0] [--path /v2/health/ready] [--keep-alive 1]
-//
-// TABLE.f32: the user table as the server starts with it, N x D float32 (load_test.py writes it). Checks:
-// - a row of an id that nobody updates equals the table's row bit for bit;
+// TABLE.f32: the user table the server was started with, N x D float32 (load_test.py writes it). Checks:
+// - a row of an id that nobody updates (all but the hot ids) equals the table's row bit for bit;
 // - /updates (every K-th request of a client) write rows of the hot ids [0, hot-ids), each owned by one client
 //   (id % clients), as base + 0.25 j with base = 1e6 + 1e4 client + version (exact in float32); a row of a hot id
-//   is whole (the table's row, or one update's row, never a mix), and its owner reads back exactly what it wrote
-//   last.
+//   is whole (its row when the run began, or one update's row, never a mix), and its owner reads back exactly what
+//   it wrote last. The hot rows are read from the server before the run: an earlier run against the same server
+//   may have updated them.
 // Prints one line of JSON: requests, seconds, req_per_s, p50_ms, p99_ms, wrong, errors, first_problem.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -67,6 +65,11 @@ struct Options {
   int64_t users = 0;
   int64_t dim = 0;
 };
+
+const char kUsage[] =
+    "usage: speedtorch_load_client --port P --expected TABLE.f32 --users N --dim D [--host 127.0.0.1] [--clients 64]\n"
+    "    [--requests 1000 | --seconds S] [--warmup 20] [--ids 16] [--protocol binary|v2json|json]\n"
+    "    [--update-every K] [--hot-ids 64] [--seed 0] [--path /v2/health/ready] [--keep-alive 1]\n";
 
 [[noreturn]] void die(const std::string& message) {
   std::fprintf(stderr, "speedtorch_load_client: %s\n", message.c_str());
@@ -178,8 +181,18 @@ struct Result {
 
 class Client {
  public:
-  Client(const Options& o, const float* table, int index)
-      : o_(o), table_(table), index_(index), rng_(o.seed * 1000003 + index), connection_(o.host, o.port) {}
+  Client(const Options& o, const float* table, const float* hot_start, int index)
+      : o_(o), table_(table), hot_start_(hot_start), index_(index), rng_(o.seed * 1000003 + index),
+        connection_(o.host, o.port) {}
+
+  // The server's rows of `ids`, read with one lookup of this client's protocol; false (and `problem`) on failure.
+  bool read_rows(const std::vector<int64_t>& ids, std::vector<float>& rows, std::string& problem) {
+    int status = 0;
+    std::string head, body;
+    if (!connection_.exchange(lookup_request(ids), status, head, body, problem)) return false;
+    if (status != 200) return fail(problem, "status " + std::to_string(status) + ": " + body.substr(0, 200));
+    return lookup_rows(head, body, ids.size(), rows, problem);
+  }
 
   // One request; its latency goes to `result` when `timed`.
   void one(Result& result, bool timed) {
@@ -232,7 +245,7 @@ class Client {
       else written_[updated_id] = base;
     } else if (kind == kLookup) {
       std::vector<float> rows;
-      if (!lookup_rows(head, body, rows, problem)) result.problem(true, problem);
+      if (!lookup_rows(head, body, ids.size(), rows, problem)) result.problem(true, problem);
       else if (!check_rows(ids, rows, problem)) result.problem(true, problem);
     }
   }
@@ -257,8 +270,9 @@ class Client {
                         "Inference-Header-Content-Length: " + std::to_string(header.size()) + "\r\n");
   }
 
-  bool lookup_rows(const std::string& head, const std::string& body, std::vector<float>& rows, std::string& problem) {
-    const std::size_t want = static_cast<std::size_t>(o_.ids * o_.dim);
+  bool lookup_rows(const std::string& head, const std::string& body, std::size_t count, std::vector<float>& rows,
+                   std::string& problem) {
+    const std::size_t want = count * static_cast<std::size_t>(o_.dim);
     try {
       if (o_.protocol == "binary") {
         const std::size_t at = head.find("\r\ninference-header-content-length:");
@@ -269,7 +283,7 @@ class Client {
         const std::size_t length = std::strtoull(head.c_str() + at + 35, nullptr, 10);
         const json header = json::parse(body.substr(0, length));
         const auto& output = header.at("outputs").at(0);
-        if (output.at("shape") != json::array({o_.ids, o_.dim}) || body.size() != length + 4 * want) {
+        if (output.at("shape") != json::array({count, o_.dim}) || body.size() != length + 4 * want) {
           problem = "binary answer of the wrong shape: " + header.dump().substr(0, 200);
           return false;
         }
@@ -299,7 +313,7 @@ class Client {
   bool check_rows(const std::vector<int64_t>& ids, const std::vector<float>& rows, std::string& problem) {
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const float* got = rows.data() + i * o_.dim;
-      const float* original = table_ + ids[i] * o_.dim;
+      const float* original = (ids[i] < o_.hot_ids ? hot_start_ : table_) + ids[i] * o_.dim;
       const bool same_as_table = std::memcmp(got, original, 4 * o_.dim) == 0;
       if (ids[i] >= o_.hot_ids) {
         if (!same_as_table) return fail(problem, "row of id " + std::to_string(ids[i]) + " differs from the table");
@@ -328,6 +342,7 @@ class Client {
 
   const Options& o_;
   const float* table_;
+  const float* hot_start_;  // the hot ids' rows when the run began
   int index_;
   std::mt19937_64 rng_;
   Connection connection_;
@@ -340,6 +355,10 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
     if (i + 1 >= argc) die("option " + flag + " needs a value");
     const std::string v = argv[i + 1];
     const auto number = [&](long long min, long long max) {
@@ -390,6 +409,19 @@ int main(int argc, char** argv) {
     if (mapped == MAP_FAILED) die("cannot map " + o.expected);
     table = static_cast<const float*>(mapped);
   }
+  // The hot rows as the server holds them now, read in requests of --ids ids (what the server takes per request).
+  std::vector<float> hot_start;
+  if (o.path.empty()) {
+    Client reader(o, table, nullptr, 0);
+    std::string problem;
+    for (int64_t first = 0; first < o.hot_ids; first += o.ids) {
+      std::vector<int64_t> ids;
+      for (int64_t id = first; id < std::min<int64_t>(first + o.ids, o.hot_ids); ++id) ids.push_back(id);
+      std::vector<float> rows;
+      if (!reader.read_rows(ids, rows, problem)) die("reading the hot rows before the run: " + problem);
+      hot_start.insert(hot_start.end(), rows.begin(), rows.end());
+    }
+  }
   std::vector<Result> results(o.clients);
   std::atomic<int> warmed{0};
   std::atomic<bool> go{false};
@@ -397,7 +429,7 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   for (int c = 0; c < o.clients; ++c) {
     threads.emplace_back([&, c] {
-      Client client(o, table, c);
+      Client client(o, table, hot_start.data(), c);
       for (long i = 0; i < o.warmup; ++i) client.one(results[c], false);
       ++warmed;
       while (!go.load()) std::this_thread::yield();

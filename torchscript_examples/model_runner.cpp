@@ -2,6 +2,7 @@
 // (model_runner.h). The AOTInductor package's runner is in aoti_runner.cpp.
 #include "model_runner.h"
 
+#include <torch/cuda.h>
 #include <torch/version.h>
 
 #include "embedding/pinned_embedding.h"
@@ -86,6 +87,12 @@ std::unique_ptr<ModelRunner> make_torchscript_runner(torch::jit::Module model, t
   return std::make_unique<TorchScriptRunner>(std::move(model), device);
 }
 
+void check_device_present(torch::Device device) {
+  const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+  TORCH_CHECK(!device.is_cuda() || (device.has_index() ? device.index() : 0) < gpus, "--device ", device.str(),
+              ", but this machine has ", gpus, " CUDA GPU(s) that this torch can use: run with --device cpu");
+}
+
 std::unique_ptr<ModelRunner> open_model(const std::string& model_path, const std::string& table_path,
                                         torch::Device device, size_t concurrent_runs) {
   if (ends_with(model_path, ".pt2")) {
@@ -101,6 +108,7 @@ std::unique_ptr<ModelRunner> open_model(const std::string& model_path, const std
   }
   TORCH_CHECK(table_path.empty(), "speedtorch_server: --table is for AOTInductor packages (.pt2); the scripted "
               "model ", model_path, " holds its own table");
+  check_device_present(device);
   return make_torchscript_runner(torch::jit::load(model_path), device);
 }
 

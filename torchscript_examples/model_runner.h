@@ -65,6 +65,9 @@ std::unique_ptr<ModelRunner> make_aoti_runner(const std::string& package_path, c
                                               size_t concurrent_runs);
 #endif
 
+// Throws, saying what to do, when `device` is a GPU this machine does not have.
+void check_device_present(torch::Device device);
+
 // The runner for `model_path`: an AOTInductor package when it ends in .pt2 (then `table_path` is required; a server
 // built against PyTorch < 2.10 refuses it, saying so), a scripted model otherwise.
 std::unique_ptr<ModelRunner> open_model(const std::string& model_path, const std::string& table_path,

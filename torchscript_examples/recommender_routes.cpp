@@ -21,10 +21,6 @@ const char* const kModels[] = {"lookup", "score"};
 
 HttpResponse http(const Response& r) { return {r.status, "application/json", {}, r.body}; }
 
-HttpResponse error(int status, const std::string& message) {
-  return {status, "application/json", {}, json{{"error", message}}.dump()};
-}
-
 // Responders cross into std::function (copyable) wrapped in a shared_ptr; whoever answers first answers.
 using SharedResponder = std::shared_ptr<Responder>;
 
@@ -36,7 +32,7 @@ void on_worker(WorkerPool& workers, SharedResponder responder, std::function<Htt
       answer = work();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
-      answer = error(500, "internal error (details in the server log)");
+      answer = error_answer(500, "internal error (details in the server log)");
     }
     responder->respond(std::move(answer));
   });
@@ -49,7 +45,7 @@ RequestBatcher::Done answer_with(SharedResponder responder,
                                                                         const std::string& failure) {
     if (!failure.empty()) {
       std::fprintf(stderr, "speedtorch_server: %s\n", failure.c_str());
-      responder->respond(error(500, "internal error (details in the server log)"));
+      responder->respond(error_answer(500, "internal error (details in the server log)"));
       return;
     }
     responder->respond(format(answer));
@@ -123,7 +119,7 @@ void RecommenderRoutes::operator()(HttpRequest&& request, Responder responder) {
   // The method a known path takes, checked once: anything else is a 405.
   const auto allow = [&](const char* expected) {
     if (method == expected) return true;
-    HttpResponse refused = error(405, path + " takes " + expected + " only");
+    HttpResponse refused = error_answer(405, path + " takes " + expected + " only");
     refused.headers.emplace_back("Allow", expected);
     responder.respond(std::move(refused));
     return false;
@@ -146,7 +142,7 @@ void RecommenderRoutes::operator()(HttpRequest&& request, Responder responder) {
     }
   } else if (std::string name, suffix; split_model_path(path, name, suffix)) {
     if (!known_model(name)) {
-      responder.respond(error(404, "unknown model '" + name + "': this server has models 'lookup' and 'score'"));
+      responder.respond(error_answer(404, "unknown model '" + name + "': this server has models 'lookup' and 'score'"));
     } else if (suffix == "/infer") {
       if (allow("POST")) infer(name, std::move(request), std::move(responder));
     } else if (suffix == "/ready") {
@@ -184,7 +180,7 @@ void RecommenderRoutes::operator()(HttpRequest&& request, Responder responder) {
         }
       } catch (const std::exception& e) {
         std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
-        responder->respond(error(500, "internal error (details in the server log)"));
+        responder->respond(error_answer(500, "internal error (details in the server log)"));
       }
     });
   } else if (path == "/topk" || path == "/update") {
@@ -200,7 +196,7 @@ void RecommenderRoutes::operator()(HttpRequest&& request, Responder responder) {
       return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", {}, metrics_.prometheus_text()};
     });
   } else {
-    responder.respond(error(404, "no such path: the server answers /lookup, /topk, /score, /update, /health, "
+    responder.respond(error_answer(404, "no such path: the server answers /lookup, /topk, /score, /update, /health, "
                                  "/metrics and the Open Inference Protocol under /v2"));
   }
 }
@@ -213,19 +209,20 @@ void RecommenderRoutes::infer(const std::string& model, HttpRequest&& request, R
     try {
       const HttpRequest& request = *held;
       if (const std::string* coding = request.header("content-encoding"); coding && *coding != "identity") {
-        answer_to->respond(infer_error(415, "compressed request bodies are not served"));
+        answer_to->respond(error_answer(415, "compressed request bodies are not served"));
         return;
       }
       std::optional<std::size_t> header_length;
       std::string message;
       if (!read_inference_header_length(request.header("inference-header-content-length"), request.body.size(),
                                         header_length, message)) {
-        answer_to->respond(infer_error(400, message));
+        answer_to->respond(error_answer(400, message));
         return;
       }
-      auto parsed = parse_infer_request(request.body, header_length, service_.max_batch(), message);
+      int status = 400;
+      auto parsed = parse_infer_request(request.body, header_length, service_.max_batch(), message, &status);
       if (!parsed) {
-        answer_to->respond(infer_error(400, message));
+        answer_to->respond(error_answer(status, message));
         return;
       }
       auto infer = std::make_shared<InferRequest>(std::move(*parsed));
@@ -241,17 +238,17 @@ void RecommenderRoutes::infer(const std::string& model, HttpRequest&& request, R
       const std::string output = lookup ? "rows" : "scores";
       if (infer->inputs.size() != expected.size() || inputs[0] == nullptr ||
           (!lookup && (inputs[1] == nullptr || inputs[0]->shape != inputs[1]->shape))) {
-        answer_to->respond(infer_error(400, lookup ? "model 'lookup' takes one input, 'ids'"
+        answer_to->respond(error_answer(400, lookup ? "model 'lookup' takes one input, 'ids'"
                                                    : "model 'score' takes two inputs of one shape, 'users' and "
                                                      "'items'"));
         return;
       }
       if (!infer->requested_output.empty() && infer->requested_output != output) {
-        answer_to->respond(infer_error(400, "model '" + model + "' has one output, '" + output + "'"));
+        answer_to->respond(error_answer(400, "model '" + model + "' has one output, '" + output + "'"));
         return;
       }
       if (inputs[0]->values.empty()) {
-        answer_to->respond(infer_error(400, "input '" + expected[0] + "' is empty"));
+        answer_to->respond(error_answer(400, "input '" + expected[0] + "' is empty"));
         return;
       }
       Response failure;
@@ -272,7 +269,7 @@ void RecommenderRoutes::infer(const std::string& model, HttpRequest&& request, R
       else batcher_.score(ids(*inputs[0]), ids(*inputs[1]), answer_with(answer_to, format), announced->take());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
-      answer_to->respond(infer_error(500, "internal error (details in the server log)"));
+      answer_to->respond(error_answer(500, "internal error (details in the server log)"));
     }
   });
 }

@@ -73,19 +73,20 @@ std::string describe(const nlohmann::json& value) {
   return text;
 }
 
+bool beyond_int64(const nlohmann::json& value) {
+  if (value.is_number_unsigned()) return value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  return value.is_number_float() && std::fabs(value.get<double>()) >= 0x1p63;
+}
+
 std::optional<int64_t> read_id(const nlohmann::json& value, int64_t limit, const std::string& field, int& status,
                                std::string& error) {
-  if (!value.is_number_integer()) {
+  const bool beyond = beyond_int64(value);
+  if (!value.is_number_integer() && !beyond) {
     status = 400;
     error = "field '" + field + "' must hold integers only, got " + describe(value);
     return std::nullopt;
   }
-  // An unsigned JSON integer above INT64_MAX is out of range, not a negative id.
-  const bool in_range =
-      value.is_number_unsigned()
-          ? value.get<uint64_t>() < static_cast<uint64_t>(limit)
-          : value.get<int64_t>() >= 0 && value.get<int64_t>() < limit;
-  if (!in_range) {
+  if (beyond || value.get<int64_t>() < 0 || value.get<int64_t>() >= limit) {
     status = 404;
     error = "unknown id " + value.dump() + " in '" + field + "': ids are in [0, " + std::to_string(limit) + ")";
     return std::nullopt;

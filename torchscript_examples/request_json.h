@@ -45,6 +45,11 @@ std::optional<nlohmann::json> parse_json_object(std::string_view body, std::stri
 // lists and objects by their type ("a list of 3 values").
 std::string describe(const nlohmann::json& value);
 
+// Whether `value` is an integer beyond int64 either way: unsigned above 2^63 - 1, or a number that nlohmann read as
+// floating point because no 64-bit integer holds it (2^64 and up, below -2^63). As an id it is unknown (404), as any
+// id outside the table is, not malformed.
+bool beyond_int64(const nlohmann::json& value);
+
 // Reads `value` as an integer id in [0, limit). On failure returns nothing and sets `error` (`status` 400 for a
 // value that is not an integer, 404 for an integer outside the range, whatever its size).
 std::optional<int64_t> read_id(const nlohmann::json& value, int64_t limit, const std::string& field, int& status,

@@ -5,27 +5,26 @@
 // which runs where. Lookups and scores that arrive together are merged into one model call (request_batcher.h).
 // The HTTP layer (http_server.h) is one epoll loop that slow clients cannot stall; a bad request gets a 4xx with a
 // message and never takes the server down.
-//
-//   speedtorch_server MODEL.pt [--host 127.0.0.1] [--port 0] [--threads 8] [--max-batch 4096] [--device cpu]
-//                     [--batch-window-us 1000] [--batch-max-ids 16384] [--batch-runners 2]
-//                     [--max-connections 1024] [--max-body-bytes 67108864]
-//                     [--idle-timeout 60] [--header-timeout 10] [--body-timeout 60] [--write-timeout 60]
-//   speedtorch_server MODEL.pt2 --table USERS.npy [the same options]
+// Usage, with the defaults: kUsage below.
 // --device cuda runs the model on the GPU (a package must be compiled for cuda); the user table stays in pinned host
 // memory and the GPU reads the rows a request names over UVA; each worker and batch runner has its own CUDA stream.
 // A package's table is opened copy-on-write: updates live in the server's memory, the files never change.
 // With --port 0 the kernel picks a free port; the first line printed is "listening on HOST:PORT".
 // SIGTERM / SIGINT stop it: it takes no new connection, answers every request it has received whole, and exits
-// with status 0 (stop_signal_watcher.h).
+// with status 0 (stop_signal_watcher.h). --help prints the usage and exits 0; a bad option exits 2, and a model,
+// table or device it cannot use exits 1, each with one line saying what is wrong.
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "command_line_numbers.h"
@@ -41,6 +40,32 @@
 namespace {
 
 using namespace speedtorch::serving;
+
+const char kUsage[] =
+    "usage: speedtorch_server MODEL.pt [--host 127.0.0.1] [--port 0] [--threads 8] [--max-batch 4096] [--device cpu]\n"
+    "           [--batch-window-us 1000] [--batch-max-ids 16384] [--batch-runners 2] [--max-connections 1024]\n"
+    "           [--max-body-bytes 67108864] [--idle-timeout 60] [--header-timeout 10] [--body-timeout 60]\n"
+    "           [--write-timeout 60]            (--device: cpu, cuda or cuda:N)\n"
+    "       speedtorch_server MODEL.pt2 --table USERS.npy [the same options]\n";
+
+[[noreturn]] void startup_error(std::string message) {
+  const std::string prefix = "speedtorch_server: ";  // the model runners' messages carry it already
+  if (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
+  std::fprintf(stderr, "%s%s\n", prefix.c_str(), message.c_str());
+  std::exit(1);
+}
+
+// The device --device names (cpu, or cuda[:N]), or exit 2 saying so. Whether that GPU is here is the model
+// runner's check (check_device_present), after a package's own device is checked.
+torch::Device checked_device(const std::string& name) {
+  const auto index = name.rfind("cuda:", 0) == 0 ? speedtorch::examples::whole_integer(name.substr(5), 0, 1023)
+                                                  : std::nullopt;
+  if (name != "cpu" && name != "cuda" && !index) {
+    std::fprintf(stderr, "speedtorch_server: --device takes cpu or cuda[:N], got '%s'\n", name.c_str());
+    std::exit(2);
+  }
+  return torch::Device(name);
+}
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "speedtorch_server: %s\n", message.c_str());
@@ -83,11 +108,14 @@ std::function<void()> own_stream(torch::Device device) {
 
 int main(int argc, char** argv) {
   block_stop_signals();  // before any thread starts (see stop_signal_watcher.h)
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  }
   if (argc < 2 || argv[1][0] == '-') {
-    std::fprintf(stderr, "usage: %s MODEL.pt|MODEL.pt2 [--table USERS.npy] [--host H] [--port P] [--threads T] "
-                 "[--max-batch N] [--device D] [--batch-window-us U] [--batch-max-ids N] [--batch-runners R] "
-                 "[--max-connections C] [--max-body-bytes B] [--idle-timeout S] [--header-timeout S] "
-                 "[--body-timeout S] [--write-timeout S]\n", argv[0]);
+    std::fputs(kUsage, stderr);
     return 2;
   }
   HttpServerOptions http;
@@ -117,9 +145,14 @@ int main(int argc, char** argv) {
     else if (flag == "--write-timeout") http.write_timeout_s = parse_seconds(flag, value, 3600);
     else usage_error("unknown option " + flag);
   }
+  const torch::Device on = checked_device(device);
+  for (const std::string& file : {std::string(argv[1]), table}) {
+    if (!file.empty() && access(file.c_str(), R_OK) != 0) {
+      startup_error("cannot read " + file + ": " + std::strerror(errno));
+    }
+  }
   try {
-    // A bad device name, model or table throws: reported below, exit 1.
-    const torch::Device on(device);
+    // A model or table that does not load throws: reported below, exit 1.
     // Workers (top-k) and batch runners may run the model at once: an AOTInductor package gets that many instances.
     RecommenderService service(open_model(argv[1], table, on, static_cast<size_t>(threads + batching.runners)),
                                max_batch);
@@ -143,9 +176,10 @@ int main(int argc, char** argv) {
     std::printf("listening on %s:%d\n", http.host.c_str(), server.port());
     std::fflush(stdout);
     server.run();  // returns once every request received is answered; then the batcher and workers drain
+  } catch (const c10::Error& e) {
+    startup_error(e.what_without_backtrace());  // torch's own backtrace says nothing a user can act on
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "speedtorch_server: %s\n", e.what());
-    return 1;
+    startup_error(e.what());
   }
   return 0;
 }

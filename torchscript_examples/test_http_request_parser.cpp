@@ -122,9 +122,29 @@ TEST(HttpRequestParser, ExpectContinueOnlyWhenABodyIsComing) {
   EXPECT_EQ(p.state(), HttpRequestParser::State::kBody);
   EXPECT_TRUE(p.request().expects_continue);
   HttpRequestParser q;
-  q.feed("POST / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n");
+  q.feed("POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n");
   EXPECT_EQ(q.state(), HttpRequestParser::State::kComplete);
   EXPECT_FALSE(q.request().expects_continue);
+}
+
+// nc or a hand-typed request: lines that end in a bare LF waited for a CRLF CRLF that never came (a 408 after
+// --header-timeout). They are read as RFC 9112 2.2 allows, a byte at a time too (the blank line straddling feeds).
+TEST(HttpRequestParser, HeadLinesMayEndInABareLf) {
+  for (const std::string head : {"POST /x HTTP/1.1\nContent-Length: 3\nHost: h\n\n", "POST /x HTTP/1.1\r\n"
+                                 "Content-Length: 3\nHost: h\r\n\n", "POST /x HTTP/1.1\nContent-Length: 3\n\r\n"}) {
+    HttpRequestParser p;
+    for (const char c : head + "abcGET") p.feed(std::string(1, c));
+    ASSERT_EQ(p.state(), HttpRequestParser::State::kComplete) << p.error_message();
+    EXPECT_EQ(p.request().body, "abc");
+    EXPECT_EQ(*p.request().header("content-length"), "3");
+  }
+  EXPECT_EQ(refusal("GET / HTTP/1.1\nA: x\ry\n\n"), 400);  // a bare CR inside a line is still refused
+}
+
+TEST(HttpRequestParser, APostNeedsALength) {
+  EXPECT_EQ(refusal("POST /lookup HTTP/1.1\r\nHost: h\r\n\r\n"), 411);
+  EXPECT_EQ(refusal("POST /lookup HTTP/1.1\r\nContent-Length: 0\r\n\r\n"), 0);
+  EXPECT_EQ(refusal("GET /health HTTP/1.1\r\n\r\n"), 0);
 }
 
 TEST(HttpRequestParser, EmptyLinesBeforeARequestAreSkipped) {

@@ -12,9 +12,10 @@
 #include "command_line_numbers.h"
 
 int main(int argc, char** argv) {
+  const bool help = argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h");
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s MODEL.pt BATCHES.pt STEPS LR [OUT.pt]\n", argv[0]);
-    return 2;
+    std::fprintf(help ? stdout : stderr, "usage: %s MODEL.pt BATCHES.pt STEPS LR [OUT.pt]\n", argv[0]);
+    return help ? 0 : 2;
   }
   // Read whole before anything loads ("4x" used to run 4 steps, "abc" none).
   const auto steps = speedtorch::examples::whole_integer(argv[3], 0, 1ll << 40);
@@ -36,6 +37,9 @@ int main(int argc, char** argv) {
       std::printf("%.9g\n", loss.item<double>());
     }
     if (argc > 5) model.save(argv[5]);
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "speedtorch_trainer: %s\n", e.what_without_backtrace());  // no backtrace of torch's own
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "speedtorch_trainer: %s\n", e.what());
     return 1;
