@@ -213,14 +213,7 @@ class HostEmbeddingBagCollection(torch.nn.Module):
         prefetched, self._prefetched = self._prefetched, None  # for the next forward only
         if prefetched is None or prefetched[0] is not features:
             return None
-        plan = prefetched[1]
-        if self.device.type == "cuda":  # made on the stream prefetch() ran on, used on this one from here
-            current = torch.cuda.current_stream(self.device)
-            for lookup in plan:
-                for t in (lookup.ids, lookup.lengths, lookup.weights, lookup.mean):
-                    if t is not None and t.is_cuda:
-                        t.record_stream(current)
-        return plan
+        return _plan_used_here(prefetched[1], self.device)
 
     def _plan(self, features) -> list["_Lookup"]:
         """Per group: the group's row ids for this batch, and how they pool into bags."""
@@ -516,6 +509,17 @@ class _Lookup:
     weights: Optional[torch.Tensor] = None
     mean: Optional[torch.Tensor] = None
     any_mean: bool = False
+
+
+def _plan_used_here(plan: list, device: torch.device) -> list:
+    """A plan made on the stream a prefetch ran on, from here on used (and freed) on the current one."""
+    if device.type == "cuda":
+        current = torch.cuda.current_stream(device)
+        for lookup in plan:
+            for t in (lookup.ids, lookup.lengths, lookup.weights, lookup.mean):
+                if t is not None and t.is_cuda:
+                    t.record_stream(current)
+    return plan
 
 
 def _extremes_on_host(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, ...]:

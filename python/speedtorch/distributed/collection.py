@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from ..embedding_collection import HostEmbeddingBagCollection, TableConfig
+from ..embedding_collection import HostEmbeddingBagCollection, TableConfig, _plan_used_here
 from ..ops import unique_indices
 from ..sparse_features import SparseFeatures
 from .embedding import DistributedHostEmbedding
@@ -136,17 +136,10 @@ class DistributedHostEmbeddingBagCollection(HostEmbeddingBagCollection):
             group.module.hand_rows(lookup.ids, unique, inverse, r)
 
     def _take_ready(self, features):
-        if self._ready is None or self._ready[0] is not features:
+        ready, self._ready = self._ready, None  # for the next forward only, as every prefetch
+        if ready is None or ready[0] is not features:
             return None
-        plan = self._ready[1]
-        self._ready = None
-        if self.device.type == "cuda":  # made on the stream prefetch() ran on, used on this one from here
-            current = torch.cuda.current_stream(self.device)
-            for lookup in plan:
-                for t in (lookup.ids, lookup.lengths, lookup.weights, lookup.mean):
-                    if t is not None and t.is_cuda:
-                        t.record_stream(current)
-        return plan
+        return _plan_used_here(ready[1], self.device)
 
     # --- step: every group's gradients in one exchange -------------------------------------------------------------
 
