@@ -1,4 +1,4 @@
-"""pytest setup: import speedtorch from the source tree when it is not installed; GPU tests are marked `gpu` and
+"""pytest setup: import speedtorch from this source tree (whatever else is installed); GPU tests are marked `gpu` and
 skipped without CUDA; fixtures for process-wide settings, and a check that no test leaves them changed."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-try:
-    import speedtorch  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
-    import speedtorch  # noqa: F401
+# The package of this tree, whatever else Python would find first (`make develop` of another checkout writes a .pth
+# that points there, an installed wheel): the tests test the code beside them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+import speedtorch  # noqa: E402,F401
 
 HAS_CUDA = torch.cuda.is_available() and "cuda=none" not in speedtorch.build_info()
 
