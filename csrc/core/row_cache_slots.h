@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "core/id_mix.h"
+
 #if defined(__CUDACC__)
 #define SPEEDTORCH_CACHE_HOST_DEVICE __host__ __device__ __forceinline__
 #else
@@ -48,15 +50,9 @@ struct CacheHostRows {
   int64_t state_floats;  // the floats of a state row that are copied (0 without optimizer)
 };
 
-// The set of row `id`: a 64-bit mix (MurmurHash3's finalizer) so that strided ids spread over the sets.
+// The set of row `id`: its mix (core/id_mix.h), so that strided ids spread over the sets.
 SPEEDTORCH_CACHE_HOST_DEVICE int64_t cache_set_of(int64_t id, int64_t sets) {
-  uint64_t x = static_cast<uint64_t>(id);
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return static_cast<int64_t>(x % static_cast<uint64_t>(sets));
+  return static_cast<int64_t>(mix_id(id) % static_cast<uint64_t>(sets));
 }
 
 }  // namespace speedtorch

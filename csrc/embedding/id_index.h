@@ -49,21 +49,14 @@
 #include <tuple>
 #include <vector>
 
+#include "core/id_mix.h"
 #include "embedding/table_lock.h"
 
 namespace speedtorch {
 
-// murmur3's 64-bit finaliser: every bit of the id reaches the low bits the map's power-of-two buckets use.
+// Every bit of the id reaches the low bits the map's power-of-two buckets use (core/id_mix.h).
 struct IdHash {
-  size_t operator()(int64_t id) const {
-    uint64_t x = static_cast<uint64_t>(id);
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return static_cast<size_t>(x);
-  }
+  size_t operator()(int64_t id) const { return static_cast<size_t>(mix_id(id)); }
 };
 using IdMap = tsl::robin_map<int64_t, int64_t, IdHash>;
 

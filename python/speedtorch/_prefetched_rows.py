@@ -32,21 +32,18 @@ class PrefetchedRows:
     def __init__(self, key, unique: torch.Tensor, inverse: torch.Tensor, rows: torch.Tensor,
                  ready: Optional[torch.cuda.Event], state: Optional[torch.Tensor] = None):
         self.key = key
-        self.unique, self.inverse = unique, inverse
-        # One spare row at the end: where a patch sends the updated rows this batch does not hold.
-        self._rows = torch.cat([rows, rows[:1] if rows.shape[0] else rows.new_zeros(1, rows.shape[1])])
-        self.rows = self._rows[:-1]
+        self.unique, self.inverse, self.rows = unique, inverse, rows
         self.state = state  # the rows' optimizer state (advance), or None
         self.ready = ready
 
     def tensors(self) -> tuple:
-        return tuple(t for t in (self.unique, self.inverse, self._rows, self.state) if t is not None)
+        return tuple(t for t in (self.unique, self.inverse, self.rows, self.state) if t is not None)
 
     def _wait_here(self) -> Optional[torch.cuda.Stream]:
         """On a GPU: the current stream waits until the rows may be read (and keeps them alive); returns it."""
         if self.ready is None:
             return None
-        current = torch.cuda.current_stream(self._rows.device)
+        current = torch.cuda.current_stream(self.rows.device)
         current.wait_event(self.ready)
         for t in self.tensors():
             t.record_stream(current)
@@ -59,7 +56,7 @@ class PrefetchedRows:
 
     def patch(self, ids: torch.Tensor, new_rows: torch.Tensor) -> None:
         """``ids`` (sorted, distinct) now hold ``new_rows``: the rows among them this batch holds take those values.
-        No host wait: the rows not held go to the spare row."""
+        No host wait: the rows not held go to a spare row past the end, dropped."""
         n = self.unique.numel()
         if n == 0 or ids.numel() == 0:
             return
@@ -67,7 +64,9 @@ class PrefetchedRows:
         ids = ids.to(self.unique.device, torch.int64)
         pos = torch.searchsorted(self.unique, ids).clamp_(max=n - 1)
         target = torch.where(self.unique[pos] == ids, pos, n)
-        self._rows.index_copy_(0, target, new_rows.to(self._rows.device, self._rows.dtype))
+        rows = torch.cat([self.rows, self.rows.new_empty(1, self.rows.shape[1])])
+        rows.index_copy_(0, target, new_rows.to(rows.device, rows.dtype))
+        self.rows = rows[:n]
         self._done_here(stream)
 
     def advance(self, ids: torch.Tensor, grads: torch.Tensor, optimizer: str, options: dict, step: int) -> None:
@@ -79,7 +78,7 @@ class PrefetchedRows:
         if n == 0 or k == 0:
             return
         stream = self._wait_here()
-        device = self._rows.device
+        device = self.rows.device
         pos = torch.searchsorted(self.unique, ids).clamp_(max=n - 1)
         target = torch.where(self.unique[pos] == ids, pos, n + torch.arange(k, device=device))
         target, order = torch.sort(target)
@@ -87,8 +86,7 @@ class PrefetchedRows:
         state = torch.cat([self.state, self.state.new_zeros(k, self.state.shape[1])])
         torch.ops.speedtorch.row_optimizer_step_(rows, state, target, grads.index_select(0, order), optimizer,
                                                  options, int(step), True)
-        self._rows, self.state = rows[:n + 1], state[:n]  # row n: the spare row of patch()
-        self.rows = self._rows[:-1]
+        self.rows, self.state = rows[:n], state[:n]
         self._done_here(stream)
 
     def refresh(self, table, ids: torch.Tensor, device: torch.device) -> None:
@@ -99,7 +97,7 @@ class PrefetchedRows:
         stream = self._wait_here()
         held = torch.isin(self.unique, ids.to(self.unique.device)).nonzero().squeeze(1)
         if held.numel():
-            self._rows[held] = table.gather(self.unique[held], device).to(self._rows.dtype)
+            self.rows[held] = table.gather(self.unique[held], device).to(self.rows.dtype)
         self._done_here(stream)
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

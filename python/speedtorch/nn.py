@@ -797,9 +797,9 @@ class HostEmbedding(torch.nn.Module):
                 rows = self.table.gather(unique, self.device)
                 state = torch.ops.speedtorch.gather(self.table.state(), unique, self.device) \
                     if self._updates_ahead() else None
-            pending = PrefetchedRows(next_input, unique, inverse, rows, None, state)
-            pending.ready = torch.cuda.Event()  # after everything the prefetch queued, PrefetchedRows' copy included
-            pending.ready.record(side)
+            ready = torch.cuda.Event()  # after everything the prefetch queued
+            ready.record(side)
+        pending = PrefetchedRows(next_input, unique, inverse, rows, ready, state)
         # The side stream may still be reading the table's device tensors (a hybrid table's hot rows) after this
         # returns, and may have made new ones there (_refresh_hot_rows) that the current stream then uses: whichever
         # stream frees them, the caching allocator must reuse their memory only once both streams are done.
