@@ -28,6 +28,7 @@ import gc
 import itertools
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -297,7 +298,7 @@ def section_gpu(args, device) -> dict:
     gpu = timed["GPU memory (speedtorch placement='gpu'), pipelined"][0]
     results = [{"way": label, "ms/step": ms, "samples/s": args.batch / ms * 1e3, "vs all on GPU": ms / gpu,
                 "first loss": first, "last loss": last} for label, (ms, first, last) in timed.items()]
-    traces = trace_ways(ways, args.trace_steps, device)
+    traces = trace_ways(ways, args.trace_steps, device, args.trace_dir)
     for r in results:
         r["trace"] = traces.get(r["way"])
     print(format_table(results, ["way", "ms/step", "samples/s", "vs all on GPU", "first loss", "last loss"]))
@@ -310,15 +311,20 @@ def section_gpu(args, device) -> dict:
             "ways": results}
 
 
-def trace_ways(ways: dict, steps: int, device) -> dict:
+def trace_ways(ways: dict, steps: int, device, keep_in: str | None = None) -> dict:
     """Each way's trace summary over ``steps`` steps (bench/trace_summary.py): per stream busy and overlapped time,
-    GPU idle time and host waits, printed and returned by way."""
+    GPU idle time and host waits, printed and returned by way; with ``keep_in``, each way's raw trace is written
+    there too (``<way>.json.gz``)."""
     if steps <= 0 or device.type != "cuda":
         return {}
     out = {}
     for label, way in ways.items():
         way.run(1)
-        out[label] = profile_summary(way.run, steps)
+        keep = None
+        if keep_in:
+            os.makedirs(keep_in, exist_ok=True)
+            keep = os.path.join(keep_in, re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_") + ".json.gz")
+        out[label] = profile_summary(way.run, steps, keep)
         print(format_summary(label, out[label]), flush=True)
     return out
 
@@ -423,6 +429,8 @@ def main() -> int:
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--trace-steps", type=int, default=5,
                         help="gpu: steps each way is traced for its per-stream summary (0: none)")
+    parser.add_argument("--trace-dir", default=None,
+                        help="gpu: also write each way's raw trace there (<way>.json.gz, for Perfetto)")
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -17,6 +17,7 @@ operators they wait in (``waits_in``: the outermost and innermost CPU operator a
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
@@ -120,8 +121,10 @@ def _waits_by_operator(waits: list[dict], ops: list[dict], steps: int) -> list[d
     return sorted(rows, key=lambda r: -r["ms"])[:5]
 
 
-def profile_summary(run_steps: Callable[[int], object], steps: int = 5) -> dict:
-    """Profiles ``run_steps(steps)`` (CPU and CUDA activity) and summarizes its trace (:func:`summarize_trace`)."""
+def profile_summary(run_steps: Callable[[int], object], steps: int = 5, keep: str | None = None) -> dict:
+    """Profiles ``run_steps(steps)`` (CPU and CUDA activity) and summarizes its trace (:func:`summarize_trace`);
+    ``keep``: a path where the raw Chrome trace is also written, gzipped (for a timeline in chrome://tracing or
+    Perfetto)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -132,8 +135,11 @@ def profile_summary(run_steps: Callable[[int], object], steps: int = 5) -> dict:
         path = os.path.join(folder, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
-            events = json.load(f).get("traceEvents", [])
-    return summarize_trace(events, steps)
+            raw = f.read()
+    if keep:
+        with gzip.open(keep, "wt") as f:
+            f.write(raw)
+    return summarize_trace(json.loads(raw).get("traceEvents", []), steps)
 
 
 def format_summary(label: str, s: dict) -> str:

@@ -18,6 +18,9 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
            {torch::arg("num_rows"), torch::arg("dim"), torch::arg("dtype") = static_cast<int64_t>(at::kFloat)})
       .def("gather", &PinnedEmbedding::gather, "Rows for indices, on device (default: the indices' device)",
            {torch::arg("indices"), torch::arg("device") = c10::IValue()})
+      .def("gather_with_state", &PinnedEmbedding::gather_with_state,
+           "(rows, optimizer state) for 1-D indices; state beside the rows is read with them, one record a row",
+           {torch::arg("indices"), torch::arg("device") = c10::IValue()})
       .def("scatter_", &PinnedEmbedding::scatter_, "Writes src into the rows named by indices (last occurrence wins)",
            {torch::arg("indices"), torch::arg("src")})
       .def("num_rows", &PinnedEmbedding::num_rows)

@@ -64,6 +64,33 @@ at::Tensor PinnedEmbedding::gather(const at::Tensor& indices, std::optional<at::
   return gather_table_rows(table_, indices, device, "PinnedEmbedding.gather");
 }
 
+std::tuple<at::Tensor, at::Tensor> PinnedEmbedding::gather_with_state(const at::Tensor& indices,
+                                                                      std::optional<at::Device> device) const {
+  const char* op = "PinnedEmbedding.gather_with_state";
+  ReadLock read(lock_);
+  TORCH_CHECK(state_.defined(), op, ": the table has no optimizer state; call set_optimizer first");
+  TORCH_CHECK(indices.dim() == 1, op, ": indices must be 1-D, got shape ", indices.sizes());
+  const TransferConfigScope settings(transfer_overrides_, op);
+  // Records: each row's bytes, then its state's, table_.stride(0) elements apart, in table_buffer_.
+  const auto* rows_at = static_cast<const char*>(table_.data_ptr());
+  const int64_t record = table_.stride(0) * table_.element_size();
+  const int64_t state_at = static_cast<const char*>(state_.data_ptr()) - rows_at;
+  const int64_t state_bytes = state_.size(1) * state_.element_size();
+  RowCache* cache = usable_cache();
+  const bool records = !cache && !state_buffer_ && table_buffer_ && table_.size(0) > 0 && state_at > 0 &&
+                       state_at + state_bytes <= record && state_.stride(0) * state_.element_size() == record;
+  if (!records) {  // rows that a cache may hold newer, or state in a buffer of its own: two reads
+    at::Tensor rows = cache ? cache->gather(table_, state_, indices, device, op)
+                            : gather_table_rows(table_, indices, device, op);
+    return {rows, gather_table_rows(state_, indices, device, op)};
+  }
+  const at::Tensor all = tensor_over(table_buffer_, rows_at - static_cast<const char*>(table_buffer_->data()),
+                                     {table_.size(0), record}, {record, 1}, at::kByte);
+  const at::Tensor both = gather_table_rows(all, indices, device, op);
+  return {both.narrow(1, 0, table_.size(1) * table_.element_size()).view(table_.scalar_type()),
+          both.narrow(1, state_at, state_bytes).view(state_.scalar_type())};
+}
+
 at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor& src) {
   WriteLock write(lock_);
   check_writable("scatter_");

@@ -56,6 +56,11 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // Rows for `indices` (any shape, int32/int64, any device), shaped indices.shape + (dim,), on `device` if given,
   // else on the indices' device.
   at::Tensor gather(const at::Tensor& indices, std::optional<at::Device> device) const;
+  // gather() of 1-D `indices` with their rows' optimizer state: (rows, state), as gather() and state()[indices]
+  // would give. State kept beside the rows is read with them, one record a row (one read over PCIe, not a second
+  // one of 16 bytes a row), and both are views of that one tensor; otherwise two reads.
+  std::tuple<at::Tensor, at::Tensor> gather_with_state(const at::Tensor& indices,
+                                                       std::optional<at::Device> device) const;
   // Writes src (indices.shape + (dim,)) into those rows; duplicate indices: the last occurrence wins. Returns the
   // table, as table() does.
   at::Tensor scatter_(const at::Tensor& indices, const at::Tensor& src);

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from . import PinnedEmbedding
 from ._interrupt import run_interruptible
 from ._prefetched_rows import PrefetchedRows
-from .ops import check_indices, deferred_index_checks, unique_indices
+from .ops import check_indices, deferred_index_checks, gathers_without_the_host, unique_indices
 from .placement import DeviceTable, HybridTable
 from .table_parameter import HostTableParameter, add_rows_gradient, rows_gradient
 from .table_parameter import clip_grad_norm_, ddp_ignore_host_tables, dense_parameters  # noqa: F401 (re-exported)
@@ -505,7 +505,8 @@ class HostEmbedding(torch.nn.Module):
         self._note_write()
         return rows
 
-    def _rows_for(self, input: torch.Tensor):
+    def _rows_for(self, input: torch.Tensor, read=None):
+        # (unique, inverse, rows); `read(unique)` in place of the table's gather (the prefetch's rows and state).
         pending, self._prefetched = self._prefetched, None  # a prefetch is for the next forward only
         if pending is not None and pending.key is input:
             return pending.take()
@@ -513,7 +514,7 @@ class HostEmbedding(torch.nn.Module):
         ids = input.to(self.device, non_blocking=True)
         unique, inverse = unique_indices(ids)  # torch.unique(sorted=True, return_inverse=True); faster on the CPU
         try:
-            return unique, inverse, self.table.gather(unique, self.device)
+            return unique, inverse, (read or (lambda u: self.table.gather(u, self.device)))(unique)
         except IndexError:  # it names a position among the distinct ids: name the caller's instead
             named = _out_of_range_in(ids, self.num_embeddings, type(self).__name__)
             if named is None:
@@ -765,8 +766,7 @@ class HostEmbedding(torch.nn.Module):
         if self.placement == "gpu":
             return
         if self.device.type != "cuda":
-            unique, inverse, rows = self._rows_for(next_input)
-            state = torch.ops.speedtorch.gather(self.table.state(), unique, None) if self._updates_ahead() else None
+            unique, inverse, (rows, state) = self._rows_for(next_input, self._rows_ahead)
             self._prefetched = PrefetchedRows(next_input, unique, inverse, rows, None, state)
             return
         current = torch.cuda.current_stream(self.device)
@@ -792,11 +792,9 @@ class HostEmbedding(torch.nn.Module):
             side.wait_event(self._written)
         for t in (unique, inverse):
             t.record_stream(side)
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), gathers_without_the_host():
             with deferred_index_checks() if checked else contextlib.nullcontext():
-                rows = self.table.gather(unique, self.device)
-                state = torch.ops.speedtorch.gather(self.table.state(), unique, self.device) \
-                    if self._updates_ahead() else None
+                rows, state = self._rows_ahead(unique)
             ready = torch.cuda.Event()  # after everything the prefetch queued
             ready.record(side)
         pending = PrefetchedRows(next_input, unique, inverse, rows, ready, state)
@@ -807,6 +805,13 @@ class HostEmbedding(torch.nn.Module):
             self.table.record_stream(side)
             self.table.record_stream(current)
         self._prefetched = pending
+
+    def _rows_ahead(self, unique: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """A prefetch's rows, and their optimizer state when updates will advance them (state beside the rows is
+        read with them: one read a row)."""
+        if self._updates_ahead():
+            return self.table.gather_with_state(unique, self.device)
+        return self.table.gather(unique, self.device), None
 
     def drop_prefetch(self) -> None:
         """Forgets a prefetch the next forward will not use."""

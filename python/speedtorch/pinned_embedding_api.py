@@ -40,6 +40,13 @@ class PinnedEmbeddingAPI:
         share (the transfer engine, README). Bad indices raise IndexError before anything is read."""
         raise _documentation_only()
 
+    def gather_with_state(self, indices: torch.Tensor,
+                          device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, state)`` for 1-D ``indices``: what ``gather(indices, device)`` and ``state()[indices]`` give. State
+        kept beside the rows (``set_optimizer``'s default) is read with them, one record a row, so a GPU makes one
+        read over PCIe a row, not a second one of a few bytes; both are then views of one tensor (strided rows)."""
+        raise _documentation_only()
+
     def scatter_(self, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         """Writes ``src`` (``indices.shape + (dim,)``, any device) into those rows; duplicates: the last occurrence
         wins. Returns the table tensor. A GPU write may still run after the call returns (stream order). A ``src``

@@ -98,6 +98,38 @@ def test_copy_gather_scatter():
     torch.testing.assert_close(e.table(), expected, rtol=0, atol=0)
 
 
+def _with_state(dtype, optimizer, beside, dim=6):
+    e = speedtorch.PinnedEmbedding(40, dim, dtype)
+    e.copy_(torch.randn(40, dim).to(dtype))
+    e.set_optimizer(optimizer, {"lr": 0.1}, beside)
+    e.state().uniform_()  # so the state read is not the zeros it starts as
+    return e
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("beside", [True, False])
+def test_gather_with_state_is_gather_and_the_state_rows(dtype, optimizer, beside):
+    e = _with_state(dtype, optimizer, beside, dim=5 if dtype == torch.float16 else 6)
+    ids = torch.tensor([7, 0, 39, 7, 12])
+    rows, state = e.gather_with_state(ids, None)
+    torch.testing.assert_close(rows, e.gather(ids), rtol=0, atol=0)
+    torch.testing.assert_close(state, e.state()[ids], rtol=0, atol=0)
+    # State beside the rows: one read of whole records, the two views of one tensor.
+    assert (rows.untyped_storage().data_ptr() == state.untyped_storage().data_ptr()) == beside
+    rows.add_(1.0)  # a copy: the table is untouched
+    torch.testing.assert_close(e.gather(ids) + 1.0, rows, rtol=0, atol=0)
+
+
+def test_gather_with_state_refuses_what_it_cannot_read():
+    with pytest.raises(RuntimeError, match="the table has no optimizer state; call set_optimizer first"):
+        speedtorch.PinnedEmbedding(10, 4).gather_with_state(torch.tensor([1]), None)
+    with pytest.raises(RuntimeError, match=r"indices must be 1-D, got shape \[1, 1\]"):
+        _with_state(torch.float32, "adam", True).gather_with_state(torch.tensor([[1]]), None)
+    with pytest.raises(IndexError):
+        _with_state(torch.float32, "adam", True).gather_with_state(torch.tensor([40]), None)
+
+
 class _Lookup(torch.nn.Module):
     def __init__(self, table):
         super().__init__()
@@ -162,3 +194,14 @@ def test_gather_to_gpu_and_back():
     e.scatter_(unique, torch.full((unique.numel(), 32), 3.0, device="cuda"))
     torch.cuda.synchronize()
     assert bool((e.table()[unique.cpu()] == 3.0).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("beside", [True, False])
+def test_gather_with_state_to_the_gpu(beside):
+    e = _with_state(torch.bfloat16, "adam", beside)
+    ids = torch.unique(torch.randint(0, 40, (30,), device="cuda"))
+    rows, state = e.gather_with_state(ids, torch.device("cuda"))
+    assert rows.device.type == state.device.type == "cuda"
+    torch.testing.assert_close(rows.cpu(), e.table()[ids.cpu()], rtol=0, atol=0)
+    torch.testing.assert_close(state.cpu(), e.state()[ids.cpu()], rtol=0, atol=0)
