@@ -98,6 +98,24 @@ class Way:
         return float(loss.detach())
 
 
+class WithLaunch:
+    """A way run with other launch settings for the row kernels beside its model (a point of --sweep-launch): SMs
+    (TrainPipeline's max_sms), blocks a SM and rows in flight a thread (the transfer options uva_blocks_per_sm,
+    uva_rows_in_flight, for the pipeline's thread)."""
+
+    def __init__(self, way: Way, point: str):
+        self.way = way
+        self.max_sms, self.blocks, self.rows = (int(v) for v in point.split("x"))
+
+    def run(self, steps: int) -> float:
+        kept, self.way.pipeline.max_sms = self.way.pipeline.max_sms, self.max_sms
+        try:
+            with speedtorch.transfer_config_override(uva_blocks_per_sm=self.blocks, uva_rows_in_flight=self.rows):
+                return self.way.run(steps)
+        finally:
+            self.way.pipeline.max_sms = kept
+
+
 def time_ways(ways: dict, steps: int, rounds: int, warmup: int, device) -> dict:
     """Median ms per step of each way over ``rounds`` turns of ``steps // rounds`` steps (the ways alternating; a
     turn is timed whole, so the pipeline's overlap across steps counts)."""
@@ -298,6 +316,8 @@ def section_gpu(args, device) -> dict:
     gpu = timed["GPU memory (speedtorch placement='gpu'), pipelined"][0]
     results = [{"way": label, "ms/step": ms, "samples/s": args.batch / ms * 1e3, "vs all on GPU": ms / gpu,
                 "first loss": first, "last loss": last} for label, (ms, first, last) in timed.items()]
+    if args.sweep_launch and device.type == "cuda":
+        sweep_launch(ways, args, device)
     traces = trace_ways(ways, args.trace_steps, device, args.trace_dir)
     for r in results:
         r["trace"] = traces.get(r["way"])
@@ -309,6 +329,19 @@ def section_gpu(args, device) -> dict:
     return {"config": {"rows": sum(rows), "cap": args.cap, "dim": args.dim, "batch": args.batch,
                        "optimizer": args.optimizer, "hot_fraction": args.hot_fraction, "max_sms": args.max_sms},
             "ways": results}
+
+
+def sweep_launch(ways: dict, args, device) -> None:
+    """The host tables' pipelined way under each launch setting of --sweep-launch, in turns with the yardstick."""
+    yardstick = "GPU memory (speedtorch placement='gpu'), pipelined"
+    sweep = {yardstick: ways[yardstick]}
+    for point in args.sweep_launch:
+        sweep[f"host RAM, pipelined, {point} (SMs x blocks a SM x rows in flight)"] = \
+            WithLaunch(ways["host RAM, pipelined"], point)
+    timed = time_ways(sweep, args.steps, args.rounds, args.warmup, device)
+    gpu = timed[yardstick][0]
+    print(format_table([{"way": label, "ms/step": ms, "vs all on GPU": ms / gpu} for label, (ms, _, _) in
+                        timed.items()], ["way", "ms/step", "vs all on GPU"]), flush=True)
 
 
 def trace_ways(ways: dict, steps: int, device, keep_in: str | None = None) -> dict:
@@ -416,6 +449,9 @@ def main() -> int:
     parser.add_argument("--hot-fraction", type=float, default=0.2, help="hybrid: the GPU cache's share of the rows")
     parser.add_argument("--max-sms", type=int, default=None,
                         help="SMs the host ways' gathers ahead and updates beside the model may use")
+    parser.add_argument("--sweep-launch", type=lambda t: t.split(","), default=None,
+                        help="gpu: also time the host tables' pipelined way at these launch settings of its row "
+                             "kernels, SMSxBLOCKSxROWS each (e.g. 32x1x4,16x2x4), in turns with the yardstick")
     parser.add_argument("--state-apart", action="store_true",
                         help="optimizer state in a table of its own (no re-layout of the rows at setup: one pin)")
     parser.add_argument("--no-torch", action="store_true", help="gpu: leave out torch's nn.EmbeddingBag way")
