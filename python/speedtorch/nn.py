@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from . import PinnedEmbedding
 from ._interrupt import run_interruptible
 from ._prefetched_rows import PrefetchedRows
-from .ops import check_indices, deferred_index_checks, gathers_without_the_host, unique_indices
+from .ops import check_indices, deferred_index_checks, transfers_without_the_host, unique_indices
 from .placement import DeviceTable, HybridTable
 from .table_parameter import HostTableParameter, add_rows_gradient, rows_gradient
 from .table_parameter import clip_grad_norm_, ddp_ignore_host_tables, dense_parameters  # noqa: F401 (re-exported)
@@ -191,8 +191,8 @@ class HostEmbedding(torch.nn.Module):
     __jit_unused_properties__ = ["weight"]
     # What pickling and copying leave out (streams, events, pending work): rebuilt by _init_runtime_state. A subclass
     # with runtime attributes of its own adds them here and resets them there.
-    _runtime_attributes = ("_table_param", "_anchor", "_prefetched", "_taken", "_written", "_side_stream",
-                           "_rows_stream", "_update_stream")
+    _runtime_attributes = ("_table_param", "_anchor", "_prefetched", "_written", "_side_stream", "_rows_stream",
+                           "_update_stream")
     # On a GPU, run every update of the host table on the module's update stream (not only those a prefetch lets run
     # beside the next forward): readers wait for the module's write event (NgramHashEmbedding's rows set it).
     async_update = False
@@ -314,7 +314,6 @@ class HostEmbedding(torch.nn.Module):
         # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input.
         self._anchor = torch.zeros(0, requires_grad=True)
         self._prefetched: Optional[PrefetchedRows] = None  # the next forward's rows, read ahead (prefetch)
-        self._taken: Optional[PrefetchedRows] = None  # the last forward's, when read ahead with their state
         self._written: Optional[torch.cuda.Event] = None  # after the module's last write of the table (on a GPU)
         self._side_stream = None
         self._rows_stream = None
@@ -406,7 +405,7 @@ class HostEmbedding(torch.nn.Module):
                 self._parameters["weight"] = param
         if converted.device != self.device:  # the streams, events and rows read ahead belong to the old device
             self._sync_for_host_access()
-            self._prefetched = self._taken = self._written = None
+            self._prefetched = self._written = None
             self._side_stream = self._rows_stream = self._update_stream = None
         self.device = converted.device
         self.output_dtype = converted.dtype
@@ -468,11 +467,7 @@ class HostEmbedding(torch.nn.Module):
     def _lookup(self, input: torch.Tensor):
         """(distinct ids, where each id's row is, the distinct rows): renormalised (``max_norm``), handing their
         gradient to the module while it trains, in :attr:`output_dtype`. forward's part before pooling."""
-        pending = self._prefetched
         unique, inverse, rows = self._rows_for(input)
-        # Rows read ahead with their state: the step of these very rows can run where they are (_apply_gradients).
-        taken = pending is not None and pending.key is input and pending.state is not None
-        self._taken = pending if taken and self.max_norm is None else None
         if self.max_norm is not None:
             rows = self._renormed(unique, rows)
         if self.trains and torch.is_grad_enabled():
@@ -624,32 +619,20 @@ class HostEmbedding(torch.nn.Module):
         # it again (it still checks the claim). A pending prefetch is kept exact (speedtorch/_prefetched_rows.py):
         # advanced in GPU memory when it holds the rows' state, so the host table's update may run on a stream of
         # its own beside the next forward; else given the rows the step writes, or reading them again.
-        # The rows of this very step read ahead with their state (the last forward's): the step runs on them where
-        # they are, by the same kernel, and only its result is written to the host table: rows cross PCIe once each
-        # way, and the GPU never waits for host memory to be read during the update.
         pending = self._prefetched
         ahead = pending is not None and pending.state is not None and sorted_unique
-        taken, self._taken = self._taken, None
-        here = sorted_unique and taken is not None and taken.holds(unique)
-        step = self.table.step_count() + 1
         if ahead:
             with self._checked_on_the_gpu(unique, sorted_unique):
-                pending.advance(unique, grad_rows, self.table.optimizer(), self.table.optimizer_options(), step)
-        if here:
-            taken.step(grad_rows, self.table.optimizer(), self.table.optimizer_options(), step)
-            if pending is not None and not ahead:
-                pending.patch(unique, taken.rows)
-        on_its_stream = ahead or here or self.async_update
-        stream = self.update_stream() if self.device.type == "cuda" and on_its_stream else None
+                pending.advance(unique, grad_rows, self.table.optimizer(), self.table.optimizer_options(),
+                                self.table.step_count() + 1)
+        stream = self.update_stream() if self.device.type == "cuda" and (ahead or self.async_update) else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))  # the gradients
         else:
             self._wait_for_writes()  # an earlier update on the update stream writes rows this one reads
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), \
                 self._checked_on_the_gpu(unique, sorted_unique):
-            if here:
-                self.table.scatter_with_state_(unique, taken.rows, taken.state, step)
-            elif ahead or pending is None:
+            if ahead or pending is None:
                 self.table.apply_gradients(unique, grad_rows, sorted_unique)
             elif sorted_unique and self._hands_back_updated_rows():
                 updated = torch.empty(unique.numel(), self.embedding_dim, dtype=pending.rows.dtype,
@@ -661,8 +644,8 @@ class HostEmbedding(torch.nn.Module):
                 pending.refresh(self.table, unique, self.device)
             self._note_write()
         if stream is not None:
-            for t in (unique, grad_rows, *(taken.tensors() if here else ())):
-                t.record_stream(stream)
+            unique.record_stream(stream)
+            grad_rows.record_stream(stream)
 
     def _checked_on_the_gpu(self, unique: torch.Tensor, sorted_unique: bool):
         """For a step on distinct ids this module made on a GPU (torch.unique's, or a coalesced gradient's) over a
@@ -811,7 +794,7 @@ class HostEmbedding(torch.nn.Module):
             side.wait_event(self._written)
         for t in (unique, inverse):
             t.record_stream(side)
-        with torch.cuda.stream(side), gathers_without_the_host():
+        with torch.cuda.stream(side), transfers_without_the_host():
             with deferred_index_checks() if checked else contextlib.nullcontext():
                 rows, state = self._rows_ahead(unique)
             ready = torch.cuda.Event()  # after everything the prefetch queued
@@ -985,9 +968,7 @@ class HostEmbedding(torch.nn.Module):
         self._prefetched = None
 
     def _sync_for_host_access(self) -> None:
-        # Updates still running on the GPU must land before the host rows are handed out or overwritten. The last
-        # forward's rows may change through them: its step goes to the table's own update.
-        self._taken = None
+        # Updates still running on the GPU must land before the host rows are handed out or overwritten.
         if self.device.type == "cuda":
             if self._update_stream is not None:
                 self._update_stream.synchronize()

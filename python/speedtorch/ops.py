@@ -129,12 +129,13 @@ def transfer_config_override(**options: float) -> Iterator[dict[str, float]]:
 
 
 @contextlib.contextmanager
-def gathers_without_the_host() -> Iterator[None]:
-    """Inside: the calling thread's gathers move every row on the GPU (``uva_fraction=1``), unless a split was set.
+def transfers_without_the_host() -> Iterator[None]:
+    """Inside: the calling thread's gathers and scatters move every row on the GPU (``uva_fraction=1``), unless a
+    split was set.
 
-    A split transfer's staged share is copied by the calling thread before the call returns; a prefetch on a side
-    stream must hand the host back at once, as the host is what queues the model's next kernels (a pipelined DLRM step
-    was host-bound by 3.5 ms of staging a step)."""
+    A split transfer's staged share is copied by the calling thread before the call returns; work queued on a side
+    stream (a prefetch, an update's write-back) must hand the host back at once, as the host is what queues the
+    model's next kernels (a pipelined DLRM step was host-bound by 3.5 ms of staging a step)."""
     if torch.ops.speedtorch.get_transfer_option("uva_fraction") >= 0:
         yield
         return

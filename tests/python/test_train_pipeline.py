@@ -102,21 +102,6 @@ def test_pipelined_dlrm_is_bit_identical_to_the_plain_loop(device, ids):
     run_both(lambda: tiny_dlrm(device), batches, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_each_step_runs_on_its_rows_read_ahead_and_only_writes_the_table(device, monkeypatch):
-    # The GPU's way (on the CPU by the test switch): rows read ahead with their state are stepped where they are
-    # (PrefetchedRows.step) and written back with scatter_with_state_, never read from the table again; the same bits.
-    from speedtorch._prefetched_rows import PrefetchedRows
-
-    monkeypatch.setattr(HostEmbedding, "_advance_on_cpu", True)
-    stepped = []
-    step = PrefetchedRows.step
-    monkeypatch.setattr(PrefetchedRows, "step", lambda self, *a: (stepped.append(1), step(self, *a))[1])
-    batches = synthetic_batches(ROWS, 32, 5, exponent=1.3, seed=4, pin_memory=device == "cuda")
-    run_both(lambda: tiny_dlrm(device), batches, device)
-    assert len(stepped) == len(batches) - 1  # each pipelined step after the first (read at its forward)
-
-
 def test_pipelined_two_groups_and_dcn_are_bit_identical():
     batches = synthetic_batches(ROWS, 16, 4, exponent=1.2, seed=3)
     run_both(lambda: tiny_dlrm("cpu", dims=[DIM, 4, DIM, 4, DIM, DIM], optimizer="adam", interaction="dcn"), batches,

@@ -273,17 +273,17 @@ def test_gpu_deferred_checks_of_one_thread_leave_another_thread_checking():
     speedtorch.check_index_errors()  # cleared
 
 
-def test_gathers_without_the_host_move_every_row_on_the_gpu_unless_a_split_was_set():
+def test_transfers_without_the_host_move_every_row_on_the_gpu_unless_a_split_was_set():
     # A prefetch's gathers run inside it: a staged share would hold the calling thread (the model's launcher).
     before = speedtorch.transfer_config()
     assert before["uva_fraction"] < 0  # the automatic split
-    with speedtorch.ops.gathers_without_the_host():
+    with speedtorch.ops.transfers_without_the_host():
         assert speedtorch.transfer_config()["uva_fraction"] == 1.0
     assert speedtorch.transfer_config() == before
     with speedtorch.transfer_config_override(uva_fraction=0.4):  # the caller's own split is kept
-        with speedtorch.ops.gathers_without_the_host():
+        with speedtorch.ops.transfers_without_the_host():
             assert speedtorch.transfer_config()["uva_fraction"] == 0.4
     with pytest.raises(ZeroDivisionError):
-        with speedtorch.ops.gathers_without_the_host():
+        with speedtorch.ops.transfers_without_the_host():
             1 / 0  # noqa: B018
     assert speedtorch.transfer_config() == before
