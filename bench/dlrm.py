@@ -447,8 +447,9 @@ def main() -> int:
     parser.add_argument("--interaction", default="dot", choices=("dot", "dcn"))
     parser.add_argument("--no-amp", dest="amp", action="store_false", help="fp32 MLPs (default: bf16 autocast on GPU)")
     parser.add_argument("--hot-fraction", type=float, default=0.2, help="hybrid: the GPU cache's share of the rows")
-    parser.add_argument("--max-sms", type=int, default=None,
-                        help="SMs the host ways' gathers ahead and updates beside the model may use")
+    parser.add_argument("--max-sms", type=lambda v: v if v == "auto" else int(v), default="auto",
+                        help="SMs the host ways' gathers ahead and updates beside the model may use (TrainPipeline's "
+                             "max_sms; default auto: a quarter of the GPU's)")
     parser.add_argument("--sweep-launch", type=lambda t: t.split(","), default=None,
                         help="gpu: also time the host tables' pipelined way at these launch settings of its row "
                              "kernels, SMSxBLOCKSxROWS each (e.g. 32x1x4,16x2x4), in turns with the yardstick")

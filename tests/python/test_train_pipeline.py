@@ -217,6 +217,24 @@ def test_the_side_streams_transfer_bound_is_passed_on(monkeypatch):
     assert seen == [{"max_sms": 16}] * 5
 
 
+def test_max_sms_is_a_quarter_of_the_gpus_by_default_and_checked():
+    model, opt = tiny_dlrm("cpu")
+    batches = synthetic_batches(ROWS, 8, 1, seed=7)
+    assert TrainPipeline(model, opt, batches, device="cpu").max_sms is None  # nothing to bound on the CPU
+    assert TrainPipeline(model, opt, batches, device="cpu", max_sms=12).max_sms == 12
+    for bad in (-1, "half", 2.5, True):
+        with pytest.raises(ValueError, match="max_sms must be 'auto', None or an int >= 0"):
+            TrainPipeline(model, opt, batches, device="cpu", max_sms=bad)
+
+
+@pytest.mark.gpu
+def test_max_sms_auto_on_a_gpu():
+    model, opt = tiny_dlrm("cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pipeline = TrainPipeline(model, opt, synthetic_batches(ROWS, 8, 1, seed=7), device="cuda")
+    assert pipeline.max_sms == max(1, sms // 4)
+
+
 def test_tables_a_host_embedding_optimizer_steps_are_left_to_it():
     """With CombinedOptimizer([HostEmbeddingOptimizer, SGD]) and an LR schedule, the pipeline trains as the standard
     loop does. It used to step the table itself before the optimizer, with the learning rate of the step before."""
