@@ -15,19 +15,9 @@ from ._library import PinnedEmbedding, build_info, library_path  # loads the com
 from . import _fake  # noqa: F401  (registers fake kernels for torch.compile)
 from ._moved import old_module as __getattr__  # noqa: F401  (the old module paths: speedtorch.quantized, ...)
 from .contiguous import ContiguousParams
-from .ops import (
-    check_index_errors,
-    gather,
-    pinned_empty,
-    deferred_index_checks,
-    scatter_,
-    set_deferred_index_checks,
-    set_transfer_config,
-    transfer_config,
-    transfer_config_override,
-    transfer_calibrations,
-    clear_transfer_calibrations,
-)
+from .ops import (check_index_errors, clear_transfer_calibrations, deferred_index_checks, gather, pinned_empty,
+                  scatter_, set_deferred_index_checks, set_transfer_config, transfer_calibrations, transfer_config,
+                  transfer_config_override)
 from .counters import reset_stats, set_stats_enabled, stats, stats_help
 from .pinned_embedding_api import PinnedEmbeddingAPI
 from .jit_save import jit_save
@@ -41,39 +31,9 @@ from .pipeline import TrainPipeline
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ContiguousParams",
-    "HostEmbeddingBagCollection",
-    "PinnedEmbedding",
-    "PinnedEmbeddingAPI",
-    "build_info",
-    "check_index_errors",
-    "compat",
-    "data",
-    "gather",
-    "gather_dequant",
-    "jit_save",
-    "ngram",
-    "ngram_hash",
-    "nn",
-    "optim",
-    "pipeline",
-    "library_path",
-    "pinned_empty",
-    "reset_stats",
-    "scatter_",
-    "serving",
-    "set_deferred_index_checks",
-    "SparseFeatures",
-    "TableConfig",
-    "TrainPipeline",
-    "deferred_index_checks",
-    "set_stats_enabled",
-    "set_transfer_config",
-    "stats",
-    "stats_help",
-    "transfer_config",
-    "transfer_config_override",
-    "transfer_calibrations",
-    "clear_transfer_calibrations",
-]
+__all__ = ["ContiguousParams", "HostEmbeddingBagCollection", "PinnedEmbedding", "PinnedEmbeddingAPI", "SparseFeatures",
+           "TableConfig", "TrainPipeline", "build_info", "check_index_errors", "clear_transfer_calibrations", "compat",
+           "data", "deferred_index_checks", "gather", "gather_dequant", "jit_save", "library_path", "ngram",
+           "ngram_hash", "nn", "optim", "pinned_empty", "pipeline", "reset_stats", "scatter_", "serving",
+           "set_deferred_index_checks", "set_stats_enabled", "set_transfer_config", "stats", "stats_help",
+           "transfer_calibrations", "transfer_config", "transfer_config_override"]
