@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from speedtorch.benchmarking import format_table  # noqa: E402
+from speedtorch.cli.benchmarking import format_table  # noqa: E402
 from speedtorch.nn import HostEmbedding  # noqa: E402
-from speedtorch.recommender import zipf_batches  # noqa: E402
+from speedtorch.models.recommender import zipf_batches  # noqa: E402
 
 
 def sync(device):

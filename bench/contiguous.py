@@ -29,7 +29,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
-from speedtorch.benchmarking import format_table, median_seconds  # noqa: E402
+from speedtorch.cli.benchmarking import format_table, median_seconds  # noqa: E402
 
 
 def resnet50_shapes() -> list[tuple[int, ...]]:

@@ -33,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
-from speedtorch.benchmarking import format_table  # noqa: E402
-from speedtorch.recommender import make_way, zipf_batches  # noqa: E402
+from speedtorch.cli.benchmarking import format_table  # noqa: E402
+from speedtorch.models.recommender import make_way, zipf_batches  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from interleaved_timing import time_calls, time_steps  # noqa: E402

@@ -52,7 +52,7 @@ def rank_main(rank: int, world: int, local_world: int, port: int, args, out_dir:
     import torch.nn.functional as F
 
     from speedtorch.distributed import DistributedHostEmbedding
-    from speedtorch.recommender import zipf_batches
+    from speedtorch.models.recommender import zipf_batches
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(local_world))
     if args.backend == "nccl":

@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
 from speedtorch import HostEmbeddingBagCollection, TableConfig, TrainPipeline  # noqa: E402
-from speedtorch.benchmarking import format_table  # noqa: E402
+from speedtorch.cli.benchmarking import format_table  # noqa: E402
 from speedtorch.models import (DLRM, MLPERF_POOLING_FACTORS, DLRMTrain, TorchEmbeddingBags, criteo_rows,  # noqa: E402
                                synthetic_batches)
 from speedtorch.nn import HostEmbedding  # noqa: E402

@@ -25,8 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 import speedtorch  # noqa: E402
-from speedtorch.benchmarking import format_table, median_seconds, positive_int  # noqa: E402
-from speedtorch.dynamic_embedding import IdIndex  # noqa: E402
+from speedtorch.cli.benchmarking import format_table, median_seconds, positive_int  # noqa: E402
+from speedtorch.nn.dynamic_embedding import IdIndex  # noqa: E402
 from speedtorch.nn import HostEmbedding  # noqa: E402
 
 HKV_HOST_TIER_VALUES_PER_S = (0.069e9, 0.12e9)  # A100-80GB, 256-byte values, keys in HBM, values in HBM + host

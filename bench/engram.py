@@ -8,8 +8,8 @@ Sections (each prints its figures and ratios; ``--json`` writes them all):
 2. decode: a 1,024-row fp8 gather captured in a CUDA graph, replayed one at a time: p50 / p90 latency (target: p50
    <= 20 us on the H100); and a decode step's whole Engram lookup (hash + gather + dequantize) of 64 sequences' newest
    token, 16 rows each.
-3. training: the small GPT of speedtorch/engram_gpt.py on the standard library's bytes, its Engram tables in pinned
-   host RAM (prefetched, asynchronous updates) against the same tables in GPU memory (the same code, the same
+3. training: the small GPT of speedtorch/models/engram_gpt.py on the standard library's bytes, its Engram tables in
+   pinned host RAM (prefetched, asynchronous updates) against the same tables in GPU memory (the same code, the same
    batches): ms per step and the ratio (target <= 1.02), and host RAM without prefetch. ``--max-sms N`` bounds the
    prefetch's gather to N SMs (the transfer option ``max_sms``), so the backward it runs beside keeps the rest.
 4. scale: one Engram table of ``--big-rows`` rows (300M) of bf16 trained in the GPT on one GPU: ms per step, and the
@@ -36,9 +36,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
-from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: E402
-from speedtorch.engram_gpt import EngramConfig, EngramGPT, Trainer, batches, stdlib_corpus  # noqa: E402
-from speedtorch.quantized import format_row_bytes, gather_dequant  # noqa: E402
+from speedtorch.cli.benchmarking import format_table, gbps, median_seconds  # noqa: E402
+from speedtorch.models.engram_gpt import EngramConfig, EngramGPT, Trainer, batches, stdlib_corpus  # noqa: E402
+from speedtorch.serving.quantized import format_row_bytes, gather_dequant  # noqa: E402
 from trace_summary import format_summary, profile_summary  # noqa: E402  (bench/trace_summary.py)
 
 DIM = 256
@@ -142,11 +142,11 @@ def section_decode(args) -> dict:
         # The whole lookup of a decode step: 64 sequences' last 3 tokens hashed, the newest one's 2 orders x 8 heads
         # = 16 rows gathered: 1,024 rows.
         from speedtorch.ngram import NgramHash
-        from speedtorch.quantized import QuantizedRows
+        from speedtorch.serving.quantized import QuantizedRows
 
         hasher = NgramHash(129_280, args.rows // 17, heads=8, max_order=3).to(dev)
         rows = QuantizedRows(table[:hasher.num_rows], "fp8_e4m3_ue8m0", DIM)
-        from speedtorch.ngram_lookup import NgramHashLookup
+        from speedtorch.serving.ngram_lookup import NgramHashLookup
 
         lookup = NgramHashLookup(hasher, rows, dev)
         tokens = torch.randint(0, 129_280, (64, 3), device=dev)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
-from speedtorch.benchmarking import format_table  # noqa: E402
+from speedtorch.cli.benchmarking import format_table  # noqa: E402
 
 
 def per_call_seconds(fn, calls: int) -> float:

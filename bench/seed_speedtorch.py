@@ -129,12 +129,12 @@ class SeedTransfer:
 
 
 class SeedSpeedTorchWay:
-    """The recommender of speedtorch.recommender trained SpeedTorch's way: the user table and its Adam state in
+    """The recommender of speedtorch.models.recommender trained SpeedTorch's way: the user table and its Adam state in
     pinned CuPy collections (``ModelFactory`` / ``OptimizerFactory`` with ``CPUPinn=True``), swapped into a
     batch-sized model variable before each forward pass and back after the optimizer step, with torch.optim.Adam
     (dense) on that variable. Its semantics are SpeedTorch's: one step count for all rows, and an id repeated within
     a batch keeps one copy's update (the last write wins). The item table and the loss are those of every other way
-    (speedtorch.recommender's), so the ways differ only in the user table."""
+    (speedtorch.models.recommender's), so the ways differ only in the user table."""
 
     def __init__(self, num_rows: int, dim: int, num_items: int, device, lr: float = 1e-3):
         speedtorch_2019, self.cupy = load()
@@ -154,7 +154,7 @@ class SeedSpeedTorchWay:
         if getattr(self.opt_switcher, "optVarList", None) != ["exp_avg", "exp_avg_sq"]:
             raise SeedUnavailable(f"{LABEL}'s OptimizerFactory did not recognise torch's Adam")
         self.opt_switcher.optInit()
-        from speedtorch.recommender import _ItemsMixin  # imported here: `main()` needs no speedtorch build
+        from speedtorch.models.recommender import _ItemsMixin  # imported here: `main()` needs no speedtorch build
 
         self._items = _ItemsMixin
         _ItemsMixin._init_items(self, num_items, dim, device, lr)

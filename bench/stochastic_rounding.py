@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
-from speedtorch.benchmarking import format_table, median_seconds  # noqa: E402
+from speedtorch.cli.benchmarking import format_table, median_seconds  # noqa: E402
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ At each point (batch, width), everything below is timed in turns (`--rounds`), s
   speedtorch's default plan, beside torch's way (``index_select`` into pinned staging + copy; staging +
   ``index_copy_``) and SpeedTorch 0.1.6 itself (bench/seed_speedtorch.py; left out with a line saying why when it
   cannot run). Without a GPU: speedtorch's CPU gather / scatter_ beside torch's ``index_select`` / ``index_copy_``.
-- step: one training step of the recommender (speedtorch.recommender: Zipf(1.2) user ids, a `--items` item table,
+- step: one training step of the recommender (speedtorch.models.recommender: Zipf(1.2) user ids, a `--items` item table,
   Adam) for each of `--ways`, over a user table of the same rows. Its bound: the bytes a step must move each way,
   the weights and both Adam moments of each distinct id of the batch, at the copy rate (the two directions overlap
   on PCIe, so the slower one bounds).
@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
-from speedtorch.benchmarking import gbps  # noqa: E402
-from speedtorch.recommender import make_way, zipf_batches  # noqa: E402
+from speedtorch.cli.benchmarking import gbps  # noqa: E402
+from speedtorch.models.recommender import make_way, zipf_batches  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import seed_speedtorch  # noqa: E402

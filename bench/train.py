@@ -2,8 +2,8 @@
 one run, with ratios.
 
 Training: a `--rows` x `--dim` user table trained with Adam, batches of `--batch` Zipf(1.2) user ids, a `--items`
-item table on the GPU, dot product + BCE (speedtorch.recommender), each way of speedtorch.recommender.WAYS and
-SpeedTorch 0.1.6 itself (`speedtorch_2019`: its ModelFactory / OptimizerFactory switchers with pinned CuPy
+item table on the GPU, dot product + BCE (speedtorch.models.recommender), each way of
+speedtorch.models.recommender.WAYS and SpeedTorch 0.1.6 itself (`speedtorch_2019`: its ModelFactory / OptimizerFactory switchers with pinned CuPy
 collections, bench/seed_speedtorch.py; skipped with a line saying why without CuPy or `make seed-speedtorch`) timed
 per step (median after warm-up; all ways alive, taking turns in `--rounds` rounds). Fused step: Adam on
 `--fused-rows` distinct random rows of a pinned table, against the PCIe bound (bytes each way / contiguous pinned
@@ -35,9 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
-from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: E402
-from speedtorch import recommender  # noqa: E402
-from speedtorch.recommender import WAYS, make_way, zipf_batches  # noqa: E402
+from speedtorch.cli.benchmarking import format_table, gbps, median_seconds  # noqa: E402
+from speedtorch.models import recommender  # noqa: E402
+from speedtorch.models.recommender import WAYS, make_way, zipf_batches  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from interleaved_timing import time_steps  # noqa: E402

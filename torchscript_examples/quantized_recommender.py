@@ -1,7 +1,7 @@
 """The recommender of recommender_model.py served from a smaller copy of its trained user table: float16, bfloat16,
 row-wise int8 (FBGEMM's inference row: a float16 scale and bias, then uint8 codes) or fp8 e4m3 with ue8m0 block
 scales. The copy is written once from the trained float32 table by the library's conversion
-(speedtorch.quantized.quantize_rows; float16 is a plain cast) into a file beside the model, and read with the
+(speedtorch.serving.quantized.quantize_rows; float16 is a plain cast) into a file beside the model, and read with the
 library's gathers: speedtorch::gather_dequant for bf16 / int8 / fp8 (dequantized to bfloat16 inside the gather),
 speedtorch::gather for float16. Rows and scores come out as float32, as the float32 model's do, so the C++ server
 (server_main.cpp) serves this model, or its AOTInductor package (recommender_aoti.py), exactly as the float32 one.
@@ -30,10 +30,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import speedtorch  # noqa: E402
-from speedtorch.quantized import QuantizedRows  # noqa: E402
+from speedtorch.serving.quantized import QuantizedRows  # noqa: E402
 
-#: The serving formats: "fp16" (a float16 table read by speedtorch::gather) and speedtorch.quantized's formats.
-SERVING_FORMATS = ("fp16",) + speedtorch.quantized.FORMATS
+#: The serving formats: "fp16" (a float16 table read by speedtorch::gather) and speedtorch.serving.quantized's formats.
+SERVING_FORMATS = ("fp16",) + speedtorch.serving.quantized.FORMATS
 #: Rows of the quantized formats start on 4-byte boundaries by default: an int8 row of dim 32 then takes 36 bytes
 #: (0.28 of float32), where FBGEMM's 16-byte alignment takes 48 (0.375). The GPU kernel reads rows with the widest
 #: loads their stride allows; --row-alignment 16 gives it 16-byte loads at that cost in RAM.
@@ -134,10 +134,10 @@ def convert(model, table_format: str, table_path: Union[str, Path], *,
             row_alignment: int = DEFAULT_ROW_ALIGNMENT, rank_k: int = DEFAULT_RANK_K) -> QuantizedRecommender:
     """The serving copy of a trained `model` (a recommender_model.Recommender, scripted or not): its user table
     written in `table_format` to `table_path` (a .npy file NumPy reads; bf16 / int8 / fp8 also get
-    speedtorch.quantized's `.format.json`, so QuantizedRows.open reads them), mapped back read-only, with the
+    speedtorch.serving.quantized's `.format.json`, so QuantizedRows.open reads them), mapped back read-only, with the
     model's items and bias. The path is recorded as given (relative paths: see the module's docstring).
     int8: with `rank_k` > 0 each user's codes keep that user's `rank_k` best items in the float32 order
-    (speedtorch.rank_preserving_rounding); 0 rounds every value to nearest."""
+    (speedtorch.serving.rank_preserving_rounding); 0 rounds every value to nearest."""
     if table_format not in SERVING_FORMATS:
         raise ValueError(f"unknown serving format {table_format!r}; known: {', '.join(SERVING_FORMATS)}")
     trained = model.users.table()

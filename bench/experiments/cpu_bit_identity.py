@@ -93,7 +93,7 @@ def copy_results(out: dict) -> None:
 
 
 def training_results(out: dict) -> None:
-    from speedtorch.recommender import make_way, zipf_batches
+    from speedtorch.models.recommender import make_way, zipf_batches
 
     torch.set_num_threads(2)
     batches = zipf_batches(200_000, 4_096, 8, num_items=10_000)

@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 import speedtorch  # noqa: E402
-from speedtorch.benchmarking import format_table, gbps, median_seconds  # noqa: E402
+from speedtorch.cli.benchmarking import format_table, gbps, median_seconds  # noqa: E402
 
 
 def main() -> int:

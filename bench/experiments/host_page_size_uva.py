@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 import speedtorch  # noqa: E402
-from speedtorch.benchmarking import gbps, median_seconds  # noqa: E402
+from speedtorch.cli.benchmarking import gbps, median_seconds  # noqa: E402
 
 MAP_HUGETLB = 0x40000
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02

@@ -19,22 +19,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "info":
-        from .info import __doc__ as about, report
+        from .cli.info import __doc__ as about, report
 
         # No options, but argparse gives --help and rejects anything else instead of ignoring it.
         argparse.ArgumentParser(prog="python -m speedtorch info", description=about).parse_args(rest)
         print(report())
         return 0
     if command == "demo":
-        from .train_demo import main as demo
+        from .cli.train_demo import main as demo
 
         return demo(rest)
     if command == "engram-demo":
-        from .engram_gpt import main as engram_demo
+        from .models.engram_gpt import main as engram_demo
 
         return engram_demo(rest)
     if command == "transfer-demo":
-        from .transfer_demo import main as transfer_demo
+        from .cli.transfer_demo import main as transfer_demo
 
         return transfer_demo(rest)
     print(f"unknown command {command!r}\n{usage}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Finds and loads the compiled operator library (libspeedtorch_ops.so) into torch.ops / torch.classes."""
+"""Finds and loads the compiled operator library (libspeedtorch_ops.so) into torch.ops / torch.classes, on import:
+the bottom layer of the package, where every module takes the library's table class from."""
 
 from __future__ import annotations
 
@@ -44,3 +45,16 @@ def load_library() -> str:
 def library_path() -> str | None:
     """The path of the loaded operator library (libspeedtorch_ops.so), or None before it is loaded."""
     return _loaded_path
+
+
+load_library()
+
+#: ``torch.classes.speedtorch.PinnedEmbedding``: a table in exact-size pinned host memory, usable from Python,
+#: TorchScript (as a module attribute) and C++. A custom class has no docstrings:
+#: ``help(speedtorch.PinnedEmbeddingAPI)`` documents its methods.
+PinnedEmbedding = torch.classes.speedtorch.PinnedEmbedding
+
+
+def build_info() -> str:
+    """What the compiled library was built with (CUDA version and architectures, or CPU-only)."""
+    return torch.ops.speedtorch.build_info()

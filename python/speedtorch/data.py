@@ -19,7 +19,7 @@ from typing import Optional, Union
 
 import torch
 
-from . import PinnedEmbedding
+from ._library import PinnedEmbedding
 from ._interrupt import run_interruptible
 
 __all__ = ["save_npy", "load_npy", "load_npy_into_", "npy_info", "open_npy", "content_hash", "load_embedding",

@@ -423,7 +423,7 @@ def _refuse_tables_in_other_optimizers(optimizer, args, kwargs) -> None:  # noqa
     key = sum(len(g["params"]) for g in optimizer.param_groups)
     cached = optimizer.__dict__.get("_speedtorch_tables")
     if cached is None or cached[0] != key:
-        from .table_parameter import HostTableParameter
+        from .nn import HostTableParameter
 
         tables = [p for g in optimizer.param_groups for p in g["params"] if isinstance(p, HostTableParameter)]
         cached = (key, tables)

@@ -340,7 +340,7 @@ def scenario_standard_flows(rank, cfg):
 def scenario_share_rows(rank, cfg):
     """Local rank 0 shares an fp8 serving table; every rank of its host reads the same rows from one copy."""
     from speedtorch.distributed import share_rows
-    from speedtorch.quantized import QuantizedRows
+    from speedtorch.serving.quantized import QuantizedRows
 
     mine = None
     if int(os.environ["LOCAL_RANK"]) == 0:

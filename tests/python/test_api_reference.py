@@ -14,15 +14,16 @@ import torch
 
 import speedtorch
 import speedtorch.data
+import speedtorch.models
 import speedtorch.nn
 import speedtorch.optim
-import speedtorch.placement
 
 API = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
 
 
 def test_the_reference_names_every_public_name():
-    for module in (speedtorch, speedtorch.nn, speedtorch.optim, speedtorch.data, speedtorch.placement):
+    for module in (speedtorch, speedtorch.nn, speedtorch.nn.placement, speedtorch.optim, speedtorch.data,
+                   speedtorch.serving, speedtorch.pipeline, speedtorch.models):
         for name in module.__all__:
             assert f"`{name}" in API, f"docs/api.md does not name {module.__name__}.{name}"
 
@@ -80,8 +81,9 @@ MODULES = public_modules()
 
 
 def test_the_walk_finds_the_public_modules():
-    for name in ("speedtorch.compat", "speedtorch.quantized", "speedtorch.models", "speedtorch.models.criteo",
-                 "speedtorch.distributed", "speedtorch.distributed.sharded_table", "speedtorch.recommender"):
+    for name in ("speedtorch.compat", "speedtorch.serving.quantized", "speedtorch.models", "speedtorch.models.criteo",
+                 "speedtorch.distributed", "speedtorch.distributed.sharded_table", "speedtorch.models.recommender",
+                 "speedtorch.nn.collection", "speedtorch.cli.info"):
         assert name in MODULES or (name.startswith("speedtorch.distributed") and torch.__version__ < (2, 5))
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import speedtorch
-from speedtorch import train_demo, transfer_demo
+from speedtorch.cli import train_demo, transfer_demo
 from speedtorch.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[2]

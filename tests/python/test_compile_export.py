@@ -78,7 +78,7 @@ def test_ngram_hash_scripts_exports_and_compiles():
 
 
 def test_gather_dequant_compiles_and_exports():
-    from speedtorch.quantized import quantize_rows
+    from speedtorch.serving.quantized import quantize_rows
 
     table = quantize_rows(torch.randn(100, 32), "int8_rowwise")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import speedtorch
-from speedtorch.placement import HybridTable
+from speedtorch.nn.placement import HybridTable
 
 COUNTERS = [
     "gather_calls", "scatter_calls",

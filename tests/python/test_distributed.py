@@ -413,7 +413,7 @@ def test_the_torchrun_example_of_the_docs_runs(tmp_path):
 def test_share_rows_one_serving_table_per_host(shm_dir):
     """speedtorch.distributed.share_rows: every local rank reads the rows local rank 0 quantized, from one copy in
     shared memory (whose name is gone once all have mapped it: the fixture checks)."""
-    from speedtorch.quantized import QuantizedRows
+    from speedtorch.serving.quantized import QuantizedRows
 
     results = succeeded(launch(2, 2, "share_rows", dict(rows=ROWS, shm_dir=shm_dir), deadline=120))
     expected = QuantizedRows.from_table(workers.initial_table(ROWS, 32), "fp8_e4m3_ue8m0").dequantize()

@@ -1,4 +1,4 @@
-"""Tables that grow (speedtorch.dynamic_embedding; docs/dynamic_tables.md) against a reference of the same semantics
+"""Tables that grow (speedtorch.nn.dynamic_embedding; docs/dynamic_tables.md) against a reference of the same semantics
 written with a plain Python dict (the index) and nn.Embedding (the rows): random skewed streams of raw int64 ids
 with admission and eviction, on the CPU exactly (slots, admissions, evictions, counts) and on the GPU (``gpu``)."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import speedtorch
-from speedtorch.dynamic_embedding import DynamicHostEmbedding, IdIndex
+from speedtorch.nn.dynamic_embedding import DynamicHostEmbedding, IdIndex
 from speedtorch.nn import HostEmbedding
 
 

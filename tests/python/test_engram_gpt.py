@@ -1,4 +1,4 @@
-"""The Engram GPT example (speedtorch/engram_gpt.py) at a CPU size: the standard library's bytes as the corpus, and
+"""The Engram GPT example (speedtorch.models.engram_gpt) at a CPU size: the standard library's bytes as the corpus, and
 a few dozen training steps that lower the loss, with the Engram table in (pinned) host memory and prefetch on."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import speedtorch
-from speedtorch.engram_gpt import EngramConfig, EngramGPT, Trainer, batches, stdlib_corpus
+from speedtorch.models.engram_gpt import EngramConfig, EngramGPT, Trainer, batches, stdlib_corpus
 
 
 def test_corpus_is_the_standard_librarys_source():
@@ -58,13 +58,13 @@ def test_the_trainer_bounds_each_prefetch_to_max_sms(monkeypatch):
     """Issue 26: Trainer(max_sms=...) hands the bound to every Engram layer's prefetch (its gather runs under the
     transfer option, restored after); without it, the setting is never touched."""
     seen = []
-    real = speedtorch.ngram_embedding.transfer_config_override
+    real = speedtorch.nn.ngram_embedding.transfer_config_override
 
     def record(**options):
         seen.append(options)
         return real(**options)
 
-    monkeypatch.setattr(speedtorch.ngram_embedding, "transfer_config_override", record)
+    monkeypatch.setattr(speedtorch.nn.ngram_embedding, "transfer_config_override", record)
     tokens, starts = stdlib_corpus(max_bytes=50_000)
     config = EngramConfig(layers=2, width=32, heads=2, engram_layers=(0, 1), hash_heads=2, max_order=3,
                           rows_per_head=512, engram_dim=8)

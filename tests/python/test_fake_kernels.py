@@ -86,7 +86,7 @@ def test_ngram_hash():
 def test_dynamic_shapes(op):
     """The C++ checks read sizes as symbols (opcheck's aot_dispatch_dynamic)."""
     from speedtorch.ngram import hash_multipliers, prime_bucket_sizes
-    from speedtorch.quantized import quantize_rows
+    from speedtorch.serving.quantized import quantize_rows
 
     if op == "ngram_hash":
         args = (torch.randint(0, 100, (2, 6)), hash_multipliers(100, 2, 3), prime_bucket_sizes(50, 2, 3), 0, None)

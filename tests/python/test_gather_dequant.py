@@ -1,4 +1,4 @@
-"""speedtorch::gather_dequant and the serving formats (speedtorch.quantized): rows equal a plain-torch dequantization
+"""speedtorch::gather_dequant and the serving formats (speedtorch.serving): rows equal a plain-torch dequantization
 bit for bit on every route (CPU, pinned table over UVA, GPU table, pageable table through staging, CUDA graph),
 the conversion from a trained table is close to it, layouts are the documented ones, bad input raises."""
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import speedtorch
-from speedtorch.quantized import QuantizedRows, format_row_bytes, gather_dequant, quantize_rows
+from speedtorch.serving import QuantizedRows, format_row_bytes, gather_dequant, quantize_rows
 
 FORMATS = ["bf16", "int8_rowwise", "fp8_e4m3_ue8m0"]
 
@@ -153,7 +153,7 @@ _KILLED_SAVER = r"""
 import os, sys
 import torch
 import speedtorch.data
-from speedtorch.quantized import QuantizedRows
+from speedtorch.serving import QuantizedRows
 
 real_save_npy = speedtorch.data.save_npy
 

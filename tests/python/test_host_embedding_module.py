@@ -1,8 +1,8 @@
-"""nn.Module's methods on a model that holds a HostEmbedding (speedtorch/nn.py), as a training script calls them: to,
+"""nn.Module's methods on a model that holds a HostEmbedding (speedtorch.nn), as a training script calls them: to,
 cpu, cuda, float / half / bfloat16 / double, share_memory, train / eval, requires_grad_, zero_grad, apply, the
 state_dict round trip, parameters / named_modules and repr. Every conversion used to raise TypeError (HostEmbedding
 overrode nn.Module._apply by accident). The table itself never moves or changes dtype; forward follows the model.
-The table is the module's parameter (speedtorch/table_parameter.py): zero_grad and requires_grad_ reach it."""
+The table is the module's parameter (speedtorch/nn/_table_parameter.py): zero_grad and requires_grad_ reach it."""
 
 from __future__ import annotations
 

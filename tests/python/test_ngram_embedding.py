@@ -159,7 +159,7 @@ def test_prefetch_max_sms_bounds_the_gather_only_and_is_restored():
 
 def test_prefetch_max_sms_none_touches_no_setting(monkeypatch):
     calls = []
-    monkeypatch.setattr(speedtorch.ngram_embedding, "transfer_config_override", lambda **o: calls.append(o))
+    monkeypatch.setattr(speedtorch.nn.ngram_embedding, "transfer_config_override", lambda **o: calls.append(o))
     module = make()
     module.prefetch(batches(1)[0])
     assert calls == []

@@ -17,7 +17,7 @@ import torch
 import speedtorch
 from speedtorch import data
 from speedtorch.nn import HostEmbedding
-from speedtorch.placement import DeviceTable, HybridTable
+from speedtorch.nn.placement import DeviceTable, HybridTable
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 TABLE_DTYPES = [torch.float32, torch.float16, torch.bfloat16]

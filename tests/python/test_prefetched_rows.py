@@ -1,4 +1,4 @@
-"""Rows read ahead (HostEmbedding.prefetch, speedtorch/_prefetched_rows.py) stay exact while the table changes: every
+"""Rows read ahead (HostEmbedding.prefetch, speedtorch/nn/_prefetched_rows.py) stay exact while the table changes: every
 update after a prefetch hands it the rows it changes (the fused step's ``updated_rows`` output), so the forward that
 takes them equals one that reads the table; a prefetch the next forward does not use is dropped, not tracked for
 ever (issue 31, item 6); ``PinnedEmbedding.apply_gradients(..., updated_rows=)`` returns exactly the rows it wrote,

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import speedtorch
-from speedtorch.quantized import QuantizedRows
+from speedtorch.serving.quantized import QuantizedRows
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "torchscript_examples"))

@@ -1,12 +1,13 @@
-"""speedtorch.rank_preserving_rounding through quantize_rows(rank_items=...): int8 codes that keep each row's best
-items, by dot product, in the float rows' order, read back by speedtorch::gather_dequant as the server reads them."""
+"""Rank-preserving rounding (speedtorch.serving) through quantize_rows(rank_items=...): int8 codes that keep each row's
+best items, by dot product, in the float rows' order, read back by speedtorch::gather_dequant as the server reads
+them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from speedtorch.quantized import gather_dequant, quantize_rows
+from speedtorch.serving import gather_dequant, quantize_rows
 
 ROWS, ITEMS, DIM = 3000, 300, 16
 

@@ -20,7 +20,7 @@ import torch
 
 import speedtorch
 from speedtorch.nn import HostEmbedding
-from speedtorch.placement import HybridTable
+from speedtorch.nn.placement import HybridTable
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 

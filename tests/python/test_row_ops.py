@@ -352,7 +352,7 @@ def test_one_index_rule_for_the_operators_and_the_python_layers():
     (the placements' hot rows and splits, the distributed table) call it: the same words, value and position
     everywhere (they each had their own wording, and set_hot_rows named a position in the sorted distinct ids)."""
     from speedtorch.nn import HostEmbedding
-    from speedtorch.placement import HybridTable
+    from speedtorch.nn.placement import HybridTable
 
     ids = torch.tensor([3, 9, 1, 12, 0])
     rule = r"holds 12 at flat position 3; every index must be in \[0, 10\) for a table of 10 rows"

@@ -11,7 +11,7 @@ import torch
 
 import speedtorch
 from speedtorch.nn import HostEmbedding
-from speedtorch.placement import DeviceTable
+from speedtorch.nn.placement import DeviceTable
 
 OPTIMIZERS = [("adam", {"lr": 0.01}), ("sgd", {"lr": 0.1, "momentum": 0.9}), ("rowwise_adagrad", {"lr": 0.1})]
 # (where the table and state live, where the ids and gradients are)

@@ -1,4 +1,4 @@
-"""state_dict checkpoints keep the embedding (speedtorch/table_state.py): HostEmbedding in every placement and any
+"""state_dict checkpoints keep the embedding (speedtorch/nn/_table_state.py): HostEmbedding in every placement and any
 module holding a PinnedEmbedding (track_table_state) put rows, optimizer state and step count in state_dict(),
 sharing the table's memory; load_state_dict writes them back in place, refuses other shapes, and round trips are
 exact through torch.save / torch.load (weights_only) and torch.distributed.checkpoint."""
@@ -255,7 +255,7 @@ def test_entries_a_copy_would_refuse_are_refused_before_anything_changes(placeme
 def test_a_hybrid_table_takes_its_own_checkpoint_after_an_lr_change():
     """A HybridTable cannot re-lay its state out, but an lr is changed in place (set_optimizer_options): its own
     checkpoint was refused after a scheduler changed the lr ("HybridTable cannot change its options")."""
-    from speedtorch.placement import HybridTable
+    from speedtorch.nn.placement import HybridTable
 
     def hybrid(lr):
         host = speedtorch.PinnedEmbedding(40, 4, torch.float32)

@@ -1,4 +1,4 @@
-"""HostEmbedding's table as a parameter (speedtorch/table_parameter.py): visible in named_parameters and state_dict,
+"""HostEmbedding's table as a parameter (speedtorch/nn/_table_parameter.py): visible in named_parameters and state_dict,
 its pending gradient as weight.grad, left alone by module conversions, by DDP (test_distributed.py) and by dense
 optimizers; clip_grad_norm_ over sparse gradients."""
 

@@ -52,7 +52,7 @@ def plain_loop(model, optimizer, batches, device):
     for batch in batches:
         loss, _ = model(batch.to(device))
         loss.backward()
-        for module in speedtorch.train_pipeline.host_modules(model):
+        for module in speedtorch.pipeline.host_modules(model):
             module.step()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -65,7 +65,7 @@ def everything(model, device) -> dict:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
     out = {f"param {k}": v.detach().cpu().clone() for k, v in model.named_parameters()}
-    for i, m in enumerate(speedtorch.train_pipeline.host_modules(model)):
+    for i, m in enumerate(speedtorch.pipeline.host_modules(model)):
         for g, group in enumerate(m.groups if hasattr(m, "groups") else [m]):
             out[f"host module {i} group {g} rows"] = group.weight.cpu().clone()
             out[f"host module {i} group {g} state"] = group.table.state().cpu().clone()
@@ -202,13 +202,13 @@ def test_forward_takes_the_rows_gathered_ahead(monkeypatch):
 
 def test_the_side_streams_transfer_bound_is_passed_on(monkeypatch):
     seen = []
-    real = speedtorch.train_pipeline.transfer_config_override
+    real = speedtorch.pipeline.transfer_config_override
 
     def record(**options):
         seen.append(options)
         return real(**options)
 
-    monkeypatch.setattr(speedtorch.train_pipeline, "transfer_config_override", record)
+    monkeypatch.setattr(speedtorch.pipeline, "transfer_config_override", record)
     batches = synthetic_batches(ROWS, 8, 3, seed=7)
     model, opt = tiny_dlrm("cpu")
     for _ in TrainPipeline(model, opt, batches, device="cpu", max_sms=16):

@@ -39,7 +39,7 @@ def test_any_values(index_dtype):
 
 
 def test_a_demo_batch_and_a_strided_one():
-    from speedtorch.recommender import zipf_batches
+    from speedtorch.models.recommender import zipf_batches
 
     users = zipf_batches(200_000, 4_096, 1)[0][0]
     assert_like_torch_unique(users)

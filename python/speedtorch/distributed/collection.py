@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from ..embedding_collection import HostEmbeddingBagCollection, TableConfig, _plan_used_here
+from ..nn.collection import HostEmbeddingBagCollection, TableConfig, _plan_used_here
 from ..ops import unique_indices
 from ..sparse_features import SparseFeatures
 from .embedding import DistributedHostEmbedding

@@ -20,8 +20,8 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from .._prefetched_rows import PrefetchedRows
-from ..nn import HostEmbedding, _options
+from ..nn._prefetched_rows import PrefetchedRows
+from ..nn.embedding import HostEmbedding, _options
 from .sharded_table import ShardedHostTable
 
 __all__ = ["DistributedHostEmbedding"]

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .. import PinnedEmbedding
+from .._library import PinnedEmbedding
 from .topology import HostTopology, control_group_timeout
 
 __all__ = ["open_host_shard", "share_on_host", "share_rows", "SHM_PREFIX"]
@@ -93,7 +93,7 @@ def share_rows(rows, local_world_size: Optional[int] = None, shm_dir: str = "/de
     fp8 rows) for every local rank: local rank 0 passes its rows (the others may pass None) and every rank gets a
     QuantizedRows over the same pinned pages of ``shm_dir``, read-only: host RAM holds one table however many ranks
     read it. Collective over the default process group (every rank calls it)."""
-    from ..quantized import QuantizedRows
+    from ..serving.quantized import QuantizedRows
 
     topology = HostTopology.of(None, local_world_size)
     host_groups = [dist.new_group(topology.host_ranks(h), backend="gloo", timeout=control_group_timeout())

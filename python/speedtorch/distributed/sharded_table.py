@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .. import PinnedEmbedding
+from .._library import PinnedEmbedding
 from ..ops import _first_out_of_range, check_indices
 from .host_shard import open_host_shard
 from .row_sharding import RowLayout, RowSharding

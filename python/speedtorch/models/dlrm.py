@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..embedding_collection import HostEmbeddingBagCollection
-from ..nn import HostEmbedding
+from ..nn import HostEmbedding, HostEmbeddingBagCollection
 
 __all__ = ["DLRM", "DLRMTrain", "mlp"]
 

@@ -9,7 +9,7 @@ from typing import Sequence, Union
 import torch
 from torch import nn
 
-from ..embedding_collection import TableConfig
+from ..nn import TableConfig
 from ..sparse_features import SparseFeatures
 
 __all__ = ["TorchEmbeddingBags"]

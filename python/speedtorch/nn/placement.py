@@ -21,9 +21,9 @@ from typing import Optional
 
 import torch
 
-from . import PinnedEmbedding
-from .counters import record_cache_lookups
-from .ops import check_indices
+from .._library import PinnedEmbedding
+from ..counters import record_cache_lookups
+from ..ops import check_indices
 
 __all__ = ["DeviceTable", "HybridTable"]
 

@@ -14,8 +14,8 @@ from typing import Optional, Union
 
 import torch
 
-from .ngram import NgramHash
-from .ops import deferred_index_checks
+from ..ngram import NgramHash
+from ..ops import deferred_index_checks
 from .quantized import QuantizedRows
 
 __all__ = ["NgramHashLookup", "GraphedLookup"]

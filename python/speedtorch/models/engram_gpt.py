@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .nn import NgramHashEmbedding
+from ..nn import NgramHashEmbedding
 
 __all__ = ["stdlib_corpus", "batches", "EngramConfig", "EngramGPT", "Trainer"]
 

@@ -42,8 +42,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
-from .embedding_collection import HostEmbeddingBagCollection
-from .nn import HostEmbedding
+from .nn import HostEmbedding, HostEmbeddingBagCollection
 from .ops import transfer_config_override
 from .optim import host_embeddings_stepped_by
 

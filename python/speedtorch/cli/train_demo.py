@@ -13,7 +13,7 @@ import time
 import torch
 
 from .benchmarking import format_table, host_memory_words, positive_int
-from .recommender import make_way, zipf_batches
+from ..models.recommender import make_way, zipf_batches
 
 #: Steps each way runs in its turn before the other takes over.
 ROUND_STEPS = 10

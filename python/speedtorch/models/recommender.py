@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .nn import HostEmbedding
+from ..nn import HostEmbedding
 
 WAYS = ("speedtorch", "speedtorch_both_tables", "speedtorch_state_apart", "speedtorch_gpu", "speedtorch_hybrid",
         "gpu_sparse_adam", "torch_staged", "cpu_sparse_adam")

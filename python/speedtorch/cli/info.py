@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from . import build_info, library_path
+from .._library import build_info, library_path
 from .benchmarking import gbps, median_seconds
 
 

@@ -14,10 +14,10 @@ from typing import Callable, Optional
 
 import torch
 
-from . import PinnedEmbedding
-from .data import load_npy, save_npy
-from .nn import _UNSET, HostEmbedding, _options
-from .ops import unique_indices
+from .._library import PinnedEmbedding
+from ..data import load_npy, save_npy
+from ..ops import unique_indices
+from .embedding import _UNSET, HostEmbedding, _options
 
 # IdIndex is a TorchScript custom class (no docstrings of its own): not in __all__, documented in docs/dynamic_tables.md.
 __all__ = ["DynamicHostEmbedding"]

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from . import PinnedEmbedding
+from .._library import PinnedEmbedding
 from .benchmarking import format_table, host_memory_words, positive_int
 
 

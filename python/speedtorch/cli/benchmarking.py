@@ -19,7 +19,7 @@ def _sync() -> None:
 def host_memory_words() -> str:
     """Where a PinnedEmbedding's rows live on this machine, for the demos' output: memory is only pinned (page-locked
     for the GPU) when there is a GPU."""
-    from . import pinned_empty
+    from ..ops import pinned_empty
 
     return "pinned host RAM" if pinned_empty(1, 1).is_pinned() else "host RAM (not pinned: no GPU)"
 

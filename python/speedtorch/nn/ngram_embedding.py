@@ -24,9 +24,9 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from .ngram import NgramHash
-from .nn import HostEmbedding
-from .ops import transfer_config_override
+from ..ngram import NgramHash
+from ..ops import transfer_config_override
+from .embedding import HostEmbedding
 
 __all__ = ["NgramHashEmbedding"]
 
@@ -167,8 +167,8 @@ class NgramHashEmbedding(torch.nn.Module):
     def quantized(self, format: str = "fp8_e4m3_ue8m0", **options):
         """A frozen copy for serving (:class:`speedtorch.ngram_lookup.NgramHashLookup`): the same hash, the trained
         rows in ``format`` (:func:`speedtorch.quantized.quantize_rows`; options as there)."""
-        from .ngram_lookup import NgramHashLookup
-        from .quantized import QuantizedRows
+        from ..serving.ngram_lookup import NgramHashLookup
+        from ..serving.quantized import QuantizedRows
 
         self.rows._sync_for_host_access()
         return NgramHashLookup(self.hash, QuantizedRows.from_table(self.rows.weight, format, **options),

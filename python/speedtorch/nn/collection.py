@@ -27,11 +27,11 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from . import PinnedEmbedding
-from .nn import HostEmbedding
-from .ops import _first_out_of_range, check_indices
-from .sparse_features import SparseFeatures
-from .table_state import adopt_options, checked_extra_state, entry_error, entry_shapes, table_extra_state
+from .._library import PinnedEmbedding
+from ..ops import _first_out_of_range, check_indices
+from ..sparse_features import SparseFeatures
+from ._table_state import adopt_options, checked_extra_state, entry_error, entry_shapes, table_extra_state
+from .embedding import HostEmbedding
 
 __all__ = ["TableConfig", "HostEmbeddingBagCollection"]
 

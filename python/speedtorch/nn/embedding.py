@@ -26,19 +26,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import PinnedEmbedding
-from ._interrupt import run_interruptible
+from .._interrupt import run_interruptible
+from .._library import PinnedEmbedding
+from ..ops import check_indices, deferred_index_checks, transfers_without_the_host, unique_indices
 from ._prefetched_rows import PrefetchedRows
-from .ops import check_indices, deferred_index_checks, transfers_without_the_host, unique_indices
-from .placement import DeviceTable, HybridTable
-from .table_parameter import HostTableParameter, add_rows_gradient, rows_gradient
-from .table_parameter import clip_grad_norm_, ddp_ignore_host_tables, dense_parameters  # noqa: F401 (re-exported)
-from .table_state import (adopt_options, checked_extra_state, copy_table_entries, entry_shapes, load_table_entries,
+from ._table_parameter import HostTableParameter, add_rows_gradient, rows_gradient
+from ._table_state import (adopt_options, checked_extra_state, copy_table_entries, entry_shapes, load_table_entries,
                           set_table_extra_state, table_entries, table_extra_state)
-from .table_state import track_table_state  # noqa: F401  (speedtorch.nn.track_table_state)
+from .placement import DeviceTable, HybridTable
 
-__all__ = ["HostEmbedding", "HostEmbeddingBagCollection", "HostTableParameter", "NgramHashEmbedding", "TableConfig",
-           "clip_grad_norm_", "ddp_ignore_host_tables", "dense_parameters", "track_table_state"]
+__all__ = ["HostEmbedding"]
 
 _UNSET = "__unset__"  # optimizer= not given: "adam" for a new table, the table's own (or none) for a given one
 _BAG_MODES = ("sum", "mean", "max")
@@ -1181,7 +1178,3 @@ def _cache_size(num_rows: int, cache_rows: Optional[int], hot_rows: Optional[tor
     raise ValueError("HostEmbedding: placement='hybrid' needs the cache's size: cache_rows, hot_fraction in (0, 1] or "
                      "hot_rows (ids)")
 
-
-# Built on HostEmbedding, so imported after it (these modules import this one).
-from .embedding_collection import HostEmbeddingBagCollection, TableConfig  # noqa: E402  (many tables in one module)
-from .ngram_embedding import NgramHashEmbedding  # noqa: E402

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from . import PinnedEmbedding
+from .._library import PinnedEmbedding
 from .placement import DeviceTable
 
 __all__ = ["track_table_state", "table_entries", "table_extra_state", "set_table_extra_state", "checked_extra_state",

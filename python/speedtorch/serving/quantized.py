@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from .ops import pinned_empty
+from ..ops import pinned_empty
 from .rank_preserving_rounding import rank_preserving_codes
 
 __all__ = ["FORMATS", "gather_dequant", "quantize_rows", "format_row_bytes", "QuantizedRows"]
@@ -244,7 +244,7 @@ class QuantizedRows:
         record is removed first, the rows are written, then the new record (which names their content hash). A
         crash in between leaves rows without a record, which :meth:`open` refuses; an error while the rows are
         written (Ctrl-C, a full disk) leaves the old rows, and their record is put back."""
-        from .data import save_npy
+        from ..data import save_npy
 
         path = os.fspath(path)
         record_path = path + _RECORD_SUFFIX
@@ -272,7 +272,7 @@ class QuantizedRows:
         with ``verify``, when the rows' content hash is not the one the record names (files of two saves put
         together; a record of an earlier speedtorch names none). ``verify`` reads every row once (as pinning does);
         ``verify=False`` skips that for a file larger than RAM: the save order still refuses a crashed save."""
-        from .data import content_hash, open_npy
+        from ..data import content_hash, open_npy
 
         path = os.fspath(path)
         record = _read_record(path)
