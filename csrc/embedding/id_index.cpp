@@ -299,34 +299,44 @@ void IdIndex::touch_locked(const int64_t* ids, const int64_t* slots, int64_t n) 
   }
 }
 
-void IdIndex::admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64_t protect_age,
+void IdIndex::admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64_t protect_age, bool recheck,
                            std::vector<int64_t>& admitted, std::vector<int64_t>& evicted_keys,
                            std::vector<int64_t>& evicted_slots) {
   // 2. The ids touch() did not find, counted in the order of their first occurrence.
-  IdMap new_sightings;
-  std::vector<int64_t> new_keys;
+  const int64_t misses = std::count(slots, slots + n, int64_t{-1});
+  if (misses == 0) {
+    return;
+  }
+  IdMap place(static_cast<size_t>(misses) * 2);  // key -> its place in new_keys (robin_map's load <= 0.5)
+  std::vector<int64_t> new_keys, outcome;        // outcome: its sightings, then its slot (or -1)
+  new_keys.reserve(static_cast<size_t>(misses));
+  outcome.reserve(static_cast<size_t>(misses));
   for (int64_t i = 0; i < n; ++i) {
     if (slots[i] != -1) {
       continue;
     }
-    auto counted = new_sightings.try_emplace(ids[i], 0);
-    if (counted.second) {
+    auto placed = place.try_emplace(ids[i], static_cast<int64_t>(new_keys.size()));
+    if (placed.second) {
       new_keys.push_back(ids[i]);
+      outcome.push_back(0);
     }
-    counted.first.value() += 1;
-  }
-  if (new_keys.empty()) {
-    return;
+    outcome[placed.first->second] += 1;
   }
   reserve_entries(slot_of_, std::min(capacity_, size_ + static_cast<int64_t>(new_keys.size())), capacity_, keys_,
                   meta_);
   // 3. Admissions, evicting where the table is full.
   bool table_busy = false;  // every row is protected: nothing more is admitted in this batch
-  for (const int64_t key : new_keys) {
-    if (slot_of_.find(key) != slot_of_.end()) {
-      continue;  // admitted since touch() (not by this batch): it reads its slot below
+  for (size_t j = 0; j < new_keys.size(); ++j) {
+    const int64_t key = new_keys[j];
+    if (recheck) {
+      auto found = slot_of_.find(key);
+      if (found != slot_of_.end()) {  // admitted since touch() (not by this batch): it reads its slot
+        outcome[j] = *found;
+        continue;
+      }
     }
-    int64_t sightings = new_sightings.find(key)->second;
+    int64_t sightings = outcome[j];
+    outcome[j] = -1;
     auto remembered = candidate_of_.find(key);
     if (remembered != candidate_of_.end()) {
       sightings += candidate_meta_[*remembered].count;
@@ -360,12 +370,12 @@ void IdIndex::admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64
     slot_of_.insert(slot);
     link_slot(slot);
     admitted.push_back(slot);
+    outcome[j] = slot;
   }
-  if (!admitted.empty()) {
+  if (!admitted.empty() || recheck) {
     for (int64_t i = 0; i < n; ++i) {
       if (slots[i] == -1) {
-        auto found = slot_of_.find(ids[i]);
-        slots[i] = found == slot_of_.end() ? -1 : static_cast<int64_t>(*found);
+        slots[i] = outcome[place.find(ids[i])->second];
       }
     }
   }
@@ -391,7 +401,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::assign(const
     // The lookups only read the map: they run on several threads first (this thread holds the lock for all).
     lookup_locked(in, out, n);
     touch_locked(in, out, n);
-    admit_locked(in, out, n, 0, admitted, evicted_keys, evicted_slots);
+    admit_locked(in, out, n, 0, /*recheck=*/false, admitted, evicted_keys, evicted_slots);
   }
   return {slots.view(ids.sizes()).to(ids.device()), as_tensor(admitted), as_tensor(evicted_keys),
           as_tensor(evicted_slots)};
@@ -424,7 +434,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::admit(const 
   {
     std::unique_lock<TableLock> guard(lock_);
     const int64_t from = protect_from.has_value() ? std::min(*protect_from, step_) : step_;
-    admit_locked(host.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), n, static_cast<uint64_t>(step_ - from),
+    admit_locked(host.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), n, static_cast<uint64_t>(step_ - from), true,
                  admitted, evicted_keys, evicted_slots);
   }
   return {slots.view(ids.sizes()).to(ids.device()), as_tensor(admitted), as_tensor(evicted_keys),

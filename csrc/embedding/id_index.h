@@ -228,8 +228,9 @@ class IdIndex : public torch::CustomClassHolder {
   // Rule 1 over a batch whose slots lookup_locked found.
   void touch_locked(const int64_t* ids, const int64_t* slots, int64_t n);
   // Rules 2-4: the -1 entries of slots (of ids) are counted, admitted and evicted; slots is filled in; rows not
-  // older than protect_age steps are not evicted.
-  void admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64_t protect_age,
+  // older than protect_age steps are not evicted. recheck: look the new ids up again first (admit(): another call
+  // may have admitted them since touch()).
+  void admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64_t protect_age, bool recheck,
                     std::vector<int64_t>& admitted, std::vector<int64_t>& evicted_keys,
                     std::vector<int64_t>& evicted_slots);
   // Room in the map for `keys` keys (reserves ahead, up to capacity, so the map does not grow by itself).
