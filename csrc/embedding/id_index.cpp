@@ -55,8 +55,8 @@ void reserve_entries(EntrySet& set, int64_t keys, int64_t limit, Arrays&... arra
 
 }  // namespace
 
-template <typename Meta>
-void IdIndex::push_back(std::vector<Meta>& metas, List& list, uint32_t at) {
+template <typename Metas>
+void IdIndex::push_back(Metas& metas, List& list, uint32_t at) {
   metas[at].prev = list.tail;
   metas[at].next = kNone;
   if (list.tail == kNone) {
@@ -67,8 +67,8 @@ void IdIndex::push_back(std::vector<Meta>& metas, List& list, uint32_t at) {
   list.tail = at;
 }
 
-template <typename Meta>
-void IdIndex::unlink(std::vector<Meta>& metas, List& list, uint32_t at) {
+template <typename Metas>
+void IdIndex::unlink(Metas& metas, List& list, uint32_t at) {
   const uint32_t before = metas[at].prev, after = metas[at].next;
   if (before == kNone) {
     list.head = after;
@@ -383,8 +383,9 @@ void IdIndex::admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64
 
 namespace {
 
-at::Tensor as_tensor(const std::vector<int64_t>& values) {
-  return at::tensor(c10::ArrayRef<int64_t>(values), at::TensorOptions().dtype(at::kLong));
+template <typename Vector>
+at::Tensor as_tensor(const Vector& values) {
+  return at::tensor(c10::ArrayRef<int64_t>(values.data(), values.size()), at::TensorOptions().dtype(at::kLong));
 }
 
 }  // namespace

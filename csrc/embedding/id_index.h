@@ -69,6 +69,7 @@
 
 #include "core/id_mix.h"
 #include "embedding/table_lock.h"
+#include "memory/huge_page_output.h"
 
 namespace speedtorch {
 
@@ -105,22 +106,27 @@ class FastRangeBuckets {
   std::size_t count_ = 0;
 };
 
+// The index's large arrays (gigabytes for a billion keys) live in huge pages: its accesses are random.
+template <typename T>
+using HugeVector = std::vector<T, HugePageAllocator<T>>;
+using KeyArray = HugeVector<int64_t>;
+
 // The hash and equality of a set of 32-bit entries (slots, or candidate entries) whose keys live in a vector: the
 // set holds only the entry (4 bytes, in an 8-byte bucket), and looks up by key (is_transparent) or by entry.
 struct EntryKeyHash {
   using is_transparent = void;
-  const std::vector<int64_t>* keys = nullptr;
+  const KeyArray* keys = nullptr;
   size_t operator()(uint32_t entry) const { return static_cast<size_t>(mix_id((*keys)[entry])); }
   size_t operator()(int64_t key) const { return static_cast<size_t>(mix_id(key)); }
 };
 struct EntryKeyEqual {
   using is_transparent = void;
-  const std::vector<int64_t>* keys = nullptr;
+  const KeyArray* keys = nullptr;
   bool operator()(uint32_t a, uint32_t b) const { return (*keys)[a] == (*keys)[b]; }
   bool operator()(uint32_t entry, int64_t key) const { return (*keys)[entry] == key; }
   bool operator()(int64_t key, uint32_t entry) const { return (*keys)[entry] == key; }
 };
-using EntrySet = tsl::robin_set<uint32_t, EntryKeyHash, EntryKeyEqual, std::allocator<uint32_t>, false,
+using EntrySet = tsl::robin_set<uint32_t, EntryKeyHash, EntryKeyEqual, HugePageAllocator<uint32_t>, false,
                                 FastRangeBuckets>;
 
 class IdIndex : public torch::CustomClassHolder {
@@ -207,10 +213,10 @@ class IdIndex : public torch::CustomClassHolder {
     uint32_t head = kNone;
     uint32_t tail = kNone;
   };
-  template <typename Meta>
-  static void push_back(std::vector<Meta>& metas, List& list, uint32_t at);
-  template <typename Meta>
-  static void unlink(std::vector<Meta>& metas, List& list, uint32_t at);
+  template <typename Metas>
+  static void push_back(Metas& metas, List& list, uint32_t at);
+  template <typename Metas>
+  static void unlink(Metas& metas, List& list, uint32_t at);
   // LFU: the rows of one count, in recency order; buckets are chained by increasing count, and found by count in
   // bucket_of_count_ (a small map: one entry per distinct count).
   struct Bucket {
@@ -259,8 +265,8 @@ class IdIndex : public torch::CustomClassHolder {
   Policy policy_;
   int64_t candidate_capacity_;
 
-  std::vector<int64_t> keys_;    // per used slot: its key (the only copy)
-  std::vector<SlotMeta> meta_;   // per used slot
+  KeyArray keys_;                // per used slot: its key (the only copy)
+  HugeVector<SlotMeta> meta_;    // per used slot
   EntrySet slot_of_;             // the used slots, found by key through keys_
   List lru_;                     // LRU: every used slot, least recently seen first
   std::vector<Bucket> buckets_;  // LFU: bucket storage (free ones reused through free_buckets_)
@@ -270,8 +276,8 @@ class IdIndex : public torch::CustomClassHolder {
   int64_t size_ = 0;
   int64_t step_ = 0;
 
-  std::vector<int64_t> candidate_keys_;  // per candidate entry (free ones reused through free_candidates_)
-  std::vector<CandidateMeta> candidate_meta_;
+  KeyArray candidate_keys_;  // per candidate entry (free ones reused through free_candidates_)
+  HugeVector<CandidateMeta> candidate_meta_;
   EntrySet candidate_of_;  // the entries in the pool, found by key through candidate_keys_
   std::vector<uint32_t> free_candidates_;
   List candidate_recency_;  // least recently seen first
