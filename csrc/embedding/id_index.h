@@ -19,7 +19,8 @@
 // bookkeeping: a sighting count (32 bits, saturating at 2^32 - 1), the step it was last seen (its low 32 bits:
 // ages are exact up to 2^32 - 1 steps) and its two neighbours in the recency list (LRU: one list, oldest first;
 // LFU: one list per count, its buckets chained by increasing count). About 8.9 + 8 + 16 = 33 bytes a key in all.
-// Slots are 32-bit: capacity <= 2^32 - 1.
+// Slots are 32-bit: capacity <= 2^32 - 1. The arrays and the map's buckets are in transparent huge pages once they
+// reach 32 MiB (HugePageAllocator): their accesses are random, over gigabytes for a billion keys.
 //
 // Semantics of assign(ids) = touch(ids), then admit() of the ids it did not find (the Python reference in
 // tests/python/test_dynamic_table.py is the same, line by line):

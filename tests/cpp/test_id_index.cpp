@@ -347,6 +347,29 @@ TEST(IdIndex, RefusesCapacitiesBeyond32BitSlots) {
   EXPECT_EQ(to_vector(std::get<0>(largest.assign(to_tensor({42, 43})))), (std::vector<int64_t>{0, 1}));
 }
 
+TEST(IdIndex, CountsSaturateAndStepsPast32BitsStayExact) {
+  // Counts are 32-bit (saturating), last steps their low 32 bits read against the 64-bit current step.
+  IdIndex index(4, 1, "lfu", 0);
+  at::Tensor state = index.state();
+  auto rows = state.accessor<int64_t, 2>();
+  const int64_t step = (int64_t{1} << 33) + 5;
+  rows[1][1] = step;  // the current step
+  rows[1][3] = 2;     // two slots
+  rows[3][0] = 11, rows[3][1] = int64_t{1} << 40, rows[3][2] = step - 3, rows[3][3] = 1;
+  rows[4][0] = 12, rows[4][1] = 2, rows[4][2] = step - 1, rows[4][3] = 2;
+  index.load_state(state);
+  EXPECT_EQ(to_vector(index.counts()), (std::vector<int64_t>{4294967295, 2}));
+  EXPECT_EQ(to_vector(index.last_steps()), (std::vector<int64_t>{step - 3, step - 1}));
+  index.advance_step();
+  index.assign(to_tensor({11, 12}));
+  EXPECT_EQ(to_vector(index.counts()), (std::vector<int64_t>{4294967295, 3}));
+  EXPECT_EQ(to_vector(index.last_steps()), (std::vector<int64_t>{step + 1, step + 1}));
+  index.advance_step();
+  // Full (capacity 4 after two more), the lowest count goes first: 12 (3), then the new 13 (1) is protected.
+  index.assign(to_tensor({13, 14}));
+  EXPECT_EQ(to_vector(std::get<2>(index.assign(to_tensor({15})))), (std::vector<int64_t>{12}));
+}
+
 TEST(IdIndex, HoldsFewBytesAKey) {
   IdIndex index(100000, 1, "lru", 0);
   index.reserve(100000);
