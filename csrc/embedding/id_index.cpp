@@ -1,6 +1,6 @@
 // IdIndex (id_index.h): raw id -> slot with admission and eviction. The semantics are written at the top of
-// id_index.h; this file keeps the recency structures (a queue of sightings for LRU, count buckets for LFU) and the
-// candidate pool consistent with them.
+// id_index.h; this file keeps the recency structures (one list for LRU, lists per count for LFU) and the candidate
+// pool consistent with them, in the compact per-slot arrays id_index.h lays out.
 #include "embedding/id_index.h"
 
 #include <ATen/ATen.h>
@@ -22,6 +22,9 @@ constexpr int64_t kStateFormat = 1;
 constexpr int64_t kHeaderRows = 3;
 // Ids per task of the parallel lookups: below this a batch is looked up on the calling thread alone.
 constexpr int64_t kLookupGrain = 8192;
+// The maps' load at most (robin_map's limit is 0.95; Robin Hood probing stays short at 0.9).
+constexpr double kMaxLoad = 0.9;
+constexpr int64_t kMaxEntries = static_cast<int64_t>(IdIndex::kNone);  // 32-bit entries, kNone excluded
 
 // ids as a flat, contiguous int64 CPU tensor (a copy to the host for CUDA ids).
 at::Tensor host_ids(const at::Tensor& ids, const char* op) {
@@ -32,185 +35,188 @@ at::Tensor host_ids(const at::Tensor& ids, const char* op) {
   return ids.to(at::kCPU, at::kLong).contiguous().view({-1});
 }
 
+uint32_t saturated(int64_t count) {
+  return static_cast<uint32_t>(std::min<int64_t>(count, static_cast<int64_t>(IdIndex::kNone)));
+}
+
+// Makes `keys` fit in `set` and `arrays` (vectors of one entry per key) without growing again while the count stays
+// below it: they grow to max(keys, 2 x their size), never past `limit`, so a full index holds exactly what its
+// capacity needs (no power-of-two rounding) and the map never rehashes by itself.
+template <typename... Arrays>
+void reserve_entries(EntrySet& set, int64_t keys, int64_t limit, Arrays&... arrays) {
+  const double room = static_cast<double>(set.bucket_count()) * kMaxLoad * (1.0 - 1e-5) - 2.0;
+  if (static_cast<double>(keys) <= room) {
+    return;
+  }
+  const int64_t target = std::max(keys, std::min(limit, 2 * static_cast<int64_t>(set.size())));
+  set.rehash(static_cast<size_t>(static_cast<double>(target) / kMaxLoad * (1.0 + 1e-5)) + 16);
+  (arrays.reserve(static_cast<size_t>(target)), ...);
+}
+
 }  // namespace
 
-template <typename Entry>
-void IdIndex::push_back(std::vector<Entry>& entries, List& list, int64_t at) {
-  entries[at].prev = list.tail;
-  entries[at].next = -1;
-  if (list.tail == -1) {
+template <typename Metas>
+void IdIndex::push_back(Metas& metas, List& list, uint32_t at) {
+  metas[at].prev = list.tail;
+  metas[at].next = kNone;
+  if (list.tail == kNone) {
     list.head = at;
   } else {
-    entries[list.tail].next = at;
+    metas[list.tail].next = at;
   }
   list.tail = at;
 }
 
-template <typename Entry>
-void IdIndex::unlink(std::vector<Entry>& entries, List& list, int64_t at) {
-  const int64_t before = entries[at].prev, after = entries[at].next;
-  if (before == -1) {
+template <typename Metas>
+void IdIndex::unlink(Metas& metas, List& list, uint32_t at) {
+  const uint32_t before = metas[at].prev, after = metas[at].next;
+  if (before == kNone) {
     list.head = after;
   } else {
-    entries[before].next = after;
+    metas[before].next = after;
   }
-  if (after == -1) {
+  if (after == kNone) {
     list.tail = before;
   } else {
-    entries[after].prev = before;
+    metas[after].prev = before;
   }
-  entries[at].prev = entries[at].next = -1;
+  metas[at].prev = metas[at].next = kNone;
 }
 
 IdIndex::IdIndex(int64_t capacity, int64_t admit_after, const std::string& policy, int64_t candidate_capacity)
-    : capacity_(capacity), admit_after_(admit_after), candidate_capacity_(candidate_capacity) {
-  TORCH_CHECK(capacity >= 1, "speedtorch.IdIndex: capacity must be >= 1 (the table's rows), got ", capacity);
+    : capacity_(capacity),
+      admit_after_(admit_after),
+      candidate_capacity_(candidate_capacity),
+      slot_of_(0, EntryKeyHash{&keys_}, EntryKeyEqual{&keys_}),
+      candidate_of_(0, EntryKeyHash{&candidate_keys_}, EntryKeyEqual{&candidate_keys_}) {
+  TORCH_CHECK(capacity >= 1 && capacity <= kMaxEntries, "speedtorch.IdIndex: capacity must be >= 1 (the table's rows) and <= ",
+              kMaxEntries, " (slots are 32-bit), got ", capacity);
   TORCH_CHECK(admit_after >= 1, "speedtorch.IdIndex: admit_after must be >= 1 (sightings before an id gets a row), "
               "got ", admit_after);
   TORCH_CHECK(policy == "lru" || policy == "lfu", "speedtorch.IdIndex: policy must be 'lru' or 'lfu', got '", policy,
               "'");
-  TORCH_CHECK(candidate_capacity >= 0, "speedtorch.IdIndex: candidate_capacity must be >= 0, got ",
+  TORCH_CHECK(candidate_capacity >= 0 && candidate_capacity <= kMaxEntries,
+              "speedtorch.IdIndex: candidate_capacity must be >= 0 and <= ", kMaxEntries, ", got ",
               candidate_capacity);
   TORCH_CHECK(admit_after == 1 || candidate_capacity >= 1, "speedtorch.IdIndex: admit_after=", admit_after,
               " needs a candidate pool to count sightings across batches: candidate_capacity must be >= 1, got 0");
   policy_ = policy == "lru" ? Policy::kLru : Policy::kLfu;
-  // robin_map's default (0.5) would spend twice the memory a key needs; Robin Hood probing stays short at 0.8.
-  slot_of_.max_load_factor(0.8f);
+  slot_of_.max_load_factor(static_cast<float>(kMaxLoad));
+  candidate_of_.max_load_factor(static_cast<float>(kMaxLoad));
 }
 
 // --- the recency structures -----------------------------------------------------------------------------------------
 
-int64_t IdIndex::bucket_for_count_after(int64_t below, int64_t count) {
-  // Walks up from `below` (a bucket of a count <= `count`; -1: from the lowest) to the bucket of `count`, making it
-  // where it belongs when there is none.
-  int64_t lower = -1, at = lowest_bucket_;
-  if (below != -1) {
+uint32_t IdIndex::bucket_for_count_after(uint32_t below, uint32_t count) {
+  // Walks up from `below` (a bucket of a count <= `count`; kNone: from the lowest) to the bucket of `count`, making
+  // it where it belongs when there is none.
+  uint32_t lower = kNone, at = lowest_bucket_;
+  if (below != kNone) {
     lower = buckets_[below].lower;
     at = below;
   }
-  while (at != -1 && buckets_[at].count < count) {
+  while (at != kNone && buckets_[at].count < count) {
     lower = at;
     at = buckets_[at].higher;
   }
-  if (at != -1 && buckets_[at].count == count) {
+  if (at != kNone && buckets_[at].count == count) {
     return at;
   }
-  int64_t made;
+  uint32_t made;
   if (!free_buckets_.empty()) {
     made = free_buckets_.back();
     free_buckets_.pop_back();
   } else {
-    made = static_cast<int64_t>(buckets_.size());
+    made = static_cast<uint32_t>(buckets_.size());
     buckets_.emplace_back();
   }
   buckets_[made] = Bucket{count, List{}, lower, at};
-  if (lower == -1) {
+  if (lower == kNone) {
     lowest_bucket_ = made;
   } else {
     buckets_[lower].higher = made;
   }
-  if (at != -1) {
+  if (at != kNone) {
     buckets_[at].lower = made;
   }
+  bucket_of_count_[count] = made;
   return made;
 }
 
-void IdIndex::drop_bucket_if_empty(int64_t bucket) {
+void IdIndex::drop_bucket_if_empty(uint32_t bucket) {
   Bucket& b = buckets_[bucket];
-  if (b.rows.head != -1) {
+  if (b.rows.head != kNone) {
     return;
   }
-  if (b.lower == -1) {
+  if (b.lower == kNone) {
     lowest_bucket_ = b.higher;
   } else {
     buckets_[b.lower].higher = b.higher;
   }
-  if (b.higher != -1) {
+  if (b.higher != kNone) {
     buckets_[b.higher].lower = b.lower;
   }
+  bucket_of_count_.erase(b.count);
   b = Bucket{};
   free_buckets_.push_back(bucket);
 }
 
-void IdIndex::push_touch(int64_t slot) {
-  if (lru_queue_.size() > lru_head_ && lru_queue_.back().slot == slot) {
-    lru_queue_.back().stamp = rows_[slot].stamp;  // seen again right after its last sighting
+void IdIndex::link_slot(uint32_t slot) {
+  if (policy_ == Policy::kLru) {
+    push_back(meta_, lru_, slot);
     return;
   }
-  if (lru_queue_.size() - lru_head_ > 2 * static_cast<size_t>(size_) + 1024) {
-    // Mostly stale entries: keep the valid ones (one per used slot), in order.
-    size_t kept = 0;
-    for (size_t at = lru_head_; at < lru_queue_.size(); ++at) {
-      if (rows_[lru_queue_[at].slot].stamp == lru_queue_[at].stamp) {
-        lru_queue_[kept++] = lru_queue_[at];
-      }
-    }
-    lru_queue_.resize(kept);
-    lru_head_ = 0;
-  } else if (lru_head_ > 1024 && lru_head_ > lru_queue_.size() / 2) {
-    lru_queue_.erase(lru_queue_.begin(), lru_queue_.begin() + static_cast<std::ptrdiff_t>(lru_head_));
-    lru_head_ = 0;
-  }
-  lru_queue_.push_back(Touch{slot, rows_[slot].stamp});
+  const uint32_t bucket = bucket_for_count_after(kNone, meta_[slot].count);
+  push_back(meta_, buckets_[bucket].rows, slot);
 }
 
-void IdIndex::link_slot(int64_t slot) {
+void IdIndex::unlink_slot(uint32_t slot) {
   if (policy_ == Policy::kLru) {
-    push_touch(slot);
+    unlink(meta_, lru_, slot);
     return;
   }
-  const int64_t bucket = bucket_for_count_after(-1, rows_[slot].count);
-  push_back(rows_, buckets_[bucket].rows, slot);
-  rows_[slot].bucket = bucket;
-}
-
-void IdIndex::unlink_slot(int64_t slot) {
-  if (policy_ == Policy::kLru) {
-    return;  // its entries in the queue go stale when the slot gets its next stamp
-  }
-  const int64_t bucket = rows_[slot].bucket;
-  unlink(rows_, buckets_[bucket].rows, slot);
-  rows_[slot].bucket = -1;
+  const uint32_t bucket = bucket_of_count_.find(meta_[slot].count)->second;
+  unlink(meta_, buckets_[bucket].rows, slot);
   drop_bucket_if_empty(bucket);
 }
 
-void IdIndex::touch(int64_t slot) {
-  rows_[slot].count += 1;
-  rows_[slot].last_step = step_;
-  rows_[slot].stamp = ++clock_;
+void IdIndex::touch_slot(uint32_t slot) {
+  SlotMeta& meta = meta_[slot];
+  meta.last_step = static_cast<uint32_t>(step_);
   if (policy_ == Policy::kLru) {
-    push_touch(slot);
+    meta.count += meta.count != kNone ? 1 : 0;
+    if (lru_.tail != slot) {
+      unlink(meta_, lru_, slot);
+      push_back(meta_, lru_, slot);
+    }
     return;
   }
-  const int64_t from = rows_[slot].bucket;
-  unlink(rows_, buckets_[from].rows, slot);
-  const int64_t to = bucket_for_count_after(from, rows_[slot].count);
-  push_back(rows_, buckets_[to].rows, slot);
-  rows_[slot].bucket = to;
+  const uint32_t from = bucket_of_count_.find(meta.count)->second;
+  unlink(meta_, buckets_[from].rows, slot);
+  if (meta.count == kNone) {  // saturated: the most recent of its count
+    push_back(meta_, buckets_[from].rows, slot);
+    return;
+  }
+  meta.count += 1;
+  const uint32_t to = bucket_for_count_after(from, meta.count);
+  push_back(meta_, buckets_[to].rows, slot);
   drop_bucket_if_empty(from);
 }
 
-int64_t IdIndex::victim() {
-  // In the LRU queue (its valid entries), and within each LFU bucket, rows are in the order they were last seen:
-  // when the first one was seen in the current step, so were all the others.
+uint32_t IdIndex::victim(uint64_t protect_age) const {
+  // In the LRU list, and within each LFU bucket, rows are in the order they were last seen, so in the order of
+  // their last steps: when the first one is protected, so are all the others.
   if (policy_ == Policy::kLru) {
-    while (lru_head_ < lru_queue_.size()) {
-      const Touch oldest = lru_queue_[lru_head_];
-      if (rows_[oldest.slot].stamp != oldest.stamp) {
-        ++lru_head_;  // stale: the slot was seen (or reused) since
-        continue;
-      }
-      return rows_[oldest.slot].last_step < step_ ? oldest.slot : -1;
-    }
-    return -1;
+    const uint32_t oldest = lru_.head;
+    return oldest != kNone && age(oldest) > protect_age ? oldest : kNone;
   }
-  for (int64_t b = lowest_bucket_; b != -1; b = buckets_[b].higher) {
-    const int64_t oldest = buckets_[b].rows.head;
-    if (rows_[oldest].last_step < step_) {
+  for (uint32_t b = lowest_bucket_; b != kNone; b = buckets_[b].higher) {
+    const uint32_t oldest = buckets_[b].rows.head;
+    if (age(oldest) > protect_age) {
       return oldest;
     }
   }
-  return -1;
+  return kNone;
 }
 
 // --- the candidate pool ---------------------------------------------------------------------------------------------
@@ -221,29 +227,30 @@ void IdIndex::remember_candidate(int64_t key, int64_t sightings) {
   }
   auto found = candidate_of_.find(key);
   if (found != candidate_of_.end()) {
-    const int64_t entry = found->second;
-    candidates_[entry].count = sightings;
-    candidates_[entry].stamp = ++clock_;
-    unlink(candidates_, candidate_recency_, entry);
-    push_back(candidates_, candidate_recency_, entry);
+    const uint32_t entry = *found;
+    candidate_meta_[entry].count = saturated(sightings);
+    unlink(candidate_meta_, candidate_recency_, entry);
+    push_back(candidate_meta_, candidate_recency_, entry);
     return;
   }
   if (static_cast<int64_t>(candidate_of_.size()) == candidate_capacity_) {
-    forget_candidate(candidates_[candidate_recency_.head].key);  // full: the one seen least recently goes
+    forget_candidate(candidate_keys_[candidate_recency_.head]);  // full: the one seen least recently goes
   }
-  int64_t entry;
+  uint32_t entry;
   if (!free_candidates_.empty()) {
     entry = free_candidates_.back();
     free_candidates_.pop_back();
+    candidate_keys_[entry] = key;
   } else {
-    entry = static_cast<int64_t>(candidates_.size());
-    candidates_.emplace_back();
+    reserve_entries(candidate_of_, static_cast<int64_t>(candidate_keys_.size()) + 1, candidate_capacity_,
+                    candidate_keys_, candidate_meta_);
+    entry = static_cast<uint32_t>(candidate_keys_.size());
+    candidate_keys_.push_back(key);
+    candidate_meta_.emplace_back();
   }
-  candidates_[entry].key = key;
-  candidates_[entry].count = sightings;
-  candidates_[entry].stamp = ++clock_;
-  push_back(candidates_, candidate_recency_, entry);
-  candidate_of_.emplace(key, entry);
+  candidate_meta_[entry].count = saturated(sightings);
+  push_back(candidate_meta_, candidate_recency_, entry);
+  candidate_of_.insert(entry);
 }
 
 void IdIndex::forget_candidate(int64_t key) {
@@ -251,13 +258,137 @@ void IdIndex::forget_candidate(int64_t key) {
   if (found == candidate_of_.end()) {
     return;
   }
-  const int64_t entry = found->second;
+  const uint32_t entry = *found;
   candidate_of_.erase(found);
-  unlink(candidates_, candidate_recency_, entry);
+  unlink(candidate_meta_, candidate_recency_, entry);
   free_candidates_.push_back(entry);
 }
 
 // --- lookups --------------------------------------------------------------------------------------------------------
+
+void IdIndex::lookup_locked(const int64_t* ids, int64_t* slots, int64_t n) const {
+  helped_parallel_for(n, kLookupGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      auto found = slot_of_.find(ids[i]);
+      slots[i] = found == slot_of_.end() ? -1 : static_cast<int64_t>(*found);
+    }
+  });
+}
+
+void IdIndex::touch_locked(const int64_t* ids, const int64_t* slots, int64_t n) {
+  (void)ids;
+  // Per-slot records are random accesses: ask for the one kAhead sightings on early, and for its list neighbours
+  // (which a sighting relinks) kAhead / 2 sightings on, once the record itself has arrived.
+  constexpr int64_t kAhead = 16;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && slots[i + kAhead] != -1) {
+      __builtin_prefetch(&meta_[slots[i + kAhead]], 1);
+    }
+    if (i + kAhead / 2 < n && slots[i + kAhead / 2] != -1) {
+      const SlotMeta& ahead = meta_[slots[i + kAhead / 2]];
+      if (ahead.prev != kNone) {
+        __builtin_prefetch(&meta_[ahead.prev], 1);
+      }
+      if (ahead.next != kNone) {
+        __builtin_prefetch(&meta_[ahead.next], 1);
+      }
+    }
+    if (slots[i] != -1) {
+      touch_slot(static_cast<uint32_t>(slots[i]));
+    }
+  }
+}
+
+void IdIndex::admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64_t protect_age, bool recheck,
+                           std::vector<int64_t>& admitted, std::vector<int64_t>& evicted_keys,
+                           std::vector<int64_t>& evicted_slots) {
+  // 2. The ids touch() did not find, counted in the order of their first occurrence.
+  const int64_t misses = std::count(slots, slots + n, int64_t{-1});
+  if (misses == 0) {
+    return;
+  }
+  IdMap place(static_cast<size_t>(misses) * 2);  // key -> its place in new_keys (robin_map's load <= 0.5)
+  std::vector<int64_t> new_keys, outcome;        // outcome: its sightings, then its slot (or -1)
+  new_keys.reserve(static_cast<size_t>(misses));
+  outcome.reserve(static_cast<size_t>(misses));
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] != -1) {
+      continue;
+    }
+    auto placed = place.try_emplace(ids[i], static_cast<int64_t>(new_keys.size()));
+    if (placed.second) {
+      new_keys.push_back(ids[i]);
+      outcome.push_back(0);
+    }
+    outcome[placed.first->second] += 1;
+  }
+  reserve_entries(slot_of_, std::min(capacity_, size_ + static_cast<int64_t>(new_keys.size())), capacity_, keys_,
+                  meta_);
+  // 3. Admissions, evicting where the table is full.
+  bool table_busy = false;  // every row is protected: nothing more is admitted in this batch
+  for (size_t j = 0; j < new_keys.size(); ++j) {
+    const int64_t key = new_keys[j];
+    if (recheck) {
+      auto found = slot_of_.find(key);
+      if (found != slot_of_.end()) {  // admitted since touch() (not by this batch): it reads its slot
+        outcome[j] = *found;
+        continue;
+      }
+    }
+    int64_t sightings = outcome[j];
+    outcome[j] = -1;
+    auto remembered = candidate_of_.find(key);
+    if (remembered != candidate_of_.end()) {
+      sightings += candidate_meta_[*remembered].count;
+    }
+    uint32_t slot = kNone;
+    if (!table_busy && sightings >= admit_after_) {
+      if (size_ < capacity_) {
+        slot = static_cast<uint32_t>(size_++);
+        keys_.push_back(key);
+        meta_.emplace_back();
+      } else {
+        slot = victim(protect_age);
+        if (slot == kNone) {
+          table_busy = true;
+        } else {
+          evicted_keys.push_back(keys_[slot]);
+          evicted_slots.push_back(slot);
+          slot_of_.erase(keys_[slot]);
+          unlink_slot(slot);
+          keys_[slot] = key;
+        }
+      }
+    }
+    if (slot == kNone) {
+      remember_candidate(key, sightings);
+      continue;
+    }
+    // 4. The new row: count = its sightings, the most recent.
+    forget_candidate(key);
+    meta_[slot] = SlotMeta{saturated(sightings), static_cast<uint32_t>(step_), kNone, kNone};
+    slot_of_.insert(slot);
+    link_slot(slot);
+    admitted.push_back(slot);
+    outcome[j] = slot;
+  }
+  if (!admitted.empty() || recheck) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (slots[i] == -1) {
+        slots[i] = outcome[place.find(ids[i])->second];
+      }
+    }
+  }
+}
+
+namespace {
+
+template <typename Vector>
+at::Tensor as_tensor(const Vector& values) {
+  return at::tensor(c10::ArrayRef<int64_t>(values.data(), values.size()), at::TensorOptions().dtype(at::kLong));
+}
+
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::assign(const at::Tensor& ids) {
   const at::Tensor host = host_ids(ids, "assign");
@@ -268,88 +399,47 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::assign(const
   std::vector<int64_t> admitted, evicted_keys, evicted_slots;
   {
     std::unique_lock<TableLock> guard(lock_);
-    // 1. Ids in the table are touched in the batch's order; the others are counted. The lookups only read the map:
-    // they run on several threads first (this thread holds the lock for all of them).
+    // The lookups only read the map: they run on several threads first (this thread holds the lock for all).
     lookup_locked(in, out, n);
-    IdMap new_sightings;
-    std::vector<int64_t> new_keys;  // in the order of their first occurrence
-    constexpr int64_t kAhead = 16;  // records are random accesses: ask for the one kAhead sightings on early
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + kAhead < n && out[i + kAhead] != -1) {
-        __builtin_prefetch(&rows_[out[i + kAhead]], 1);
-      }
-      if (out[i] != -1) {
-        touch(out[i]);
-        continue;
-      }
-      auto counted = new_sightings.try_emplace(in[i], 0);
-      if (counted.second) {
-        new_keys.push_back(in[i]);
-      }
-      counted.first.value() += 1;
-    }
-    // 2-3. Admissions, evicting where the table is full.
-    bool table_busy = false;  // every row was seen in this step: nothing more is admitted in this batch
-    for (const int64_t key : new_keys) {
-      int64_t sightings = new_sightings.find(key)->second;
-      auto remembered = candidate_of_.find(key);
-      if (remembered != candidate_of_.end()) {
-        sightings += candidates_[remembered->second].count;
-      }
-      int64_t slot = -1;
-      if (!table_busy && sightings >= admit_after_) {
-        if (size_ < capacity_) {
-          slot = size_++;
-          rows_.emplace_back();
-        } else {
-          slot = victim();
-          if (slot == -1) {
-            table_busy = true;
-          } else {
-            evicted_keys.push_back(rows_[slot].key);
-            evicted_slots.push_back(slot);
-            slot_of_.erase(rows_[slot].key);
-            unlink_slot(slot);
-          }
-        }
-      }
-      if (slot == -1) {
-        remember_candidate(key, sightings);
-        continue;
-      }
-      // 4. The new row: count = its sightings, the most recent.
-      forget_candidate(key);
-      rows_[slot].key = key;
-      rows_[slot].count = sightings;
-      rows_[slot].last_step = step_;
-      rows_[slot].stamp = ++clock_;
-      slot_of_.emplace(key, slot);
-      link_slot(slot);
-      admitted.push_back(slot);
-    }
-    if (!admitted.empty()) {
-      for (int64_t i = 0; i < n; ++i) {
-        if (out[i] == -1) {
-          auto found = slot_of_.find(in[i]);
-          out[i] = found == slot_of_.end() ? -1 : found->second;
-        }
-      }
-    }
+    touch_locked(in, out, n);
+    admit_locked(in, out, n, 0, /*recheck=*/false, admitted, evicted_keys, evicted_slots);
   }
-  auto as_tensor = [](const std::vector<int64_t>& values) {
-    return at::tensor(c10::ArrayRef<int64_t>(values), at::TensorOptions().dtype(at::kLong));
-  };
   return {slots.view(ids.sizes()).to(ids.device()), as_tensor(admitted), as_tensor(evicted_keys),
           as_tensor(evicted_slots)};
 }
 
-void IdIndex::lookup_locked(const int64_t* ids, int64_t* slots, int64_t n) const {
-  helped_parallel_for(n, kLookupGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      auto found = slot_of_.find(ids[i]);
-      slots[i] = found == slot_of_.end() ? -1 : found->second;
-    }
-  });
+at::Tensor IdIndex::touch(const at::Tensor& ids) {
+  const at::Tensor host = host_ids(ids, "touch");
+  const int64_t n = host.numel();
+  at::Tensor slots = at::empty({n}, at::TensorOptions().dtype(at::kLong));
+  {
+    std::unique_lock<TableLock> guard(lock_);
+    lookup_locked(host.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), n);
+    touch_locked(host.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), n);
+  }
+  return slots.view(ids.sizes()).to(ids.device());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::admit(const at::Tensor& ids,
+                                                                          const at::Tensor& given_slots,
+                                                                          std::optional<int64_t> protect_from) {
+  const at::Tensor host = host_ids(ids, "admit");
+  TORCH_CHECK(given_slots.defined() && given_slots.scalar_type() == at::kLong &&
+                  given_slots.numel() == host.numel(),
+              "speedtorch.IdIndex.admit: slots must be touch(ids)'s int64 slots, one per id (", host.numel(),
+              "), got ", given_slots.defined() ? given_slots.numel() : 0, " of type ",
+              given_slots.defined() ? c10::toString(given_slots.scalar_type()) : "undefined");
+  const int64_t n = host.numel();
+  at::Tensor slots = given_slots.to(at::kCPU).contiguous().view({-1}).clone();
+  std::vector<int64_t> admitted, evicted_keys, evicted_slots;
+  {
+    std::unique_lock<TableLock> guard(lock_);
+    const int64_t from = protect_from.has_value() ? std::min(*protect_from, step_) : step_;
+    admit_locked(host.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), n, static_cast<uint64_t>(step_ - from), true,
+                 admitted, evicted_keys, evicted_slots);
+  }
+  return {slots.view(ids.sizes()).to(ids.device()), as_tensor(admitted), as_tensor(evicted_keys),
+          as_tensor(evicted_slots)};
 }
 
 at::Tensor IdIndex::find(const at::Tensor& ids) const {
@@ -374,6 +464,13 @@ void IdIndex::advance_step() {
   ++step_;
 }
 
+void IdIndex::reserve(int64_t keys) {
+  TORCH_CHECK(keys >= 0, "speedtorch.IdIndex.reserve: keys must be >= 0, got ", keys);
+  std::unique_lock<TableLock> guard(lock_);
+  const int64_t wanted = std::min(keys, capacity_);
+  reserve_entries(slot_of_, wanted, wanted, keys_, meta_);
+}
+
 std::string IdIndex::policy() const { return policy_ == Policy::kLru ? "lru" : "lfu"; }
 
 int64_t IdIndex::size() const {
@@ -386,20 +483,43 @@ int64_t IdIndex::candidates() const {
   return static_cast<int64_t>(candidate_of_.size());
 }
 
-template <typename Field>
-at::Tensor IdIndex::column(Field field) const {
+at::Tensor IdIndex::keys() const {
+  std::shared_lock<TableLock> guard(lock_);
+  return as_tensor(keys_);
+}
+
+at::Tensor IdIndex::counts() const {
   std::shared_lock<TableLock> guard(lock_);
   at::Tensor out = at::empty({size_}, at::TensorOptions().dtype(at::kLong));
   int64_t* values = out.data_ptr<int64_t>();
   for (int64_t slot = 0; slot < size_; ++slot) {
-    values[slot] = rows_[slot].*field;
+    values[slot] = meta_[slot].count;
   }
   return out;
 }
 
-at::Tensor IdIndex::keys() const { return column(&Row::key); }
-at::Tensor IdIndex::counts() const { return column(&Row::count); }
-at::Tensor IdIndex::last_steps() const { return column(&Row::last_step); }
+at::Tensor IdIndex::last_steps() const {
+  std::shared_lock<TableLock> guard(lock_);
+  at::Tensor out = at::empty({size_}, at::TensorOptions().dtype(at::kLong));
+  int64_t* values = out.data_ptr<int64_t>();
+  for (int64_t slot = 0; slot < size_; ++slot) {
+    values[slot] = step_ - age(static_cast<uint32_t>(slot));
+  }
+  return out;
+}
+
+int64_t IdIndex::memory_bytes() const {
+  std::shared_lock<TableLock> guard(lock_);
+  auto bytes = [](const auto& vector) {
+    return static_cast<int64_t>(vector.capacity() * sizeof(typename std::decay_t<decltype(vector)>::value_type));
+  };
+  // A robin_set bucket of a 32-bit entry: the entry, its distance from its ideal bucket and a last-bucket flag.
+  constexpr int64_t kBucketBytes = 8;
+  return bytes(keys_) + bytes(meta_) + bytes(buckets_) + bytes(free_buckets_) + bytes(candidate_keys_) +
+         bytes(candidate_meta_) + bytes(free_candidates_) +
+         kBucketBytes * static_cast<int64_t>(slot_of_.bucket_count() + candidate_of_.bucket_count()) +
+         16 * static_cast<int64_t>(bucket_of_count_.bucket_count());
+}
 
 std::string IdIndex::repr() const {
   std::shared_lock<TableLock> guard(lock_);
@@ -416,26 +536,38 @@ at::Tensor IdIndex::state() const {
   std::shared_lock<TableLock> guard(lock_);
   at::Tensor out = at::zeros({kHeaderRows + capacity_ + candidate_capacity_, 4}, at::TensorOptions().dtype(at::kLong));
   auto rows = out.accessor<int64_t, 2>();
+  // Stamps: ranks in the order rows were last seen (LRU: the list; LFU: each count's list, the lowest count first),
+  // then the candidates'.
+  int64_t stamp = 0;
+  auto write_slots = [&](uint32_t head) {
+    for (uint32_t slot = head; slot != kNone; slot = meta_[slot].next) {
+      rows[kHeaderRows + slot][0] = keys_[slot];
+      rows[kHeaderRows + slot][1] = meta_[slot].count;
+      rows[kHeaderRows + slot][2] = step_ - age(slot);
+      rows[kHeaderRows + slot][3] = ++stamp;
+    }
+  };
+  if (policy_ == Policy::kLru) {
+    write_slots(lru_.head);
+  } else {
+    for (uint32_t b = lowest_bucket_; b != kNone; b = buckets_[b].higher) {
+      write_slots(buckets_[b].rows.head);
+    }
+  }
+  int64_t row = kHeaderRows + capacity_;
+  for (uint32_t entry = candidate_recency_.head; entry != kNone; entry = candidate_meta_[entry].next, ++row) {
+    rows[row][0] = candidate_keys_[entry];
+    rows[row][1] = candidate_meta_[entry].count;
+    rows[row][2] = ++stamp;
+  }
   const int64_t header[kHeaderRows][4] = {
       {kStateFormat, capacity_, candidate_capacity_, admit_after_},
-      {policy_ == Policy::kLru ? 0 : 1, step_, clock_, size_},
+      {policy_ == Policy::kLru ? 0 : 1, step_, stamp, size_},
       {static_cast<int64_t>(candidate_of_.size()), 0, 0, 0}};
   for (int64_t r = 0; r < kHeaderRows; ++r) {
     for (int64_t c = 0; c < 4; ++c) {
       rows[r][c] = header[r][c];
     }
-  }
-  for (int64_t slot = 0; slot < size_; ++slot) {
-    rows[kHeaderRows + slot][0] = rows_[slot].key;
-    rows[kHeaderRows + slot][1] = rows_[slot].count;
-    rows[kHeaderRows + slot][2] = rows_[slot].last_step;
-    rows[kHeaderRows + slot][3] = rows_[slot].stamp;
-  }
-  int64_t row = kHeaderRows + capacity_;
-  for (int64_t entry = candidate_recency_.head; entry != -1; entry = candidates_[entry].next, ++row) {
-    rows[row][0] = candidates_[entry].key;
-    rows[row][1] = candidates_[entry].count;
-    rows[row][2] = candidates_[entry].stamp;
   }
   return out;
 }
@@ -469,16 +601,18 @@ void IdIndex::check_state(const at::Tensor& state) const {
 }
 
 void IdIndex::clear() {
+  keys_.clear();
+  meta_.clear();
   slot_of_.clear();
-  rows_.clear();
-  lru_queue_.clear();
-  lru_head_ = 0;
+  lru_ = List{};
   buckets_.clear();
   free_buckets_.clear();
-  lowest_bucket_ = -1;
+  bucket_of_count_.clear();
+  lowest_bucket_ = kNone;
   size_ = 0;
+  candidate_keys_.clear();
+  candidate_meta_.clear();
   candidate_of_.clear();
-  candidates_.clear();
   free_candidates_.clear();
   candidate_recency_ = List{};
 }
@@ -491,49 +625,52 @@ void IdIndex::load_state(const at::Tensor& given) {
   std::unique_lock<TableLock> guard(lock_);
   clear();
   step_ = rows[1][1];
-  clock_ = rows[1][2];
   size_ = size;
-  rows_.resize(size);
-  slot_of_.reserve(size);
+  reserve_entries(slot_of_, size, capacity_, keys_, meta_);
+  keys_.resize(size);
+  meta_.resize(size);
   for (int64_t slot = 0; slot < size; ++slot) {
-    rows_[slot].key = rows[kHeaderRows + slot][0];
-    rows_[slot].count = rows[kHeaderRows + slot][1];
-    rows_[slot].last_step = rows[kHeaderRows + slot][2];
-    rows_[slot].stamp = rows[kHeaderRows + slot][3];
-    const bool fresh = slot_of_.emplace(rows_[slot].key, slot).second;
+    keys_[slot] = rows[kHeaderRows + slot][0];
+    meta_[slot] = SlotMeta{saturated(rows[kHeaderRows + slot][1]),
+                           static_cast<uint32_t>(rows[kHeaderRows + slot][2]), kNone, kNone};
+    const bool fresh = slot_of_.insert(static_cast<uint32_t>(slot)).second;
     if (!fresh) {
+      const int64_t key = keys_[slot];
       clear();
-      TORCH_CHECK(false, "speedtorch.IdIndex.load_state: key ", rows[kHeaderRows + slot][0],
+      TORCH_CHECK(false, "speedtorch.IdIndex.load_state: key ", key,
                   " is in two slots; the state is not an IdIndex.state()");
     }
   }
   // Recency: LRU by stamp; LFU by (count, stamp), appended in that order so each bucket is built oldest first.
-  std::vector<int64_t> order(size);
-  std::iota(order.begin(), order.end(), 0);
+  std::vector<uint32_t> order(size);
+  std::iota(order.begin(), order.end(), 0u);
+  auto stamp = [&](uint32_t slot) { return rows[kHeaderRows + slot][3]; };
+  auto count = [&](uint32_t slot) { return rows[kHeaderRows + slot][1]; };
   if (policy_ == Policy::kLru) {
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows_[a].stamp < rows_[b].stamp; });
-    for (const int64_t slot : order) {
-      push_touch(slot);
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return stamp(a) < stamp(b); });
+    for (const uint32_t slot : order) {
+      push_back(meta_, lru_, slot);
     }
   } else {
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return rows_[a].count != rows_[b].count ? rows_[a].count < rows_[b].count : rows_[a].stamp < rows_[b].stamp;
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return count(a) != count(b) ? count(a) < count(b) : stamp(a) < stamp(b);
     });
-    int64_t highest = -1;
-    for (const int64_t slot : order) {
-      if (highest == -1 || buckets_[highest].count != rows_[slot].count) {
-        highest = bucket_for_count_after(highest, rows_[slot].count);  // above every bucket made so far
+    uint32_t highest = kNone;
+    for (const uint32_t slot : order) {
+      if (highest == kNone || buckets_[highest].count != meta_[slot].count) {
+        highest = bucket_for_count_after(highest, meta_[slot].count);  // above every bucket made so far
       }
-      push_back(rows_, buckets_[highest].rows, slot);
-      rows_[slot].bucket = highest;
+      push_back(meta_, buckets_[highest].rows, slot);
     }
   }
   const int64_t first = kHeaderRows + capacity_;
+  reserve_entries(candidate_of_, candidates, candidate_capacity_, candidate_keys_, candidate_meta_);
   for (int64_t i = 0; i < candidates; ++i) {
-    const int64_t entry = static_cast<int64_t>(candidates_.size());
-    candidates_.push_back(Candidate{rows[first + i][0], rows[first + i][1], rows[first + i][2], -1, -1});
-    push_back(candidates_, candidate_recency_, entry);  // state() wrote them least recently seen first
-    candidate_of_.emplace(candidates_[entry].key, entry);
+    const uint32_t entry = static_cast<uint32_t>(candidate_keys_.size());
+    candidate_keys_.push_back(rows[first + i][0]);
+    candidate_meta_.push_back(CandidateMeta{saturated(rows[first + i][1]), kNone, kNone});
+    push_back(candidate_meta_, candidate_recency_, entry);  // state() wrote them least recently seen first
+    candidate_of_.insert(entry);
   }
 }
 

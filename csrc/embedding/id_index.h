@@ -9,30 +9,44 @@
 // flat_hash_map was measured beside it (docs/dynamic_tables.md): lookups within noise of each other; abseil's static
 // archives cannot go into a shared library (initial-exec TLS) and its shared ones would be a run-time dependency.
 // Keys are mixed (murmur3's finaliser) before probing: std::hash of an integer is the integer itself, and raw ids
-// with a common stride would otherwise share buckets. Per slot the index keeps the key, a sighting count, the step
-// it was last seen and a recency order; candidates (ids seen fewer than k times) live in a bounded pool of their
-// own.
+// with a common stride would otherwise share buckets. Candidates (ids seen fewer than k times) live in a bounded pool
+// of their own, laid out as the slots are.
 //
-// Semantics of assign(ids) (the Python reference in tests/python/test_dynamic_table.py is the same, line by line):
+// Memory (docs/dynamic_tables.md measures it): the key is kept once, in a per-slot array; the map is a robin_set of
+// 32-bit slots (8-byte buckets) whose hash and equality read the key through that array, with buckets for the keys
+// held at a load of at most 0.9 (a bucket count of any size: FastRangeBuckets maps the mixed key's high bits
+// onto it, so the map is not rounded up to a power of two). Per slot: the key (8 bytes), then 16 bytes of
+// bookkeeping: a sighting count (32 bits, saturating at 2^32 - 1), the step it was last seen (its low 32 bits:
+// ages are exact up to 2^32 - 1 steps) and its two neighbours in the recency list (LRU: one list, oldest first;
+// LFU: one list per count, its buckets chained by increasing count). About 8.9 + 8 + 16 = 33 bytes a key in all.
+// Slots are 32-bit: capacity <= 2^32 - 1. The arrays and the map's buckets are in transparent huge pages once they
+// reach 32 MiB (HugePageAllocator): their accesses are random, over gigabytes for a billion keys.
+//
+// Semantics of assign(ids) = touch(ids), then admit() of the ids it did not find (the Python reference in
+// tests/python/test_dynamic_table.py is the same, line by line):
 //  1. Ids present in the table are touched, in the batch's order: count += 1, last step = the current step, and they
-//     become the most recent (LRU: appended to the queue of sightings; LFU: the end of their new count's list).
+//     become the most recent (LRU: the end of the list; LFU: the end of their new count's list).
 //  2. Ids not present are counted: sightings = the candidate pool's count (if it remembers the id) + occurrences in
 //     this batch. Those with sightings >= admit_after are admitted, in the order of their first occurrence in the
 //     batch; the others go (back) to the candidate pool with their sightings.
 //  3. An admitted id takes the next never-used slot while there is one. Once every slot has been used, it takes the
-//     slot of the lowest-scored row not seen in the current step (LRU: the least recently seen; LFU: the lowest
-//     count, the least recently seen among equal counts), which is evicted: its key leaves the index and assign
-//     returns (key, slot). When every row was seen in the current step, the id is not admitted (it goes back to the
+//     slot of the lowest-scored row not protected (LRU: the least recently seen; LFU: the lowest count, the least
+//     recently seen among equal counts), which is evicted: its key leaves the index and assign returns (key, slot).
+//     Protected: rows seen in the current step, or since the step `protect_from` given to admit() (a pipeline's
+//     oldest step still in flight). When every row is protected, the id is not admitted (it goes back to the
 //     candidate pool with its sightings) and neither are the ids after it in this batch.
 //  4. An admitted id starts with count = its sightings and is the most recent row. Every occurrence of an id in the
 //     batch gets its slot after the admissions; ids not admitted get -1.
 // The step advances only by advance_step() (HostEmbedding advances it when no gradient is waiting for the
 // optimizer): rows seen in the current step are never evicted, so a slot that has a pending gradient keeps its key.
+// The split (touch, then admit) lets a pipeline touch batch t+1 while step t computes and admit its new ids once step
+// t's update is done: nothing else changes the index in between, so the slots, admissions and evictions are those of
+// one assign() at the admit.
 // Candidate pool: holds at most candidate_capacity ids; when it is full, the id seen least recently is forgotten
 // (its sightings are lost) to make room.
 //
-// Threads: as PinnedEmbedding (embedding/table_lock.h): find() and the accessors share the lock; assign(),
-// advance_step() and load_state() hold it alone, so each call sees the index entirely before or after another.
+// Threads: as PinnedEmbedding (embedding/table_lock.h): find() and the accessors share the lock; assign(), touch(),
+// admit(), advance_step() and load_state() hold it alone, so each call sees the index entirely before or after another.
 // Inside a call, the map lookups of a batch of more than 8,192 ids run on several threads (cpu/helped_parallel_for.h:
 // they only read); counts, recency, admission and eviction run on the calling thread, in the batch's order.
 //
@@ -43,14 +57,20 @@
 #include <ATen/core/Tensor.h>
 #include <torch/custom_class.h>
 #include <tsl/robin_map.h>
+#include <tsl/robin_set.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "core/id_mix.h"
 #include "embedding/table_lock.h"
+#include "memory/huge_page_output.h"
 
 namespace speedtorch {
 
@@ -60,17 +80,78 @@ struct IdHash {
 };
 using IdMap = tsl::robin_map<int64_t, int64_t, IdHash>;
 
+// robin_map's GrowthPolicy (tsl/robin_growth_policy.h's interface) for a bucket count of any size: a hash goes to
+// bucket (hash * count) >> 64 (Lemire's fast range: a multiply, no division), which uses the hash's high bits, all of
+// them mixed by mix_id. Grows by 2x when the map grows by itself; IdIndex reserves what it needs first.
+class FastRangeBuckets {
+ public:
+  explicit FastRangeBuckets(std::size_t& min_bucket_count_in_out) {
+    if (min_bucket_count_in_out > max_bucket_count()) {
+      throw std::length_error("speedtorch.IdIndex: the hash map exceeds its maximum size");
+    }
+    count_ = min_bucket_count_in_out;
+  }
+  std::size_t bucket_for_hash(std::size_t hash) const noexcept {
+    return static_cast<std::size_t>((static_cast<unsigned __int128>(hash) * count_) >> 64);
+  }
+  std::size_t next_bucket_count() const {
+    if (count_ > max_bucket_count() / 2) {
+      throw std::length_error("speedtorch.IdIndex: the hash map exceeds its maximum size");
+    }
+    return count_ < 8 ? 16 : count_ * 2;
+  }
+  std::size_t max_bucket_count() const { return std::size_t{1} << 40; }
+  void clear() noexcept { count_ = 0; }
+
+ private:
+  std::size_t count_ = 0;
+};
+
+// The index's large arrays (gigabytes for a billion keys) live in huge pages: its accesses are random.
+template <typename T>
+using HugeVector = std::vector<T, HugePageAllocator<T>>;
+using KeyArray = HugeVector<int64_t>;
+
+// The hash and equality of a set of 32-bit entries (slots, or candidate entries) whose keys live in a vector: the
+// set holds only the entry (4 bytes, in an 8-byte bucket), and looks up by key (is_transparent) or by entry.
+struct EntryKeyHash {
+  using is_transparent = void;
+  const KeyArray* keys = nullptr;
+  size_t operator()(uint32_t entry) const { return static_cast<size_t>(mix_id((*keys)[entry])); }
+  size_t operator()(int64_t key) const { return static_cast<size_t>(mix_id(key)); }
+};
+struct EntryKeyEqual {
+  using is_transparent = void;
+  const KeyArray* keys = nullptr;
+  bool operator()(uint32_t a, uint32_t b) const { return (*keys)[a] == (*keys)[b]; }
+  bool operator()(uint32_t entry, int64_t key) const { return (*keys)[entry] == key; }
+  bool operator()(int64_t key, uint32_t entry) const { return (*keys)[entry] == key; }
+};
+using EntrySet = tsl::robin_set<uint32_t, EntryKeyHash, EntryKeyEqual, HugePageAllocator<uint32_t>, false,
+                                FastRangeBuckets>;
+
 class IdIndex : public torch::CustomClassHolder {
  public:
-  // capacity: slots (rows of the table); admit_after: sightings before an id gets a slot (>= 1); policy: "lru" or
-  // "lfu"; candidate_capacity: ids the candidate pool remembers (>= 1 when admit_after > 1; unused when it is 1).
+  // capacity: slots (rows of the table, 1 .. 2^32 - 1); admit_after: sightings before an id gets a slot (>= 1);
+  // policy: "lru" or "lfu"; candidate_capacity: ids the candidate pool remembers (>= 1 when admit_after > 1; unused
+  // when it is 1; at most 2^32 - 1).
   IdIndex(int64_t capacity, int64_t admit_after, const std::string& policy, int64_t candidate_capacity);
+  IdIndex(const IdIndex&) = delete;  // the maps' hash and equality point at this index's key arrays
+  IdIndex& operator=(const IdIndex&) = delete;
 
   // Maps ids (any shape, int32/int64, CPU or CUDA) to slots as the top of this file says. Returns (slots: ids'
   // shape, int64, on ids' device, -1 for ids not admitted; admitted: the slots given to new ids, in admission
   // order; evicted_keys, evicted_slots: the rows evicted to make room, in eviction order; the last three int64 on
   // the CPU). The owner must initialise the admitted slots' rows (and read the evicted ones first, if it keeps them).
   std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign(const at::Tensor& ids);
+  // assign's first half (rule 1): the slots of the ids in the table, which are touched (count, last step, recency),
+  // in the batch's order; -1 for the others. Admits and evicts nothing.
+  at::Tensor touch(const at::Tensor& ids);
+  // assign's second half (rules 2-4) for a batch touch() returned `slots` for, nothing else having changed the
+  // index in between: the -1 entries are counted, admitted and evicted as assign would. `protect_from`: rows seen
+  // in a step >= it are not evicted either (default: the current step only). Returns as assign.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> admit(const at::Tensor& ids, const at::Tensor& slots,
+                                                                   std::optional<int64_t> protect_from);
   // Slots of ids without changing anything (no admission, no count, no recency): -1 for ids not in the table.
   at::Tensor find(const at::Tensor& ids) const;
 
@@ -90,6 +171,11 @@ class IdIndex : public torch::CustomClassHolder {
   at::Tensor keys() const;
   at::Tensor counts() const;
   at::Tensor last_steps() const;
+  // Room for `keys` keys (at most capacity) made now, so that the index does not grow (and copy itself) while it
+  // fills: for a table filled up to its capacity, reserve(capacity) first keeps the peak at the final size.
+  void reserve(int64_t keys);
+  // Bytes the index holds in host RAM (its arrays' and maps' allocations), for the memory figures.
+  int64_t memory_bytes() const;
   // "IdIndex(capacity=..., size=..., policy=lru, admit_after=1, step=..., candidates=...)".
   std::string repr() const;
 
@@ -100,46 +186,45 @@ class IdIndex : public torch::CustomClassHolder {
   //   row 2: (candidates, 0, 0, 0)
   //   rows 3 .. 3 + capacity: one per slot: (key, count, last step, recency stamp); zeros for unused slots
   //   the rest: the candidate pool: (key, sightings, recency stamp, 0) for its first `candidates` rows, then zeros
+  // Recency stamps order the rows as they were last seen (LRU: all rows; LFU: rows of one count); this index writes
+  // their ranks (1, 2, ...; the candidates after the slots) and clock = the last rank.
   at::Tensor state() const;
   // Replaces this index's contents with a state() of the same capacity, candidate capacity, admit_after and policy.
   void load_state(const at::Tensor& state);
   // A new index from a state().
   static c10::intrusive_ptr<IdIndex> from_state(const at::Tensor& state);
 
+  static constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+
  private:
-  // An intrusive doubly linked list over the entries of prev/next arrays (slots or candidates), oldest first.
+  // One used slot's bookkeeping, 16 bytes (four to a cache line); its key is in keys_.
+  struct SlotMeta {
+    uint32_t count = 0;      // sightings, saturating at 2^32 - 1
+    uint32_t last_step = 0;  // the low 32 bits of the step it was last seen
+    uint32_t prev = kNone;   // neighbours in its recency list (LRU: the one list; LFU: its count's)
+    uint32_t next = kNone;
+  };
+  struct CandidateMeta {
+    uint32_t count = 0;
+    uint32_t prev = kNone;
+    uint32_t next = kNone;
+  };
+  // An intrusive doubly linked list over the prev/next fields of an array of metas, oldest first.
   struct List {
-    int64_t head = -1;
-    int64_t tail = -1;
+    uint32_t head = kNone;
+    uint32_t tail = kNone;
   };
-  // One used slot, in one record so that a sighting touches one cache line of it: its key, sighting count, the step
-  // it was last seen, its recency stamp, and (LFU) its neighbours in its bucket's list and its bucket.
-  struct Row {
-    int64_t key = 0;
-    int64_t count = 0;
-    int64_t last_step = 0;
-    int64_t stamp = 0;
-    int64_t prev = -1;
-    int64_t next = -1;
-    int64_t bucket = -1;
-  };
-  struct Candidate {
-    int64_t key = 0;
-    int64_t count = 0;
-    int64_t stamp = 0;
-    int64_t prev = -1;
-    int64_t next = -1;
-  };
-  template <typename Entry>
-  static void push_back(std::vector<Entry>& entries, List& list, int64_t at);
-  template <typename Entry>
-  static void unlink(std::vector<Entry>& entries, List& list, int64_t at);
-  // LFU: the rows of one count, in recency order; buckets are chained by increasing count.
+  template <typename Metas>
+  static void push_back(Metas& metas, List& list, uint32_t at);
+  template <typename Metas>
+  static void unlink(Metas& metas, List& list, uint32_t at);
+  // LFU: the rows of one count, in recency order; buckets are chained by increasing count, and found by count in
+  // bucket_of_count_ (a small map: one entry per distinct count).
   struct Bucket {
-    int64_t count = 0;
+    uint32_t count = 0;
     List rows;
-    int64_t lower = -1;
-    int64_t higher = -1;
+    uint32_t lower = kNone;
+    uint32_t higher = kNone;
   };
 
   enum class Policy { kLru, kLfu };
@@ -147,54 +232,55 @@ class IdIndex : public torch::CustomClassHolder {
   // The private helpers expect the caller to hold lock_ (exclusively for the ones that change anything).
   // slots[i] = the slot of ids[i] or -1, for n ids, on several threads (helped_parallel_for) for large batches.
   void lookup_locked(const int64_t* ids, int64_t* slots, int64_t n) const;
-  // Puts a slot in the recency structure as the most recent row of its count (LRU: the queue; LFU: its
-  // count's bucket, created when missing).
-  void link_slot(int64_t slot);
-  void unlink_slot(int64_t slot);
+  // Rule 1 over a batch whose slots lookup_locked found.
+  void touch_locked(const int64_t* ids, const int64_t* slots, int64_t n);
+  // Rules 2-4: the -1 entries of slots (of ids) are counted, admitted and evicted; slots is filled in; rows not
+  // older than protect_age steps are not evicted. recheck: look the new ids up again first (admit(): another call
+  // may have admitted them since touch()).
+  void admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64_t protect_age, bool recheck,
+                    std::vector<int64_t>& admitted, std::vector<int64_t>& evicted_keys,
+                    std::vector<int64_t>& evicted_slots);
+  // Room in the map for `keys` keys (reserves ahead, up to capacity, so the map does not grow by itself).
+  void reserve_keys(int64_t keys);
+  // Steps since the slot was last seen (exact below 2^32).
+  uint32_t age(uint32_t slot) const { return static_cast<uint32_t>(step_) - meta_[slot].last_step; }
+  // Puts a slot in the recency structure as the most recent row of its count (LRU: the list; LFU: its count's
+  // bucket, created when missing).
+  void link_slot(uint32_t slot);
+  void unlink_slot(uint32_t slot);
   // A sighting of a row already in the table.
-  void touch(int64_t slot);
-  // The lowest-scored row not seen in the current step, or -1 when every row was (drops stale LRU entries).
-  int64_t victim();
-  // LRU: appends the slot's current stamp to the queue.
-  void push_touch(int64_t slot);
-  // LFU bucket chain.
-  int64_t bucket_for_count_after(int64_t below, int64_t count);
-  void drop_bucket_if_empty(int64_t bucket);
+  void touch_slot(uint32_t slot);
+  // The lowest-scored row seen more than protect_age steps ago, or kNone when there is none.
+  uint32_t victim(uint64_t protect_age) const;
+  // LFU bucket chain: the bucket of `count`, made above `below` (kNone: at the bottom) when missing.
+  uint32_t bucket_for_count_after(uint32_t below, uint32_t count);
+  void drop_bucket_if_empty(uint32_t bucket);
   // The candidate pool.
   void remember_candidate(int64_t key, int64_t sightings);
   void forget_candidate(int64_t key);
   void clear();
   void check_state(const at::Tensor& state) const;
-  // One field of every used slot, as a tensor (keys(), counts(), last_steps()).
-  template <typename Field>
-  at::Tensor column(Field field) const;
 
   int64_t capacity_;
   int64_t admit_after_;
   Policy policy_;
   int64_t candidate_capacity_;
 
-  IdMap slot_of_;  // key -> slot
-  std::vector<Row> rows_;             // per used slot
-  // LRU: (slot, stamp) of every sighting, oldest first, from lru_head_ on; an entry whose stamp is no longer its
-  // slot's is stale and skipped. A sighting is then one write to its slot's record and an append here (no list to
-  // relink); the queue is compacted to the valid entries when it holds more than 2 x size() + 1024.
-  struct Touch {
-    int64_t slot;
-    int64_t stamp;
-  };
-  std::vector<Touch> lru_queue_;
-  size_t lru_head_ = 0;
-  std::vector<Bucket> buckets_;       // LFU: bucket storage (free ones reused through free_buckets_)
-  std::vector<int64_t> free_buckets_;
-  int64_t lowest_bucket_ = -1;        // LFU: the bucket of the lowest count
+  KeyArray keys_;                // per used slot: its key (the only copy)
+  HugeVector<SlotMeta> meta_;    // per used slot
+  EntrySet slot_of_;             // the used slots, found by key through keys_
+  List lru_;                     // LRU: every used slot, least recently seen first
+  std::vector<Bucket> buckets_;  // LFU: bucket storage (free ones reused through free_buckets_)
+  std::vector<uint32_t> free_buckets_;
+  tsl::robin_map<uint32_t, uint32_t> bucket_of_count_;  // LFU: count -> its bucket
+  uint32_t lowest_bucket_ = kNone;                      // LFU: the bucket of the lowest count
   int64_t size_ = 0;
   int64_t step_ = 0;
-  int64_t clock_ = 0;  // recency stamps: each touch or admission of a row, each sighting of a candidate
 
-  IdMap candidate_of_;  // key -> candidate entry
-  std::vector<Candidate> candidates_;
-  std::vector<int64_t> free_candidates_;
+  KeyArray candidate_keys_;  // per candidate entry (free ones reused through free_candidates_)
+  HugeVector<CandidateMeta> candidate_meta_;
+  EntrySet candidate_of_;  // the entries in the pool, found by key through candidate_keys_
+  std::vector<uint32_t> free_candidates_;
   List candidate_recency_;  // least recently seen first
 
   mutable TableLock lock_;

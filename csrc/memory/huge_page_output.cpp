@@ -40,16 +40,8 @@ class HugePageOutputAllocator final : public c10::Allocator {
     if (n < kMappedBytes) return c10::GetCPUAllocator()->allocate(n);
     static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
     const std::size_t bytes = round_up(n, page);
-    // One huge page more than needed, then the unaligned head and the tail beyond `bytes` go back.
-    void* raw = mmap(nullptr, bytes + kHugePageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return c10::GetCPUAllocator()->allocate(n);  // which reports the failure its own way
-    const auto raw_begin = reinterpret_cast<std::uintptr_t>(raw);
-    const std::uintptr_t begin = round_up(raw_begin, kHugePageBytes);
-    const std::size_t head = begin - raw_begin;  // at most a huge page less one page: the tail keeps >= a page
-    if (head > 0) munmap(raw, head);
-    munmap(reinterpret_cast<void*>(begin + bytes), kHugePageBytes - head);
-    void* start = reinterpret_cast<void*>(begin);
-    madvise(start, bytes, MADV_HUGEPAGE);  // advice: ignored where transparent huge pages are off
+    void* start = map_huge_pages(bytes);
+    if (start == nullptr) return c10::GetCPUAllocator()->allocate(n);  // which reports the failure its own way
     return {start, new MappedBlock{start, bytes}, &unmap_block, c10::Device(c10::DeviceType::CPU)};
   }
 
@@ -59,6 +51,27 @@ class HugePageOutputAllocator final : public c10::Allocator {
 };
 
 }  // namespace
+
+void* map_huge_pages(std::size_t n) {
+  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t bytes = round_up(n, page);
+  // One huge page more than needed, then the unaligned head and the tail beyond `bytes` go back.
+  void* raw = mmap(nullptr, bytes + kHugePageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto raw_begin = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t begin = round_up(raw_begin, kHugePageBytes);
+  const std::size_t head = begin - raw_begin;  // at most a huge page less one page: the tail keeps >= a page
+  if (head > 0) munmap(raw, head);
+  munmap(reinterpret_cast<void*>(begin + bytes), kHugePageBytes - head);
+  void* start = reinterpret_cast<void*>(begin);
+  madvise(start, bytes, MADV_HUGEPAGE);  // advice: ignored where transparent huge pages are off
+  return start;
+}
+
+void unmap_huge_pages(void* start, std::size_t n) {
+  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  munmap(start, round_up(n, page));
+}
 
 c10::Allocator* huge_page_output_allocator() {
   static HugePageOutputAllocator allocator;

@@ -12,10 +12,58 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 
+#include <cstddef>
+#include <new>
+
 namespace speedtorch {
 
 // The allocator behind empty_cpu_output (blocks of >= 32 MiB mapped and advised, smaller ones from PyTorch's).
 c10::Allocator* huge_page_output_allocator();
+
+// The mapping behind it: `bytes` of fresh zeroed memory starting on a huge page and advised MADV_HUGEPAGE (nullptr
+// when the mapping fails), and its release (the same `bytes`).
+void* map_huge_pages(std::size_t bytes);
+void unmap_huge_pages(void* start, std::size_t bytes);
+
+// An allocator for standard containers (std::vector, robin_map's buckets) that may grow to gigabytes: blocks of
+// >= 32 MiB mapped in huge pages (a random access into them misses the TLB far less), smaller ones from operator
+// new. (IdIndex's per-slot arrays and maps: embedding/id_index.h.)
+template <typename T>
+struct HugePageAllocator {
+  using value_type = T;
+  static constexpr std::size_t kMappedBytes = std::size_t{32} << 20;
+
+  HugePageAllocator() = default;
+  template <typename U>
+  HugePageAllocator(const HugePageAllocator<U>&) noexcept {}  // NOLINT(google-explicit-constructor)
+
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = n * sizeof(T);
+    if (bytes >= kMappedBytes) {
+      if (void* start = map_huge_pages(bytes)) {
+        return static_cast<T*>(start);
+      }
+      throw std::bad_alloc();
+    }
+    return static_cast<T*>(::operator new(bytes));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    const std::size_t bytes = n * sizeof(T);
+    if (bytes >= kMappedBytes) {
+      unmap_huge_pages(p, bytes);
+    } else {
+      ::operator delete(p);
+    }
+  }
+  template <typename U>
+  bool operator==(const HugePageAllocator<U>&) const noexcept {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const HugePageAllocator<U>&) const noexcept {
+    return false;
+  }
+};
 
 // An uninitialised, contiguous CPU tensor of `shape` and `dtype` whose memory comes from
 // huge_page_output_allocator(); otherwise an ordinary tensor (resizable, freed when its last reference goes).

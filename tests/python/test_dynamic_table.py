@@ -384,9 +384,157 @@ def test_refusals_name_what_is_not_yet_supported():
         HostEmbedding(None, 4, capacity=4, placement="gpu")
     with pytest.raises(ValueError, match="evict must be 'lru' or 'lfu'"):
         HostEmbedding(None, 4, capacity=4, evict="fifo")
-    with pytest.raises(NotImplementedError, match="prefetch is not yet supported"):
-        HostEmbedding(None, 4, capacity=4, device="cpu").prefetch(torch.tensor([1]))
     assert type(HostEmbedding(10, 4, device="cpu")) is HostEmbedding
+
+
+# --- prefetch and TrainPipeline: batch t+1 mapped while step t computes ------------------------------------------
+
+
+def _dynamic(device, policy, admit_after, optimizer="adagrad", evicted=None, **kwargs):
+    on_evict = None if evicted is None else (lambda keys, rows, state: evicted.append((keys, rows, state)))
+    return HostEmbedding(None, 4, capacity=24, admit_after=admit_after, evict=policy, optimizer=optimizer,
+                         optimizer_options={"lr": 0.1}, seed=7, device=device, on_evict=on_evict, **kwargs)
+
+
+def _everything(module):
+    return {"rows": module.table.table().clone(), "state": module.table.state().clone(),
+            "index": module.index.state()}
+
+
+@pytest.mark.parametrize("policy,admit_after,ahead", [("lru", 2, False), ("lfu", 3, False), ("lru", 1, True)])
+def test_prefetch_is_bit_identical_to_the_plain_loop(policy, admit_after, ahead, monkeypatch):
+    # ahead: updates advance the rows read ahead (PrefetchedRows.advance, the GPU's way) instead of patching them.
+    monkeypatch.setattr(HostEmbedding, "_advance_on_cpu", ahead)
+    generator = torch.Generator().manual_seed(12)
+    universe = raw_universe(generator, 90)
+    batches = [skewed_ids(generator, 20, universe).reshape(4, 5) for _ in range(30)]
+    targets = [torch.randn(4, 5, 4, generator=generator) for _ in batches]
+    results = []
+    for prefetch in (False, True):
+        evicted = []
+        module = _dynamic("cpu", policy, admit_after, evicted=evicted)
+        outputs = []
+        for t, (ids, target) in enumerate(zip(batches, targets)):
+            out = module(ids)
+            if prefetch and t + 1 < len(batches):
+                module.prefetch(batches[t + 1])
+                assert module._prefetched is not None
+            (out * target).sum().backward()
+            module.step()
+            outputs.append(out.detach())
+        results.append((torch.stack(outputs), _everything(module), evicted))
+    (plain_out, plain, plain_evicted), (out, piped, piped_evicted) = results
+    assert torch.equal(out, plain_out)
+    for key in plain:
+        assert torch.equal(piped[key], plain[key]), key
+    assert plain_evicted, "the stream must evict"
+    assert len(piped_evicted) == len(plain_evicted)
+    for (k1, r1, s1), (k2, r2, s2) in zip(plain_evicted, piped_evicted):
+        assert torch.equal(k1, k2) and torch.equal(r1, r2) and torch.equal(s1, s2)
+
+
+def test_prefetched_rows_are_used_and_new_ids_admitted_at_forward():
+    module = _dynamic("cpu", "lru", 1, optimizer="sgd")
+    module(torch.tensor([1, 2])).sum().backward()
+    ids = torch.tensor([[2, 3], [3, 1]])
+    module.prefetch(ids)
+    assert module.slots(torch.tensor([3])).item() == -1  # not admitted before its forward
+    module.step()
+    gathers = []
+    table = module.table
+
+    class Counting:
+        def __getattr__(self, name):
+            if name == "gather":
+                gathers.append(1)
+            return getattr(table, name)
+
+    module.table = Counting()
+    out = module(ids)
+    module.table = table
+    assert gathers == [1]  # only the admitted row (3) is read at forward; 1 and 2 were read ahead
+    assert module.slots(torch.tensor([1, 2, 3])).tolist() == [0, 1, 2]
+    torch.testing.assert_close(out, table.table()[torch.tensor([[1, 2], [2, 0]])])
+
+
+def test_prefetch_during_gradient_accumulation_evicts_no_row_with_a_pending_gradient():
+    # Capacity 4: batch 1's two ids, then batch 2's two, accumulated (no step): batch 3, prefetched while batch 2's
+    # gradient is pending, cannot take their rows; after the step it can.
+    module = HostEmbedding(None, 2, capacity=4, optimizer="sgd", device="cpu", seed=0)
+    module(torch.tensor([1, 2])).sum().backward()
+    second = torch.tensor([3, 4])
+    module(second).sum().backward()
+    third = torch.tensor([5, 6])
+    module.prefetch(third)
+    out = module(third)
+    assert module.slots(torch.tensor([1, 2, 3, 4, 5, 6])).tolist() == [0, 1, 2, 3, -1, -1]
+    assert torch.equal(out, torch.zeros(2, 2))
+    out.sum().backward()
+    module.step()
+    module(third)
+    assert module.slots(torch.tensor([5, 6])).tolist() == [0, 1]
+
+
+class _RawUsers(torch.nn.Module):
+    """A DynamicHostEmbedding of raw user ids and a torch table of items, scored by a dot product."""
+
+    def __init__(self, device, policy, admit_after):
+        super().__init__()
+        torch.manual_seed(0)
+        self.evicted = []
+        self.users = _dynamic(device, policy, admit_after, evicted=self.evicted)
+        self.items = torch.nn.Embedding(30, 4, device=device)
+
+    def forward(self, batch):
+        users, items, labels = batch
+        logits = (self.users(users) * self.items(items)).sum(-1)
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels), logits
+
+    def sparse_inputs(self, batch):
+        return [(self.users, batch[0])]
+
+
+def _user_batches(count, pin=False):
+    generator = torch.Generator().manual_seed(5)
+    universe = raw_universe(generator, 70)
+    out = []
+    for _ in range(count):
+        b = (skewed_ids(generator, 16, universe), torch.randint(0, 30, (16,), generator=generator),
+             torch.randint(0, 2, (16,), generator=generator).float())
+        out.append(tuple(t.pin_memory() for t in b) if pin else b)
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("policy,admit_after", [("lru", 2), ("lfu", 2)])
+def test_train_pipeline_over_a_dynamic_table_is_bit_identical(device, policy, admit_after):
+    batches = _user_batches(25, pin=device == "cuda")
+    runs = []
+    for pipelined in (False, True):
+        model = _RawUsers(device, policy, admit_after)
+        optimizer = torch.optim.SGD(model.items.parameters(), lr=0.1)
+        if pipelined:
+            losses = [out[0].detach() for out in speedtorch.TrainPipeline(model, optimizer, batches, device=device)]
+        else:
+            losses = []
+            for batch in batches:
+                loss, _ = model(tuple(t.to(device) for t in batch))
+                loss.backward()
+                model.users.step()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.detach())
+        if device == "cuda":
+            torch.cuda.synchronize()
+        runs.append((torch.stack(losses).cpu(), _everything(model.users), model.items.weight.detach().cpu(),
+                     [k for k, _, _ in model.evicted]))
+    (plain_losses, plain, plain_items, plain_evicted), (losses, piped, items, evicted) = runs
+    assert torch.equal(losses, plain_losses)
+    for key in plain:
+        assert torch.equal(piped[key].cpu(), plain[key].cpu()), key
+    assert torch.equal(items, plain_items)
+    assert plain_evicted and len(evicted) == len(plain_evicted)
+    assert all(torch.equal(a, b) for a, b in zip(evicted, plain_evicted))
 
 
 @pytest.mark.gpu

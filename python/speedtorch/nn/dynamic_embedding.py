@@ -17,6 +17,7 @@ import torch
 from .._library import PinnedEmbedding
 from ..data import load_npy, save_npy
 from ..ops import unique_indices
+from ._prefetched_rows import PrefetchedRows
 from .embedding import _UNSET, HostEmbedding, _options
 
 # IdIndex is a TorchScript custom class (no docstrings of its own): not in __all__, documented in docs/dynamic_tables.md.
@@ -52,8 +53,12 @@ class DynamicHostEmbedding(HostEmbedding):
             from N(0, init_std^2) by the module's own generator (seeded by ``seed``), in admission order; its optimizer
             state starts at zero.
 
+    :meth:`prefetch` (and so :class:`speedtorch.TrainPipeline`) maps the next batch while this step computes and
+    admits its new ids at its forward, after this step's update: the same results as the plain loop when the
+    optimizer steps between the two.
+
     Not yet (docs/dynamic_tables.md): ``padding_idx``, ``max_norm``, placements other than ``"host"``,
-    :meth:`prefetch`, TorchScript and compiled graphs of the lookup (torch.compile runs it eagerly, behind a graph
+    TorchScript and compiled graphs of the lookup (torch.compile runs it eagerly, behind a graph
     break), the table collection and the distributed table.
 
     In ``eval()`` mode lookups only read: no id is admitted and no count or recency changes.
@@ -112,9 +117,9 @@ class DynamicHostEmbedding(HostEmbedding):
         self.on_evict = on_evict
         self._init_generator = torch.Generator()
         self._init_generator.manual_seed(int(torch.randint(2**62, (1,))) if seed is None else int(seed))
-        # Whether the index's current step holds lookups whose gradient the optimizer has not applied yet (their
-        # rows must keep their ids until it has): the next training lookup then stays in that step.
-        self._step_open = False
+        # The index step of the oldest lookup whose gradient the optimizer has not applied yet (None: none): rows
+        # seen since then keep their ids until it has, and the next training lookup stays in that step.
+        self._pending_step: Optional[int] = None
 
     def extra_repr(self) -> str:
         """The sizes and options printed in the module's repr."""
@@ -133,17 +138,23 @@ class DynamicHostEmbedding(HostEmbedding):
     def _assign(self, ids: torch.Tensor) -> torch.Tensor:
         """Slots for a training lookup: admits and evicts (initialising the admitted rows, handing evicted ones to
         ``on_evict``) in the index's current step, opened here unless gradients of the last one are pending."""
-        if not self._step_open:
+        if self._pending_step is None:
             self.index.advance_step()
-        slots, admitted, evicted_keys, evicted_slots = self.index.assign(ids)
-        if self.trains and torch.is_grad_enabled():
-            self._step_open = True
+        if self._pending_step is None or self._pending_step >= self.index.step():
+            mapped = self.index.assign(ids)
+        else:  # a prefetch opened a later step while older gradients are pending: their rows stay too
+            mapped = self.index.admit(ids, self.index.touch(ids), self._pending_step)
+        return self._admitted(*mapped)
+
+    def _admitted(self, slots, admitted, evicted_keys, evicted_slots) -> torch.Tensor:
+        """After the index admitted and evicted: hands the evicted rows to ``on_evict``, initialises the admitted
+        ones, and notes the step's pending gradient. Returns ``slots``."""
+        if self.trains and torch.is_grad_enabled() and self._pending_step is None:
+            self._pending_step = self.index.step()
         if evicted_slots.numel() and self.on_evict is not None:
+            self._sync_for_host_access()  # an update still running on the GPU may write these rows and their state
             rows = self.table.gather(evicted_slots, torch.device("cpu"))
-            state = None
-            if self.table.optimizer():
-                self._sync_for_host_access()  # the state tensor is read without the table's ordering of GPU work
-                state = self.table.state()[evicted_slots].clone()
+            state = self.table.state()[evicted_slots].clone() if self.table.optimizer() else None
             self.on_evict(evicted_keys, rows, state)
         if admitted.numel():
             self._initialise_rows(admitted)
@@ -160,14 +171,22 @@ class DynamicHostEmbedding(HostEmbedding):
             self.table.state()[slots] = 0
 
     def _rows_for(self, input: torch.Tensor):
+        pending, self._prefetched = self._prefetched, None  # a prefetch is for the next forward only
+        if pending is not None and pending.key is input and (pending.mapping is not None or not self.training):
+            return self._take_prefetched(pending)
         ids = torch.as_tensor(input)
         slots = self._assign(ids) if self.training else self.index.find(ids)
         unique, inverse = unique_indices(slots.to(self.device))  # -1 (no row), if any, comes first
+        self._wait_for_writes()
+        return unique, inverse, self._rows_of(unique)
+
+    def _rows_of(self, unique: torch.Tensor) -> torch.Tensor:
+        """The rows of sorted distinct slots, a zero row for -1 (ids without a row)."""
         rows = self.table.gather(unique.clamp(min=0), self.device)
         if unique.numel():
             # Only the first distinct slot can be -1 (sorted); a where over one row needs no wait for the GPU.
             rows[:1] = torch.where(unique[:1].unsqueeze(1) >= 0, rows[:1], 0)
-        return unique, inverse, rows
+        return rows
 
     def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
         keep = unique >= 0  # ids without a row get no update
@@ -177,30 +196,95 @@ class DynamicHostEmbedding(HostEmbedding):
 
     def _apply_gradients(self, unique, grad_rows, sorted_unique: bool = False) -> None:
         super()._apply_gradients(unique, grad_rows, sorted_unique)
-        self._step_open = False
+        self._pending_step = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drops gradients not yet applied; the rows they were for may be evicted again."""
         super().zero_grad(set_to_none)
-        self._step_open = False
+        self._pending_step = None
 
     def step(self) -> None:
         """Applies the pending gradients (:meth:`HostEmbedding.step`); afterwards the rows looked up since the last
         update may be evicted again."""
         super().step()
-        self._step_open = False
+        self._pending_step = None
+
+    # --- prefetch: the mapping of batch t+1 while step t computes ----------------------------------------------
+
+    def prefetch(self, next_input: torch.Tensor) -> None:
+        """Maps the next batch and starts reading its rows while this step computes (:meth:`HostEmbedding.prefetch`;
+        pass the same ids object to the next forward). The mapping is split in two (IdIndex.touch / admit): here,
+        in a step of its own, the ids already in the table are counted as seen and their rows read ahead (on a side
+        stream on a GPU); the new ids are admitted (and rows evicted for them) by the next forward, once this
+        step's update is done, so no row a step in flight reads or updates is evicted. Nothing else changes the
+        index in between: slots, admissions, evictions and rows are the plain loop's when the optimizer steps
+        between the two forwards (as :class:`speedtorch.TrainPipeline` does). With gradients still pending at the
+        next forward (accumulation), their rows are kept too, and the prefetched batch stays in its own step.
+        A prefetch the next forward does not take (other ids, :meth:`drop_prefetch`) has still counted its ids that
+        were in the table. In ``eval()`` mode the mapping only reads (``find``)."""
+        self._prefetched = None
+        host_ids = torch.as_tensor(next_input).to("cpu", torch.int64)  # CUDA ids: a synchronising copy
+        mapping = None
+        if self.training:
+            self.index.advance_step()  # the batch's own step, as its forward in the plain loop would open
+            slots = self.index.touch(host_ids)
+            mapping = (host_ids, slots)
+        else:
+            slots = self.index.find(host_ids)
+        pending = self._read_ahead(next_input, slots)
+        pending.mapping = mapping
+        self._prefetched = pending
+
+    def _read_ahead(self, key, slots: torch.Tensor) -> PrefetchedRows:
+        """The distinct rows of ``slots`` (CPU), read after the module's last write: on a GPU on the gather stream,
+        which waits for the current stream's work so far and that write, nothing else."""
+        unique, inverse = unique_indices(slots)
+        if self.device.type != "cuda":
+            state = torch.ops.speedtorch.gather(self.table.state(), unique.clamp(min=0), None) \
+                if self._updates_ahead() else None
+            return PrefetchedRows(key, unique, inverse, self._rows_of(unique), None, state)
+        side = self._gather_stream()
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        if self._written is not None:
+            side.wait_event(self._written)
+        with torch.cuda.stream(side):
+            unique = unique.to(self.device, non_blocking=True)
+            inverse = inverse.to(self.device, non_blocking=True)
+            rows = self._rows_of(unique)
+            state = torch.ops.speedtorch.gather(self.table.state(), unique.clamp(min=0), self.device) \
+                if self._updates_ahead() else None
+            ready = torch.cuda.Event()
+            ready.record(side)
+        return PrefetchedRows(key, unique, inverse, rows, ready, state)
+
+    def _take_prefetched(self, pending: PrefetchedRows):
+        """forward's (unique, inverse, rows) from a prefetch: the rows read ahead (kept exact through this step's
+        update by PrefetchedRows), and in training the admission of the batch's new ids, whose new rows join them."""
+        unique, inverse, rows = pending.take()
+        if pending.mapping is None or not self.training:
+            return unique, inverse, rows
+        host_ids, touched = pending.mapping
+        slots, admitted, evicted_keys, evicted_slots = self.index.admit(host_ids, touched, self._pending_step)
+        self._admitted(slots, admitted, evicted_keys, evicted_slots)
+        if not admitted.numel():
+            return unique, inverse, rows
+        # The admitted slots were -1 (no row) when the rows were read ahead; none of them is among the slots read
+        # (those were seen in this step: not evicted). Their rows, new, are read now and placed among the others.
+        self._wait_for_writes()
+        new_unique, new_inverse = unique_indices(slots)
+        new_unique, new_inverse = new_unique.to(self.device), new_inverse.to(self.device)
+        n = new_unique.numel()
+        placed = rows.new_empty(n + 1, rows.shape[1])  # the last row: a spare for the read-ahead -1, if it went
+        at = torch.searchsorted(new_unique, unique).clamp_(max=n - 1)
+        placed.index_copy_(0, torch.where(new_unique[at] == unique, at, n), rows)
+        admitted = torch.sort(admitted).values.to(self.device)
+        placed.index_copy_(0, torch.searchsorted(new_unique, admitted), self.table.gather(admitted, self.device))
+        return new_unique, new_inverse.view(inverse.shape), placed[:n]
 
     # --- what is not yet supported ------------------------------------------------------------------------------
 
     def _traceable(self) -> bool:
         return False  # the lookup maps ids through the index, which no graph holds: torch.compile runs it eagerly
-
-    def prefetch(self, next_input: torch.Tensor) -> None:
-        """Not yet supported for tables that grow (the next batch's admissions could evict rows this step updates):
-        raises."""
-        raise NotImplementedError(f"{type(self).__name__}.prefetch is not yet supported (mapping the next batch "
-                                  f"could evict rows this step still updates); call forward without it "
-                                  f"(docs/dynamic_tables.md)")
 
     def __prepare_scriptable__(self):
         raise RuntimeError(f"torch.jit.script({type(self).__name__}) is not yet supported: the lookup maps raw ids "
@@ -236,7 +320,7 @@ class DynamicHostEmbedding(HostEmbedding):
         self.index.load_state(found.pop("index"))
         self._init_generator.set_state(found.pop("init_generator").to(torch.uint8))
         super()._copy_table_tensors(found)
-        self._step_open = False
+        self._pending_step = None
 
     def save(self, path: str) -> None:
         """:meth:`HostEmbedding.save` (rows, optimizer state and configuration at ``path``, ``.state.npy``,
@@ -269,6 +353,8 @@ class DynamicHostEmbedding(HostEmbedding):
         index = IdIndex.from_state(state.pop("index"))
         generator = torch.Generator()
         generator.set_state(state.pop("_init_generator"))
+        state.pop("_step_open", None)  # pickled by an earlier version
+        state.setdefault("_pending_step", None)
         super().__setstate__(state)
         self.index = index
         self._init_generator = generator
