@@ -2,7 +2,7 @@
 // -> slots (rows) of a fixed-capacity PinnedEmbedding, with admission after k sightings and eviction of the
 // lowest-scored rows when the table is full. A torch::CustomClass (registered in ops/id_index_class.cpp), so Python,
 // TorchScript and C++ share one object. It holds keys only: the rows are the PinnedEmbedding's, and whoever owns both
-// (speedtorch/dynamic_embedding.py) initialises the rows assign() admits and reads the rows it evicts.
+// (speedtorch/nn/dynamic_embedding.py) initialises the rows assign() admits and reads the rows it evicts.
 //
 // The map is Tessil's robin_map (Debian robin-map-dev: open addressing, Robin Hood probing, deletion by backward
 // shift, so evictions leave no tombstones), header-only: the built library needs nothing more at run time. Abseil's

@@ -121,7 +121,7 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // row cache, while the tensor (or any view of it) is alive, the cache stands aside: see enable_cache.
   at::Tensor table() const;
   // Whether a tensor that table(), state() or scatter_() returned (or a view of one) is still alive: the caller may
-  // read or write the host rows through it at any time. (speedtorch.placement.HybridTable asks it too.)
+  // read or write the host rows through it at any time. (speedtorch.nn.placement.HybridTable asks it too.)
   bool host_rows_in_use() const;
 
   // In-place initialisers; none needs a table-sized temporary. With a seed, the values depend only on the seed

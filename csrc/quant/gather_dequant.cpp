@@ -57,7 +57,7 @@ RowFormat check_gather_dequant_arguments(const at::Tensor& table, const at::Tens
                 ": a bf16 table must be bfloat16 (num_rows, dim) or its uint8 bytes, got ", table.scalar_type());
   } else {
     TORCH_CHECK(table.scalar_type() == at::kByte, op, ": a ", format_name, " table must be uint8 (num_rows, row "
-                "bytes), got ", table.scalar_type(), "; speedtorch.quantized.quantize_rows writes one");
+                "bytes), got ", table.scalar_type(), "; speedtorch.serving.quantized.quantize_rows writes one");
     TORCH_CHECK_VALUE(format != RowFormat::kFp8E4m3Ue8m0 || dim % kFp8BlockSize == 0, op, ": ", format_name,
                       " rows have one scale per ", kFp8BlockSize, " elements, so dim must be a multiple of ",
                       kFp8BlockSize, ", got ", dim);

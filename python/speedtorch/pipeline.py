@@ -8,7 +8,7 @@ While step ``t`` runs on the GPU, three batches are in flight:
     main stream   batch t: forward, backward, the host tables' fused updates, the dense optimizer
 
 Exactness: the gather of t+1 may read rows that step t's update then changes. The update hands the prefetch the rows
-it changes, from the fused step's own output on the GPU (speedtorch/_prefetched_rows.py; a GPU row cache ("hybrid")
+it changes, from the fused step's own output on the GPU (speedtorch/nn/_prefetched_rows.py; a GPU row cache ("hybrid")
 re-reads them from GPU memory), so every forward sees the rows the plain loop would: the results are the same bits,
 and no row crosses PCIe twice. The gather of t+1 waits for each table's last write (step t-1's update), not for
 forward t, and the host never waits for step t's work to count t+1's ids. A table placed in GPU memory reads nothing

@@ -1,9 +1,9 @@
-"""`python -m speedtorch demo`: trains the recommender of speedtorch.recommender with its user table and Adam state
-in host RAM (a HostEmbedding; pinned when there is a GPU), shows the loss falling with a progress bar, and compares
-steps/s with the plain-PyTorch way in the same process (the user table on the CPU with nn.Embedding(sparse=True) +
-SparseAdam, as one does when the table does not fit on the GPU), the ways taking turns every 10 steps. The item table
-stays on the compute device with SparseAdam in both, and a third way puts it in speedtorch too (a HostEmbedding there
-with the fused Adam). Runs on the GPU when there is one, else on the CPU."""
+"""`python -m speedtorch demo`: trains the recommender of speedtorch.models.recommender with its user table and Adam
+state in host RAM (a HostEmbedding; pinned when there is a GPU), shows the loss falling with a progress bar, and
+compares steps/s with the plain-PyTorch way in the same process (the user table on the CPU with
+nn.Embedding(sparse=True) + SparseAdam, as one does when the table does not fit on the GPU), the ways taking turns
+every 10 steps. The item table stays on the compute device with SparseAdam in both, and a third way puts it in
+speedtorch too (a HostEmbedding there with the fused Adam). Runs on the GPU when there is one, else on the CPU."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def open_host_shard(topology: HostTopology, host_group: dist.ProcessGroup, num_r
 
 
 def share_rows(rows, local_world_size: Optional[int] = None, shm_dir: str = "/dev/shm"):
-    """One copy per host of a serving table (:class:`speedtorch.quantized.QuantizedRows`, e.g. an Engram layer's
+    """One copy per host of a serving table (:class:`speedtorch.serving.quantized.QuantizedRows`, e.g. an Engram layer's
     fp8 rows) for every local rank: local rank 0 passes its rows (the others may pass None) and every rank gets a
     QuantizedRows over the same pinned pages of ``shm_dir``, read-only: host RAM holds one table however many ranks
     read it. Collective over the default process group (every rank calls it)."""

@@ -127,7 +127,7 @@ class HostEmbedding(torch.nn.Module):
 
     Args:
         num_embeddings, embedding_dim: table size. ``num_embeddings=None`` with ``capacity=`` builds a table that
-            grows over raw int64 ids of any value (:class:`speedtorch.dynamic_embedding.DynamicHostEmbedding`,
+            grows over raw int64 ids of any value (:class:`speedtorch.nn.dynamic_embedding.DynamicHostEmbedding`,
             docs/dynamic_tables.md).
         padding_idx: this row gets no gradient (and is never updated); a new table starts with it zero. In bags its
             entries are left out (``nn.EmbeddingBag``'s rule).
@@ -199,7 +199,7 @@ class HostEmbedding(torch.nn.Module):
 
     def __new__(cls, *args, **kwargs):
         # HostEmbedding(None, dim, capacity=...): a table that grows, taking raw int64 ids
-        # (speedtorch.dynamic_embedding.DynamicHostEmbedding, docs/dynamic_tables.md).
+        # (speedtorch.nn.dynamic_embedding.DynamicHostEmbedding, docs/dynamic_tables.md).
         if cls is HostEmbedding and (args or "num_embeddings" in kwargs) and \
                 (args[0] if args else kwargs["num_embeddings"]) is None:
             from .dynamic_embedding import DynamicHostEmbedding
@@ -266,7 +266,7 @@ class HostEmbedding(torch.nn.Module):
                 raise ValueError(f"HostEmbedding: the table is {table.num_rows()} x {table.dim()}, expected "
                                  f"{num_embeddings} x {embedding_dim}")
             if placement == "gpu" and not isinstance(table, DeviceTable):
-                raise ValueError("HostEmbedding: placement='gpu' wraps a speedtorch.placement.DeviceTable")
+                raise ValueError("HostEmbedding: placement='gpu' wraps a speedtorch.nn.placement.DeviceTable")
             self.table = table
             if optimizer not in (_UNSET, None) and not table.optimizer():
                 table.set_optimizer(optimizer, _options(optimizer_options, table.table().dtype),
@@ -613,7 +613,7 @@ class HostEmbedding(torch.nn.Module):
 
     def _apply_gradients(self, unique: torch.Tensor, grad_rows: torch.Tensor, sorted_unique: bool = False) -> None:
         # sorted_unique: `unique` is one forward's torch.unique(sorted=True) output, so the op need not de-duplicate
-        # it again (it still checks the claim). A pending prefetch is kept exact (speedtorch/_prefetched_rows.py):
+        # it again (it still checks the claim). A pending prefetch is kept exact (speedtorch/nn/_prefetched_rows.py):
         # advanced in GPU memory when it holds the rows' state, so the host table's update may run on a stream of
         # its own beside the next forward; else given the rows the step writes, or reading them again.
         pending = self._prefetched
@@ -756,7 +756,7 @@ class HostEmbedding(torch.nn.Module):
         the same ids object to the next forward, which takes them. A prefetch is for the next forward only: a forward
         with other ids drops it (:meth:`drop_prefetch` does too). Exact: the ids are read once the module's earlier
         writes of the table are done, and every update (or ``max_norm`` renormalisation) after the prefetch hands it
-        the rows it changes (speedtorch/_prefetched_rows.py), so the forward sees what the plain loop would.
+        the rows it changes (speedtorch/nn/_prefetched_rows.py), so the forward sees what the plain loop would.
 
         On a GPU the side stream waits for the current stream's work queued so far (what made ``next_input``) and for
         the module's last write, nothing else; the host waits only for the distinct ids to be counted there. With
@@ -841,7 +841,7 @@ class HostEmbedding(torch.nn.Module):
     # --- placement ---------------------------------------------------------------------------------------------
 
     def update_hot_rows(self) -> None:
-        """For a wrapped :class:`speedtorch.placement.HybridTable` chosen by frequency: re-chooses its
+        """For a wrapped :class:`speedtorch.nn.placement.HybridTable` chosen by frequency: re-chooses its
         device-resident rows now. The row cache of ``placement="hybrid"`` needs no such call (it follows the ids)."""
         table = self._hybrid("update_hot_rows")
         if not isinstance(table, HybridTable):

@@ -11,7 +11,7 @@ optimizer (``"rowwise_adam"`` by default: Adam's first moment per element, its s
 
 The ids depend on the tokens only, so :meth:`NgramHashEmbedding.prefetch` hashes the next batch's tokens and reads
 its rows on a side stream while this step computes; the update then hands the prefetch the rows it changes
-(speedtorch/_prefetched_rows.py: nothing stale is used, nothing is read twice), so training is bit for bit the same
+(speedtorch/nn/_prefetched_rows.py: nothing stale is used, nothing is read twice), so training is bit for bit the same
 with and without prefetch. On a GPU the update itself runs on a stream of its own
 (``async_update``): it overlaps the work queued after it (the rest of the backward with ``update="backward"``, the
 dense optimizer and the next forward's first layers with ``"step"``), and every read of the table waits for it.
@@ -165,8 +165,8 @@ class NgramHashEmbedding(torch.nn.Module):
         self.rows.zero_grad()
 
     def quantized(self, format: str = "fp8_e4m3_ue8m0", **options):
-        """A frozen copy for serving (:class:`speedtorch.ngram_lookup.NgramHashLookup`): the same hash, the trained
-        rows in ``format`` (:func:`speedtorch.quantized.quantize_rows`; options as there)."""
+        """A frozen copy for serving (:class:`speedtorch.serving.ngram_lookup.NgramHashLookup`): the same hash, the
+        trained rows in ``format`` (:func:`speedtorch.serving.quantized.quantize_rows`; options as there)."""
         from ..serving.ngram_lookup import NgramHashLookup
         from ..serving.quantized import QuantizedRows
 

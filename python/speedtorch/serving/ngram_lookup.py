@@ -4,8 +4,8 @@ from a bf16 / int8 / fp8 table dequantized inside the gather (``speedtorch::gath
 index checks deferred to :func:`speedtorch.check_index_errors`, one ``replay()`` per step.
 
 The table may be pinned host memory (read over UVA: the usual case), GPU memory, shared memory that every process of
-the host maps (:meth:`speedtorch.quantized.QuantizedRows.open` on ``/dev/shm``), or a file larger than RAM mapped
-without page-locking (read by CPU threads; not capturable). docs/engram.md says which to use when.
+the host maps (:meth:`speedtorch.serving.quantized.QuantizedRows.open` on ``/dev/shm``), or a file larger than RAM
+mapped without page-locking (read by CPU threads; not capturable). docs/engram.md says which to use when.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["NgramHashLookup", "GraphedLookup"]
 class NgramHashLookup(torch.nn.Module):
     """``forward(tokens, document_starts=None)`` -> ``(batch, seq, columns * dim)`` bfloat16 rows of the tokens'
     n-grams. ``hash`` is the trained layer's :class:`speedtorch.ngram.NgramHash` (copied), ``rows`` its table as
-    :class:`speedtorch.quantized.QuantizedRows`; lookups run on ``device``."""
+    :class:`speedtorch.serving.quantized.QuantizedRows`; lookups run on ``device``."""
 
     def __init__(self, hash: NgramHash, rows: QuantizedRows, device: Optional[Union[torch.device, str]] = None):
         super().__init__()
