@@ -125,7 +125,7 @@ def cpu_stage_profile(args, batches):
     """Each way's training step cut into stages, wall ms (median over `--steps` steps, the ways alternating)."""
     import torch.nn.functional as F
 
-    from speedtorch.nn import _HostRows
+    from speedtorch.nn.embedding import _HostRows
 
     cpu = torch.device("cpu")
     st = make_way("speedtorch", args.rows, args.dim, args.items, cpu, args.lr)

@@ -80,6 +80,9 @@ std::tuple<at::Tensor, at::Tensor> PinnedEmbedding::gather_with_state(const at::
   const bool records = !cache && !state_buffer_ && table_buffer_ && table_.size(0) > 0 && state_at > 0 &&
                        state_at + state_bytes <= record && state_.stride(0) * state_.element_size() == record;
   if (!records) {  // rows that a cache may hold newer, or state in a buffer of its own: two reads
+    // The cache's updated rows carry their newer state until written back: the host state is exact only after a
+    // flush (the rows stay cached). Under the read lock, as flush_cache(): no update runs meanwhile.
+    if (cache) cache->flush(table_, state_, /*empty=*/false);
     at::Tensor rows = cache ? cache->gather(table_, state_, indices, device, op)
                             : gather_table_rows(table_, indices, device, op);
     return {rows, gather_table_rows(state_, indices, device, op)};

@@ -58,7 +58,8 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   at::Tensor gather(const at::Tensor& indices, std::optional<at::Device> device) const;
   // gather() of 1-D `indices` with their rows' optimizer state: (rows, state), as gather() and state()[indices]
   // would give. State kept beside the rows is read with them, one record a row (one read over PCIe, not a second
-  // one of 16 bytes a row), and both are views of that one tensor; otherwise two reads.
+  // one of 16 bytes a row), and both are views of that one tensor; otherwise two reads (with a row cache, after its
+  // updated rows are written back, as flush_cache() does: their state is newer in the cache).
   std::tuple<at::Tensor, at::Tensor> gather_with_state(const at::Tensor& indices,
                                                        std::optional<at::Device> device) const;
   // Writes src (indices.shape + (dim,)) into those rows; duplicate indices: the last occurrence wins. Returns the

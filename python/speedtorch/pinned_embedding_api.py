@@ -44,7 +44,9 @@ class PinnedEmbeddingAPI:
                           device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rows, state)`` for 1-D ``indices``: what ``gather(indices, device)`` and ``state()[indices]`` give. State
         kept beside the rows (``set_optimizer``'s default) is read with them, one record a row, so a GPU makes one
-        read over PCIe a row, not a second one of a few bytes; both are then views of one tensor (strided rows)."""
+        read over PCIe a row, not a second one of a few bytes; both are then views of one tensor (strided rows).
+        With a row cache, the rows come through it and its updated rows are written back first (as
+        ``flush_cache()``), so that the state read is theirs."""
         raise _documentation_only()
 
     def scatter_(self, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

@@ -72,7 +72,9 @@ class TrainPipeline:
             their rows were read ahead) to this many SMs (the transfer option ``max_sms``), so they leave
             the rest of the GPU to the model; "auto" (the default): a quarter of the GPU's SMs (on an H200, DLRM
             with host tables ran 1.19x the all-GPU step at 32 of 132 SMs, 1.25x at 64 and 1.41-1.49x on all of
-            them: the model's kernels slow down beside the row kernels); None keeps the process's setting.
+            them: the model's kernels slow down beside the row kernels), none when every table is in GPU memory
+            (``placement="gpu"``: nothing runs beside the model, the steps are on its stream); None keeps the
+            process's setting.
         prefetch: False runs the same loop without gathering ahead (copies still overlap): the reference.
     """
 
@@ -93,7 +95,7 @@ class TrainPipeline:
         # first, here, would miss the learning rate a scheduler set on the optimizer's param groups).
         stepped = {id(m) for m in host_embeddings_stepped_by(self.optimizers)}
         self._tables_to_step = [t for t in _tables_of(self.host_modules) if id(t) not in stepped]
-        self.max_sms = _resolved_max_sms(max_sms, self.device)
+        self.max_sms = _resolved_max_sms(max_sms, self.device, _tables_of(self.host_modules))
         self.prefetch = prefetch
         self.steps = 0
         self._batches = iter(batches)
@@ -249,10 +251,11 @@ def _record_stream(batch, stream) -> None:
             _record_stream(getattr(batch, f.name), stream)
 
 
-def _resolved_max_sms(max_sms: Union[int, str, None], device: torch.device) -> Optional[int]:
-    """TrainPipeline's ``max_sms``: "auto" is a quarter of the GPU's SMs (None on the CPU: nothing to bound)."""
+def _resolved_max_sms(max_sms: Union[int, str, None], device: torch.device, tables: list) -> Optional[int]:
+    """TrainPipeline's ``max_sms``: "auto" is a quarter of the GPU's SMs (None on the CPU, or when every table is in
+    GPU memory: nothing runs beside the model there, and a bound would only slow the steps on the main stream)."""
     if max_sms == "auto":
-        if device.type != "cuda":
+        if device.type != "cuda" or all(t.placement == "gpu" for t in tables):
             return None
         return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
     if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, int) or max_sms < 0):

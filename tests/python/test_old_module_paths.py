@@ -63,3 +63,29 @@ def test_objects_pickled_under_the_old_paths_load():
     assert type(loaded["collection"]) is speedtorch.HostEmbeddingBagCollection
     torch.testing.assert_close(loaded["table"].weight, table.weight, rtol=0, atol=0)
     assert pickle.loads(pickle.dumps(speedtorch.quantized.QuantizedRows)) is speedtorch.serving.QuantizedRows
+
+
+def test_every_name_the_repositorys_scripts_import_from_the_package_is_there():
+    # The move left imports inside functions that only a full run reaches (bench/train.py --cpu's stage profile
+    # imported _HostRows from speedtorch.nn, where it no longer is): each `from speedtorch... import name` of the
+    # benchmarks, examples, tests and the package itself, at any depth, is checked here.
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    files = [p for folder in ("bench", "torchscript_examples", "tests/python", "python/speedtorch")
+             for p in sorted((root / folder).rglob("*.py"))]
+    missing = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.split(".")[0] == "speedtorch"):
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if alias.name == "*" or hasattr(module, alias.name):
+                    continue
+                try:
+                    importlib.import_module(f"{node.module}.{alias.name}")
+                except ImportError:
+                    missing.append(f"{path.relative_to(root)}:{node.lineno}: from {node.module} import {alias.name}")
+    assert not missing, "imports of names the package does not have:\n" + "\n".join(missing)

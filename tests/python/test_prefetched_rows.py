@@ -161,3 +161,22 @@ def test_copies_of_a_collection_start_without_its_prefetch():
         assert copied._prefetched is None
         assert all(group._prefetched is None for group in copied.groups)
         assert torch.equal(copied(features), collection(features))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_update_the_rows_read_ahead_are_refreshed_for_leaves_their_state_unused(device, monkeypatch):
+    # Two updates between a prefetch and its forward, the first on ids not known to be sorted and distinct: the rows
+    # read ahead are read again, but their optimizer state stays as read. The second update (sorted, distinct ids)
+    # then advanced those rows with that older state: rows the plain loop does not have.
+    monkeypatch.setattr(HostEmbedding, "_advance_on_cpu", True)
+    ahead, plain = trained_pair(device, "adam", 8)
+    ids = torch.tensor([1, 5, 9])
+    grads = torch.arange(24, dtype=torch.float32).view(3, 8) / 10
+    for module, prefetch in ((ahead, True), (plain, False)):
+        if prefetch:
+            module.prefetch(ids)
+            assert module._prefetched.state is not None
+        module._apply_gradients(ids.to(device), grads.to(device), sorted_unique=False)
+        module._apply_gradients(ids.to(device), grads.to(device) * 2, sorted_unique=True)
+    assert torch.equal(ahead(ids), plain(ids))
+    assert torch.equal(ahead.weight.cpu(), plain.weight.cpu())

@@ -390,3 +390,19 @@ def test_arguments_are_checked():
         hybrid.update_hot_rows()
     with pytest.raises(RuntimeError, match="hybrid"):
         HostEmbedding(10, 4, device="cpu").set_hot_rows(torch.tensor([1]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("beside", [True, False])
+def test_gather_with_state_reads_the_state_of_updates_still_in_the_cache(device, beside):
+    # The cache holds the newer rows and their state until it writes them back: gather_with_state must give both as
+    # they are (what gather() and, after state()'s write-back, state()[ids] give), not the host's older state.
+    host, cached = pair(100, 4, torch.float32, "adam", {"lr": 0.1}, beside, 32, device)
+    run_both(host, cached, batches(100, 4, 3, 20), device)
+    assert cached.cached_rows() > 0
+    ids = torch.tensor([3, 50, 99, 3, 0], device=device)
+    rows, state = cached.gather_with_state(ids, torch.device(device))
+    expected_rows, expected_state = host.gather_with_state(ids, torch.device(device))
+    assert torch.equal(rows, expected_rows)
+    assert torch.equal(state, expected_state)
+    assert torch.equal(state.cpu(), cached.state()[ids.cpu()])

@@ -227,6 +227,24 @@ def test_max_sms_is_a_quarter_of_the_gpus_by_default_and_checked():
             TrainPipeline(model, opt, batches, device="cpu", max_sms=bad)
 
 
+def test_max_sms_auto_leaves_tables_in_gpu_memory_unbounded(monkeypatch):
+    # Tables with placement="gpu" read nothing ahead and step on the model's own stream: a bound there only slows
+    # them (bench/dlrm.py's all-GPU yardstick runs unbounded for that reason). Host tables get a quarter of the SMs.
+    # The GPU's properties are faked, so this runs without one.
+    class Properties:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Properties())
+    cuda = torch.device("cuda", 0)
+    tables = {placement: speedtorch.pipeline._tables_of([tiny_dlrm("cpu", placement)[0].model.embeddings])
+              for placement in ("host", "gpu")}
+    assert speedtorch.pipeline._resolved_max_sms("auto", cuda, tables["host"]) == 33
+    assert speedtorch.pipeline._resolved_max_sms("auto", cuda, tables["gpu"]) is None
+    assert speedtorch.pipeline._resolved_max_sms("auto", cuda, tables["gpu"] + tables["host"]) == 33
+    assert speedtorch.pipeline._resolved_max_sms(16, cuda, tables["gpu"]) == 16  # asked for: kept
+    assert speedtorch.pipeline._resolved_max_sms("auto", torch.device("cpu"), tables["host"]) is None
+
+
 @pytest.mark.gpu
 def test_max_sms_auto_on_a_gpu():
     model, opt = tiny_dlrm("cuda")
