@@ -73,7 +73,8 @@ class TrainPipeline:
             the rest of the GPU to the model; "auto" (the default): a quarter of the GPU's SMs (on an H200, DLRM
             with host tables ran 1.19x the all-GPU step at 32 of 132 SMs, 1.25x at 64 and 1.41-1.49x on all of
             them: the model's kernels slow down beside the row kernels), none when every table is in GPU memory
-            (``placement="gpu"``: nothing runs beside the model, the steps are on its stream); None keeps the
+            (``placement="gpu"``: nothing runs beside the model, the steps are on its stream) or when the process
+            has a bound of its own (``set_transfer_config(max_sms=...)``, ``SPEEDTORCH_MAX_SMS``); None keeps the
             process's setting.
         prefetch: False runs the same loop without gathering ahead (copies still overlap): the reference.
     """
@@ -252,10 +253,12 @@ def _record_stream(batch, stream) -> None:
 
 
 def _resolved_max_sms(max_sms: Union[int, str, None], device: torch.device, tables: list) -> Optional[int]:
-    """TrainPipeline's ``max_sms``: "auto" is a quarter of the GPU's SMs (None on the CPU, or when every table is in
-    GPU memory: nothing runs beside the model there, and a bound would only slow the steps on the main stream)."""
+    """TrainPipeline's ``max_sms``: "auto" is a quarter of the GPU's SMs (None on the CPU, when every table is in
+    GPU memory: nothing runs beside the model there, and a bound would only slow the steps on the main stream, and
+    when the process has a bound of its own, ``set_transfer_config(max_sms=...)`` or ``SPEEDTORCH_MAX_SMS``)."""
     if max_sms == "auto":
-        if device.type != "cuda" or all(t.placement == "gpu" for t in tables):
+        if device.type != "cuda" or all(t.placement == "gpu" for t in tables) or \
+                torch.ops.speedtorch.get_transfer_option("max_sms") > 0:
             return None
         return max(1, torch.cuda.get_device_properties(device).multi_processor_count // 4)
     if max_sms is not None and (isinstance(max_sms, bool) or not isinstance(max_sms, int) or max_sms < 0):

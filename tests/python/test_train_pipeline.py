@@ -243,6 +243,11 @@ def test_max_sms_auto_leaves_tables_in_gpu_memory_unbounded(monkeypatch):
     assert speedtorch.pipeline._resolved_max_sms("auto", cuda, tables["gpu"] + tables["host"]) == 33
     assert speedtorch.pipeline._resolved_max_sms(16, cuda, tables["gpu"]) == 16  # asked for: kept
     assert speedtorch.pipeline._resolved_max_sms("auto", torch.device("cpu"), tables["host"]) is None
+    speedtorch.set_transfer_config(max_sms=20)  # the process's own bound stands: "auto" adds none
+    try:
+        assert speedtorch.pipeline._resolved_max_sms("auto", cuda, tables["host"]) is None
+    finally:
+        speedtorch.set_transfer_config(max_sms=0)
 
 
 @pytest.mark.gpu
