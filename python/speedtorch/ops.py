@@ -134,8 +134,8 @@ def transfers_without_the_host() -> Iterator[None]:
     split was set.
 
     A split transfer's staged share is copied by the calling thread before the call returns; work queued on a side
-    stream (a prefetch, an update's write-back) must hand the host back at once, as the host is what queues the
-    model's next kernels (a pipelined DLRM step was host-bound by 3.5 ms of staging a step)."""
+    stream (a prefetch's gathers) must hand the host back at once, as the host is what queues the model's next
+    kernels (a pipelined DLRM step was host-bound by 3.5 ms of staging a step)."""
     if torch.ops.speedtorch.get_transfer_option("uva_fraction") >= 0:
         yield
         return
