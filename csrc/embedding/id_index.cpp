@@ -594,10 +594,26 @@ void IdIndex::check_state(const at::Tensor& state) const {
   TORCH_CHECK(size >= 0 && size <= capacity_ && candidates >= 0 && candidates <= candidate_capacity_,
               "speedtorch.IdIndex.load_state: the state holds ", size, " keys and ", candidates,
               " candidates, more than the index's ", capacity_, " and ", candidate_capacity_);
+  // Each key once (in one slot or among the candidates), no sighting after the current step: all checked before
+  // anything changes, so a refused state leaves the index as it was.
+  const int64_t step = rows[1][1];
+  std::vector<int64_t> keys;
+  keys.reserve(static_cast<std::size_t>(size + candidates));
   for (int64_t slot = 0; slot < size; ++slot) {
     TORCH_CHECK(rows[kHeaderRows + slot][1] >= 1, "speedtorch.IdIndex.load_state: slot ", slot,
                 " has a sighting count of ", rows[kHeaderRows + slot][1], " (must be >= 1)");
+    TORCH_CHECK(rows[kHeaderRows + slot][2] <= step, "speedtorch.IdIndex.load_state: slot ", slot,
+                " was last seen at step ", rows[kHeaderRows + slot][2], ", after the state's current step ", step);
+    keys.push_back(rows[kHeaderRows + slot][0]);
   }
+  for (int64_t i = 0; i < candidates; ++i) {
+    keys.push_back(rows[kHeaderRows + capacity_ + i][0]);
+  }
+  std::sort(keys.begin(), keys.end());
+  const auto twice = std::adjacent_find(keys.begin(), keys.end());
+  TORCH_CHECK(twice == keys.end(), "speedtorch.IdIndex.load_state: key ", *twice,
+              " is held twice (in two slots, a slot and a candidate, or two candidates); the state is not an "
+              "IdIndex.state()");
 }
 
 void IdIndex::clear() {
@@ -634,12 +650,7 @@ void IdIndex::load_state(const at::Tensor& given) {
     meta_[slot] = SlotMeta{saturated(rows[kHeaderRows + slot][1]),
                            static_cast<uint32_t>(rows[kHeaderRows + slot][2]), kNone, kNone};
     const bool fresh = slot_of_.insert(static_cast<uint32_t>(slot)).second;
-    if (!fresh) {
-      const int64_t key = keys_[slot];
-      clear();
-      TORCH_CHECK(false, "speedtorch.IdIndex.load_state: key ", key,
-                  " is in two slots; the state is not an IdIndex.state()");
-    }
+    TORCH_INTERNAL_ASSERT(fresh, "speedtorch.IdIndex.load_state: key ", keys_[slot], " twice (check_state passed it)");
   }
   // Recency: LRU by stamp; LFU by (count, stamp), appended in that order so each bucket is built oldest first.
   std::vector<uint32_t> order(size);

@@ -190,6 +190,34 @@ def test_index_refuses_bad_arguments():
         IdIndex(5, 1, "lru", 0).load_state(IdIndex(4, 1, "lru", 0).state())
 
 
+def test_index_refuses_a_malformed_state_and_stays_as_it_was():
+    source = IdIndex(6, 2, "lru", 4)  # ids get a slot at their second sighting
+    for ids in ([10, 11, 12, 10], [11, 20, 21]):
+        source.advance_step()
+        source.assign(torch.tensor(ids))  # 10 and 11 take slots; 12, 20 and 21 are candidates
+    good = source.state()
+    header, first_candidate = 3, 3 + 6
+    assert good[1, 3] >= 1 and good[2, 0] >= 1  # slots and candidates to make bad below
+    target = IdIndex(6, 2, "lru", 4)
+    target.advance_step()
+    target.assign(torch.tensor([7, 7, 8]))
+    before = target.state()
+
+    def refused(bad, message):
+        with pytest.raises(RuntimeError, match=message):
+            target.load_state(bad)
+        assert torch.equal(target.state(), before)  # nothing changed
+
+    bad = good.clone()
+    bad[first_candidate, 0] = bad[header, 0]  # a candidate that is also a slot's key
+    refused(bad, f"key {int(bad[header, 0])} is held twice")
+    bad = good.clone()
+    bad[header, 2] = bad[1, 1] + 1  # seen after the current step
+    refused(bad, "was last seen at step .* after the state's current step")
+    target.load_state(good)
+    assert torch.equal(target.state(), good)
+
+
 def test_index_pickles():
     index = IdIndex(8, 2, "lfu", 4)
     index.advance_step()
