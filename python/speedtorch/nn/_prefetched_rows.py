@@ -91,7 +91,10 @@ class PrefetchedRows:
 
     def refresh(self, table, ids: torch.Tensor, device: torch.device) -> None:
         """``ids`` were updated in ``table`` without their new rows at hand: the rows among them this batch holds are
-        read again from the table (after the update, in stream order)."""
+        read again from the table (after the update, in stream order). Their optimizer state is not read again, so
+        the state held is dropped: a later update must not advance the rows with it."""
+        if ids.numel():
+            self.state = None
         if self.unique.numel() == 0 or ids.numel() == 0:
             return
         stream = self._wait_here()

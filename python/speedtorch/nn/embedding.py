@@ -639,7 +639,6 @@ class HostEmbedding(torch.nn.Module):
             else:
                 self.table.apply_gradients(unique, grad_rows, sorted_unique)
                 pending.refresh(self.table, unique, self.device)
-                pending.state = None  # not refreshed: a later update must not advance the rows with it
             self._note_write()
         if stream is not None:
             unique.record_stream(stream)
