@@ -83,6 +83,9 @@ def dense_params(model):
     return [p for name, p in model.named_parameters() if "embeddings" not in name]
 
 
+COPY_ENGINES = "host RAM, pipelined, copy engines (stream_ordered_staging)"
+
+
 class Way:
     """A model trained by its own TrainPipeline over the batches, cycled."""
 
@@ -114,6 +117,19 @@ class WithLaunch:
                 return self.way.run(steps)
         finally:
             self.way.pipeline.max_sms = kept
+
+
+class WithTransferOptions:
+    """A way run with transfer options in force on the pipeline's thread (speedtorch.transfer_config_override):
+    the same model, turns in between with the options it was built with."""
+
+    def __init__(self, way: Way, **options):
+        self.way, self.options = way, options
+        self.model, self.pipeline = way.model, way.pipeline
+
+    def run(self, steps: int) -> float:
+        with speedtorch.transfer_config_override(**self.options):
+            return self.way.run(steps)
 
 
 def time_ways(ways: dict, steps: int, rounds: int, warmup: int, device) -> dict:
@@ -305,6 +321,9 @@ def section_gpu(args, device) -> dict:
         # The yardstick runs unbounded: its rows are in GPU memory and its step is on the main stream.
         ways[label] = Way(model, torch.optim.Adagrad(dense_params(model), lr=args.lr), batches, device,
                           max_sms=None if placement == "gpu" else args.max_sms)
+        if placement == "host" and device.type == "cuda":
+            # The same model with its rows moved by CPU threads in stream order and the copy engines: no SM.
+            ways[COPY_ENGINES] = WithTransferOptions(ways[label], stream_ordered_staging=1)
     if not args.no_torch:
         print("building torch nn.EmbeddingBag on the GPU", flush=True)
         torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim), sparse=True, device=device)
@@ -323,6 +342,8 @@ def section_gpu(args, device) -> dict:
         r["trace"] = traces.get(r["way"])
     print(format_table(results, ["way", "ms/step", "samples/s", "vs all on GPU", "first loss", "last loss"]))
     host = timed["host RAM, pipelined"][0]
+    if COPY_ENGINES in timed:
+        print(f"{COPY_ENGINES}: {timed[COPY_ENGINES][0] / gpu:.3f}x the step time of every table on the GPU")
     print(f"host RAM, pipelined: {host / gpu:.3f}x the step time of every table on the GPU (target <= 1.05); "
           f"hybrid {timed[f'hybrid ({args.hot_fraction:.0%} cached), pipelined'][0] / gpu:.3f}x; the pipeline "
           f"saves {timed['host RAM, not pipelined'][0] / host:.2f}x")

@@ -78,5 +78,6 @@ set(SPEEDTORCH_CUDA_SOURCES
     csrc/transfer/device_access.cpp
     csrc/memory/host_access_tracker.cpp
     csrc/transfer/staging_ring.cpp
+    csrc/transfer/stream_ordered_staging.cpp
     csrc/transfer/row_transfer_cuda.cpp
     ops/register_cuda.cpp)

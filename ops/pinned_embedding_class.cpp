@@ -21,6 +21,9 @@ TORCH_LIBRARY_FRAGMENT(speedtorch, m) {
       .def("gather_with_state", &PinnedEmbedding::gather_with_state,
            "(rows, optimizer state) for 1-D indices; state beside the rows is read with them, one record a row",
            {torch::arg("indices"), torch::arg("device") = c10::IValue()})
+      .def("scatter_with_state_", &PinnedEmbedding::scatter_with_state_,
+           "Writes rows and optimizer state (a step computed elsewhere) into distinct 1-D indices; sets the step count",
+           {torch::arg("indices"), torch::arg("rows"), torch::arg("state"), torch::arg("step")})
       .def("scatter_", &PinnedEmbedding::scatter_, "Writes src into the rows named by indices (last occurrence wins)",
            {torch::arg("indices"), torch::arg("src")})
       .def("num_rows", &PinnedEmbedding::num_rows)

@@ -23,6 +23,8 @@ struct Records {
   std::mutex check_mutex;     // one reader-and-clearer at a time
   std::array<std::atomic<DeviceIndexError*>, kMaxDevices> device{};  // device memory, written by kernels
   std::array<DeviceIndexError*, kMaxDevices> host{};                 // pinned mirror read by the host
+  std::mutex from_host_mutex;
+  std::array<DeviceIndexError, kMaxDevices> from_host{};  // flag_index_error_from_host's, under from_host_mutex
 };
 
 Records& records() {
@@ -55,6 +57,13 @@ DeviceIndexError* device_index_error_record(int device) {
   return r.device[device].load(std::memory_order_acquire);
 }
 
+void flag_index_error_from_host(int device, int64_t value, int64_t position, int64_t num_rows) noexcept {
+  if (device < 0 || device >= kMaxDevices) return;
+  Records& r = records();
+  std::lock_guard<std::mutex> lock(r.from_host_mutex);
+  if (r.from_host[device].flag == 0) r.from_host[device] = DeviceIndexError{1, kBadRowIndex, value, position, num_rows};
+}
+
 void set_deferred_index_checks(bool deferred) { g_deferred.store(deferred); }
 bool deferred_index_checks() {
   if (!t_deferred.empty()) return t_deferred.entries().back().value;
@@ -79,7 +88,12 @@ void check_deferred_index_errors() {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     C10_CUDA_CHECK(cudaDeviceSynchronize());  // the record may be written from any stream
     C10_CUDA_CHECK(cudaMemcpy(r.host[device], record, sizeof(DeviceIndexError), cudaMemcpyDeviceToHost));
-    const DeviceIndexError seen = *r.host[device];
+    DeviceIndexError seen = *r.host[device];
+    {
+      std::lock_guard<std::mutex> from_host(r.from_host_mutex);
+      if (seen.flag == 0) seen = r.from_host[device];
+      r.from_host[device] = DeviceIndexError{};  // what the kernels flagged is reported first; both are cleared
+    }
     if (seen.flag == 0) continue;
     C10_CUDA_CHECK(cudaMemset(record, 0, sizeof(DeviceIndexError)));
     TORCH_CHECK_VALUE(seen.kind != kNegativeToken, "speedtorch.check_index_errors: tokens holds ", seen.value,

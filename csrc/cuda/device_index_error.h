@@ -45,6 +45,12 @@ int64_t push_thread_deferred_index_checks(bool deferred);
 // Removes the entry `id` of this thread; throws (naming `who`) when this thread holds none.
 void pop_thread_deferred_index_checks(int64_t id, const char* who);
 
+// A bad index met by host work in stream order (transfer/stream_ordered_staging.h: a host function checking the
+// indices of a deferred-mode transfer): kept beside the device's record, reported by check_deferred_index_errors as
+// the kernels' are (its device-wide wait includes host functions). The first one stays until it is reported. Never
+// throws: host functions call it.
+void flag_index_error_from_host(int device, int64_t value, int64_t position, int64_t num_rows) noexcept;
+
 // Waits for every device that has a record (device-wide: the record may be written from any stream), then throws
 // c10::IndexError for the first device whose record is flagged, clearing it.
 void check_deferred_index_errors();

@@ -28,6 +28,11 @@ namespace {
 
 constexpr int64_t kInitChunkRows = 1 << 14;
 
+// Bytes from `from` to `to` (two places in one buffer: a row and its state, a view and its buffer's start).
+int64_t bytes_between(const void* from, const void* to) {
+  return static_cast<const char*>(to) - static_cast<const char*>(from);
+}
+
 void check_dtype(c10::ScalarType dtype) {
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
               "PinnedEmbedding: dtype must be float32, float16 or bfloat16, got ", dtype);
@@ -72,9 +77,8 @@ std::tuple<at::Tensor, at::Tensor> PinnedEmbedding::gather_with_state(const at::
   TORCH_CHECK(indices.dim() == 1, op, ": indices must be 1-D, got shape ", indices.sizes());
   const TransferConfigScope settings(transfer_overrides_, op);
   // Records: each row's bytes, then its state's, table_.stride(0) elements apart, in table_buffer_.
-  const auto* rows_at = static_cast<const char*>(table_.data_ptr());
   const int64_t record = table_.stride(0) * table_.element_size();
-  const int64_t state_at = static_cast<const char*>(state_.data_ptr()) - rows_at;
+  const int64_t state_at = bytes_between(table_.data_ptr(), state_.data_ptr());
   const int64_t state_bytes = state_.size(1) * state_.element_size();
   RowCache* cache = usable_cache();
   const bool records = !cache && !state_buffer_ && table_buffer_ && table_.size(0) > 0 && state_at > 0 &&
@@ -87,11 +91,44 @@ std::tuple<at::Tensor, at::Tensor> PinnedEmbedding::gather_with_state(const at::
                             : gather_table_rows(table_, indices, device, op);
     return {rows, gather_table_rows(state_, indices, device, op)};
   }
-  const at::Tensor all = tensor_over(table_buffer_, rows_at - static_cast<const char*>(table_buffer_->data()),
+  const at::Tensor all = tensor_over(table_buffer_, bytes_between(table_buffer_->data(), table_.data_ptr()),
                                      {table_.size(0), record}, {record, 1}, at::kByte);
   const at::Tensor both = gather_table_rows(all, indices, device, op);
   return {both.narrow(1, 0, table_.size(1) * table_.element_size()).view(table_.scalar_type()),
           both.narrow(1, state_at, state_bytes).view(state_.scalar_type())};
+}
+
+void PinnedEmbedding::scatter_with_state_(const at::Tensor& indices, const at::Tensor& rows, const at::Tensor& state,
+                                          int64_t step) {
+  const char* op = "PinnedEmbedding.scatter_with_state_";
+  WriteLock write(lock_);
+  check_writable("scatter_with_state_");
+  TORCH_CHECK(state_.defined(), op, ": the table has no optimizer state; call set_optimizer first");
+  TORCH_CHECK(indices.dim() == 1, op, ": indices must be 1-D, got shape ", indices.sizes());
+  TORCH_CHECK(step >= 0, op, ": step must be >= 0, got ", step);
+  TORCH_CHECK(state.dim() == 2 && state.size(0) == indices.size(0) && state.size(1) == state_.size(1) &&
+                  state.scalar_type() == state_.scalar_type(),
+              op, ": state must be ", indices.size(0), " x ", state_.size(1), " ", state_.scalar_type(), ", got ",
+              state.sizes(), " ", state.scalar_type());
+  const TransferConfigScope settings(transfer_overrides_, op);
+  write_back_cache(true);
+  const int64_t record = table_.stride(0) * table_.element_size();
+  const int64_t state_at = bytes_between(table_.data_ptr(), state_.data_ptr());
+  const auto stride_bytes = [](const at::Tensor& t) { return t.stride(0) * t.element_size(); };
+  const bool records = !state_buffer_ && stride_bytes(state_) == record && rows.dim() == 2 &&
+                       rows.scalar_type() == table_.scalar_type() && rows.size(1) == table_.size(1) &&
+                       rows.stride(1) == 1 && stride_bytes(rows) == record && stride_bytes(state) == record &&
+                       rows.storage().is_alias_of(state.storage()) &&
+                       bytes_between(rows.data_ptr(), state.data_ptr()) == state_at;
+  if (records && rows.size(0) > 0) {  // one write of each whole record
+    const at::Tensor all = tensor_over(table_buffer_, bytes_between(table_buffer_->data(), table_.data_ptr()),
+                                       {table_.size(0), record}, {record, 1}, at::kByte);
+    scatter_table_rows(all, indices, rows.view(at::kByte).as_strided({rows.size(0), record}, {record, 1}), op);
+  } else {
+    scatter_table_rows(table_, indices, rows, op);
+    scatter_table_rows(state_, indices, state, op);
+  }
+  step_ = step;
 }
 
 at::Tensor PinnedEmbedding::scatter_(const at::Tensor& indices, const at::Tensor& src) {

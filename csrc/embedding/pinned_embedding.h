@@ -62,6 +62,11 @@ class PinnedEmbedding : public torch::CustomClassHolder {
   // updated rows are written back, as flush_cache() does: their state is newer in the cache).
   std::tuple<at::Tensor, at::Tensor> gather_with_state(const at::Tensor& indices,
                                                        std::optional<at::Device> device) const;
+  // The inverse of gather_with_state for an optimizer step computed elsewhere (on rows read ahead to a GPU): writes
+  // `rows` and `state` into the rows of 1-D distinct `indices` and sets the step count to `step`, under one lock.
+  // When rows and state are views of one tensor of records laid out as the table's (gather_with_state's), one write
+  // a row; otherwise two.
+  void scatter_with_state_(const at::Tensor& indices, const at::Tensor& rows, const at::Tensor& state, int64_t step);
   // Writes src (indices.shape + (dim,)) into those rows; duplicate indices: the last occurrence wins. Returns the
   // table, as table() does.
   at::Tensor scatter_(const at::Tensor& indices, const at::Tensor& src);

@@ -4,7 +4,8 @@
 // waits for the caller's stream (so it never touches memory the caller's earlier work still uses) and is waited for
 // by the caller's stream on every exit, an exception included (StagedShare): later work on the caller's stream sees
 // all rows and never frees or overwrites memory a copy still uses. The staged share itself is done by the calling
-// thread before the call returns.
+// thread before the call returns; with the option stream_ordered_staging every row is staged instead, by helper
+// threads at the call's place in the caller's stream (transfer/stream_ordered_staging.h).
 //
 // CUDA graph capture: a graph replays the kernels, never the calling thread's work, and nothing may wait for the GPU
 // while a stream is captured. So under capture every row goes over UVA, the indices never come to the host, and
@@ -37,6 +38,7 @@
 #include "memory/host_access_tracker.h"
 #include "transfer/split_calibration.h"
 #include "transfer/staging_ring.h"
+#include "transfer/stream_ordered_staging.h"
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {
@@ -395,12 +397,30 @@ void move_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, cha
   // Leaving scope: the caller's stream waits for the staged copies (StagedShare).
 }
 
+// Whether the transfer goes all through staging in stream order (transfer/stream_ordered_staging.h): asked for, a
+// pinned table, no graph capture. Its indices are validated here as every route's are (nothing in deferred mode:
+// the host function checks them then); `checked` says whether they were.
+bool in_stream_order(const at::Tensor& table, const at::Tensor& indices, const c10::cuda::CUDAStream& stream,
+                     const char* op, bool* checked) {
+  if (!transfer_config().stream_ordered_staging || !is_pinned_host_memory(table.storage().data()) ||
+      stream_is_capturing(stream.stream())) {
+    return false;
+  }
+  *checked = validate_indices(indices, table.size(0), stream.stream(), op).has_value();
+  return true;
+}
+
 }  // namespace
 
 void gather_pinned_to_cuda(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out, const char* op) {
   const int device = out.get_device();
   c10::cuda::CUDAGuard guard(out.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  if (bool checked = false; in_stream_order(table, indices, stream, op, &checked)) {
+    gather_pinned_in_stream_order(table, indices, out, checked, stream);
+    count_pinned_transfer(0, indices.numel(), table.size(1) * table.element_size(), metrics::Direction::kGather);
+    return;
+  }
   PinnedTransfer t = plan_pinned_transfer(table, indices, TransferDirection::kGather, device, stream.stream(), op);
   char* out_ptr = static_cast<char*>(out.data_ptr());
   auto move = [&](const PinnedTransfer& plan) {
@@ -480,6 +500,11 @@ void scatter_cuda_to_pinned(const at::Tensor& table, const at::Tensor& indices, 
   const int device = src.get_device();
   c10::cuda::CUDAGuard guard(src.device());
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device));
+  if (bool checked = false; in_stream_order(table, indices, stream, op, &checked)) {
+    scatter_pinned_in_stream_order(table, indices, src, checked, stream);
+    count_pinned_transfer(0, indices.numel(), table.size(1) * table.element_size(), metrics::Direction::kScatter);
+    return;
+  }
   PinnedTransfer t = plan_pinned_transfer(table, indices, TransferDirection::kScatter, device, stream.stream(), op);
   auto move = [&](const PinnedTransfer& plan) { move_cuda_to_pinned(table, indices, src, plan, device, stream, op); };
   calibrate_split(t, indices, stream, move);

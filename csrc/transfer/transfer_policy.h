@@ -54,6 +54,12 @@ struct TransferConfig {
   // Measure the split at the first transfer of each kind of call instead of taking it from the rates below
   // (split_calibration.h). SPEEDTORCH_CALIBRATE_SPLIT (0 or 1).
   bool calibrate_split = true;
+  // Pinned<->GPU transfers go all through staging, with the CPU threads' copies at their place in the caller's stream
+  // (a host function handing them to helper threads) and the copy engines moving the rows: no SM taken from the
+  // kernels beside them, and the calling thread only enqueues (transfer/stream_ordered_staging.h). uva_fraction is
+  // not consulted then. Not under CUDA graph capture nor for pageable tables (the usual routes serve those).
+  // SPEEDTORCH_STREAM_ORDERED_STAGING (0 or 1).
+  bool stream_ordered_staging = false;
   // The fused optimizer's GPU kernel reads and writes 4 values per access where rows are aligned for it; false
   // forces the scalar kernel (for comparisons, bench/experiments/fused_step_variants.py). SPEEDTORCH_OPTIMIZER_VEC4
   // (0 or 1).
@@ -84,6 +90,7 @@ void for_each_transfer_option(Visit&& visit) {
   visit("max_sms", "SPEEDTORCH_MAX_SMS", &TransferConfig::max_sms);
   visit("calibrate_split", "SPEEDTORCH_CALIBRATE_SPLIT", &TransferConfig::calibrate_split);
   visit("optimizer_vec4", "SPEEDTORCH_OPTIMIZER_VEC4", &TransferConfig::optimizer_vec4);
+  visit("stream_ordered_staging", "SPEEDTORCH_STREAM_ORDERED_STAGING", &TransferConfig::stream_ordered_staging);
   visit("uva_spread_gbps", "SPEEDTORCH_UVA_SPREAD_GBPS", &TransferConfig::uva_spread_gbps);
   visit("staged_gbps_per_thread", "SPEEDTORCH_STAGED_GBPS_PER_THREAD", &TransferConfig::staged_gbps_per_thread);
   visit("staged_max_gbps", "SPEEDTORCH_STAGED_MAX_GBPS", &TransferConfig::staged_max_gbps);

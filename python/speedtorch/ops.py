@@ -131,12 +131,13 @@ def transfer_config_override(**options: float) -> Iterator[dict[str, float]]:
 @contextlib.contextmanager
 def transfers_without_the_host() -> Iterator[None]:
     """Inside: the calling thread's gathers and scatters move every row on the GPU (``uva_fraction=1``), unless a
-    split was set.
+    split was set or the staging runs in stream order (``stream_ordered_staging``, which never holds the caller).
 
     A split transfer's staged share is copied by the calling thread before the call returns; work queued on a side
     stream (a prefetch's gathers) must hand the host back at once, as the host is what queues the model's next
     kernels (a pipelined DLRM step was host-bound by 3.5 ms of staging a step)."""
-    if torch.ops.speedtorch.get_transfer_option("uva_fraction") >= 0:
+    if torch.ops.speedtorch.get_transfer_option("uva_fraction") >= 0 or \
+            torch.ops.speedtorch.get_transfer_option("stream_ordered_staging"):
         yield
         return
     entry = torch.ops.speedtorch.push_transfer_overrides(["uva_fraction"], [1.0])

@@ -49,6 +49,13 @@ class PinnedEmbeddingAPI:
         ``flush_cache()``), so that the state read is theirs."""
         raise _documentation_only()
 
+    def scatter_with_state_(self, indices: torch.Tensor, rows: torch.Tensor, state: torch.Tensor, step: int) -> None:
+        """The inverse of :meth:`gather_with_state`, for an optimizer step computed elsewhere (on rows read ahead to
+        a GPU): writes ``rows`` and ``state`` into the rows of 1-D distinct ``indices`` and sets the step count to
+        ``step``, under one lock. Rows and state that are views of one tensor of records (``gather_with_state``'s)
+        are written as one record a row. A GPU write may still run after the call returns (stream order)."""
+        raise _documentation_only()
+
     def scatter_(self, indices: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         """Writes ``src`` (``indices.shape + (dim,)``, any device) into those rows; duplicates: the last occurrence
         wins. Returns the table tensor. A GPU write may still run after the call returns (stream order). A ``src``

@@ -121,6 +121,37 @@ def test_gather_with_state_is_gather_and_the_state_rows(dtype, optimizer, beside
     torch.testing.assert_close(e.gather(ids) + 1.0, rows, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("beside", [True, False])
+@pytest.mark.parametrize("records", [True, False])
+def test_scatter_with_state_writes_what_gather_with_state_reads(dtype, beside, records):
+    e = _with_state(dtype, "adam", beside)
+    ids = torch.tensor([2, 9, 31])
+    rows, state = e.gather_with_state(ids, None)
+    if not records:  # rows and state of tensors of their own: two writes
+        rows, state = rows.clone(), state.clone()
+    rows.mul_(2.0)
+    state.add_(1.0)
+    before = e.table().clone(), e.state().clone()
+    e.scatter_with_state_(ids, rows, state, 7)
+    expected_rows, expected_state = before[0].clone(), before[1].clone()
+    expected_rows[ids], expected_state[ids] = rows, state
+    assert torch.equal(e.table(), expected_rows) and torch.equal(e.state(), expected_state)
+    assert e.step_count() == 7
+
+
+def test_scatter_with_state_refuses_what_does_not_fit():
+    e = _with_state(torch.float32, "adam", True)
+    rows, state = e.gather_with_state(torch.tensor([1, 2]), None)
+    with pytest.raises(RuntimeError, match=r"state must be 2 x 16 Float, got \[2, 4\]"):
+        e.scatter_with_state_(torch.tensor([1, 2]), rows, state[:, :4], 1)
+    with pytest.raises(RuntimeError, match="step must be >= 0"):
+        e.scatter_with_state_(torch.tensor([1, 2]), rows, state, -1)
+    with pytest.raises(RuntimeError, match="no optimizer state"):
+        speedtorch.PinnedEmbedding(10, 6).scatter_with_state_(torch.tensor([1]), torch.ones(1, 6), torch.ones(1, 4), 1)
+    assert e.step_count() == 0
+
+
 def test_gather_with_state_refuses_what_it_cannot_read():
     with pytest.raises(RuntimeError, match="the table has no optimizer state; call set_optimizer first"):
         speedtorch.PinnedEmbedding(10, 4).gather_with_state(torch.tensor([1]), None)

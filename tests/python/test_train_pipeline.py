@@ -102,6 +102,25 @@ def test_pipelined_dlrm_is_bit_identical_to_the_plain_loop(device, ids):
     run_both(lambda: tiny_dlrm(device), batches, device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "adam"])
+def test_steps_on_rows_read_ahead_only_write_the_table_with_the_same_bits(device, optimizer, monkeypatch):
+    # Stream-ordered staging (no SM for transfers): rows read ahead with their state are stepped where they are
+    # (PrefetchedRows.step) and written back with scatter_with_state_, never read from the table again. On the CPU
+    # the GPU's way runs by the test switch. Both loops run under the option: the plain one through the usual update.
+    from speedtorch.nn._prefetched_rows import PrefetchedRows
+
+    monkeypatch.setattr(HostEmbedding, "_advance_on_cpu", True)
+    stepped = []
+    step = PrefetchedRows.step
+    monkeypatch.setattr(PrefetchedRows, "step", lambda self, *a: (stepped.append(1), step(self, *a))[1])
+    batches = synthetic_batches(ROWS, 32, 5, exponent=1.3, seed=4, pin_memory=device == "cuda")
+    with speedtorch.transfer_config_override(stream_ordered_staging=1):
+        run_both(lambda: tiny_dlrm(device, optimizer=optimizer), batches, device)
+    # Each pipelined step after the first (read at its forward), for each of the collection's tables' groups.
+    assert len(stepped) == len(batches) - 1
+
+
 def test_pipelined_two_groups_and_dcn_are_bit_identical():
     batches = synthetic_batches(ROWS, 16, 4, exponent=1.2, seed=3)
     run_both(lambda: tiny_dlrm("cpu", dims=[DIM, 4, DIM, 4, DIM, DIM], optimizer="adam", interaction="dcn"), batches,

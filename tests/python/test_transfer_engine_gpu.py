@@ -37,6 +37,7 @@ def table():
     dict(uva_fraction=1.0, uva_rows_in_flight=8, uva_sort_bucket_bytes=1),
     dict(uva_fraction=1.0, max_sms=3),
     dict(uva_fraction=0.6, uva_rows_in_flight=8),
+    dict(stream_ordered_staging=1),
 ], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 def test_every_launch_shape_moves_the_same_rows(table, transfer_settings, settings):
     transfer_settings(**FULL_PATH, **settings)
@@ -59,6 +60,58 @@ def test_small_batches_and_narrow_rows_in_every_shape(transfer_settings):
             for n in (1, 33, 1024):
                 ids = torch.randint(0, 5000, (n,), device="cuda")
                 assert torch.equal(speedtorch.gather(t, ids).cpu(), t[ids.cpu()]), (rows_in_flight, dtype, dim, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("on", ["cuda", "cpu"])
+def test_stream_ordered_staging_moves_the_same_rows(transfer_settings, dtype, index_dtype, on):
+    transfer_settings(stream_ordered_staging=1)
+    t = speedtorch.pinned_empty(50_000, 24, dtype=dtype)
+    t.copy_(torch.randn(50_000, 24).to(dtype))
+    strided = speedtorch.pinned_empty(50_000, 40, dtype=dtype)[:, :24]  # rows with a gap after them (state beside)
+    strided.copy_(t)
+    ids = torch.randint(0, 50_000, (20_000,), dtype=index_dtype).to(on)
+    for table in (t, strided):
+        assert torch.equal(speedtorch.gather(table, ids, "cuda").cpu(), table[ids.long().cpu()])
+        src = torch.randn(ids.numel(), 24, device="cuda").to(dtype)
+        expected = reference_scatter(table, ids.long().cpu(), src.cpu())
+        speedtorch.scatter_(table, ids, src)
+        torch.cuda.synchronize()
+        assert torch.equal(table, expected)
+
+
+def test_stream_ordered_staging_keeps_stream_order_and_never_holds_the_caller(table, transfer_settings):
+    transfer_settings(stream_ordered_staging=1)
+    ids = torch.randperm(ROWS, device="cuda")[:20_000]
+    src = torch.randn(ids.numel(), DIM, device="cuda")
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued before the transfers
+    speedtorch.scatter_(table, ids, src)
+    got = speedtorch.gather(table, ids)  # after the scatter in stream order: reads what it wrote
+    after = torch.cuda.Event()
+    after.record()
+    assert not after.query()  # both calls returned with the GPU still asleep: the host did not wait
+    # A CPU read of the table waits for the copies that write it (the host access tracker), without a synchronize.
+    assert torch.equal(speedtorch.gather(table, ids.cpu()), src.cpu())
+    assert torch.equal(got.cpu(), src.cpu())
+
+
+def test_stream_ordered_staging_flags_a_bad_index_in_deferred_mode(table, transfer_settings):
+    transfer_settings(stream_ordered_staging=1)
+    before = table.clone()
+    ids = torch.tensor([3, 7, ROWS + 5, 9], device="cuda")
+    with speedtorch.deferred_index_checks():
+        speedtorch.scatter_(table, ids, torch.ones(4, DIM, device="cuda"))
+    with pytest.raises(IndexError, match=rf"holds {ROWS + 5} at flat position 2; every index must be in \[0, {ROWS}\)"):
+        speedtorch.check_index_errors()
+    assert torch.equal(table, before)  # all or nothing: no row written
+    speedtorch.check_index_errors()  # reported once
+    with speedtorch.deferred_index_checks():
+        speedtorch.gather(table, ids)
+    with pytest.raises(IndexError, match="at flat position 2"):
+        speedtorch.check_index_errors()
+    with pytest.raises(IndexError, match="at flat position 2"):  # checked at the call outside deferred mode
+        speedtorch.gather(table, ids)
 
 
 def test_sorted_ids_skip_the_sort_and_still_land_in_place(table, transfer_settings):

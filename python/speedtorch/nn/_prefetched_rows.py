@@ -10,6 +10,9 @@ in one of three ways:
   kernel and step count as the host table's update (``speedtorch::row_optimizer_step_`` on device tensors): the
   same bits. The host table's own update then need not be waited for: it runs on a stream of its own, beside the
   next forward and backward.
+  When the update is of the very rows a forward took from a prefetch with their state, and the table's transfers
+  use no SM (``stream_ordered_staging``), :meth:`PrefetchedRows.step` runs it on them in GPU memory and the table is
+  only written (``PinnedEmbedding.scatter_with_state_``): no row is read from host memory twice.
 - :meth:`PrefetchedRows.patch`: the update's own new rows, which the fused step leaves on the GPU
   (``PinnedEmbedding.apply_gradients(..., updated_rows=)``; a CPU table, stochastic rounding, renormalised rows):
   a ``searchsorted`` and an ``index_copy_``.
@@ -87,6 +90,24 @@ class PrefetchedRows:
         torch.ops.speedtorch.row_optimizer_step_(rows, state, target, grads.index_select(0, order), optimizer,
                                                  options, int(step), True)
         self.rows, self.state = rows[:n], state[:n]
+        self._done_here(stream)
+
+    def holds(self, ids: torch.Tensor) -> bool:
+        """Whether ``ids`` is the very tensor of distinct ids these rows are of."""
+        return ids.numel() == self.unique.numel() and ids.device == self.unique.device and \
+            ids.data_ptr() == self.unique.data_ptr()
+
+    def step(self, grads: torch.Tensor, optimizer: str, options: dict, step: int) -> None:
+        """Applies the table's update of every row this batch holds (``grads``: their summed float32 gradients, in
+        ``unique``'s order; ``step`` the table's step count after it) to the rows and state, in place, where they are:
+        what the table's own update would write for them (``PinnedEmbedding.scatter_with_state_`` then writes it)."""
+        n = self.unique.numel()
+        if n == 0:
+            return
+        stream = self._wait_here()
+        positions = torch.arange(n, device=self.rows.device)
+        torch.ops.speedtorch.row_optimizer_step_(self.rows, self.state, positions, grads, optimizer, options,
+                                                 int(step), True)
         self._done_here(stream)
 
     def refresh(self, table, ids: torch.Tensor, device: torch.device) -> None:

@@ -188,8 +188,8 @@ class HostEmbedding(torch.nn.Module):
     __jit_unused_properties__ = ["weight"]
     # What pickling and copying leave out (streams, events, pending work): rebuilt by _init_runtime_state. A subclass
     # with runtime attributes of its own adds them here and resets them there.
-    _runtime_attributes = ("_table_param", "_anchor", "_prefetched", "_written", "_side_stream", "_rows_stream",
-                           "_update_stream")
+    _runtime_attributes = ("_table_param", "_anchor", "_prefetched", "_taken", "_written", "_side_stream",
+                           "_rows_stream", "_update_stream")
     # On a GPU, run every update of the host table on the module's update stream (not only those a prefetch lets run
     # beside the next forward): readers wait for the module's write event (NgramHashEmbedding's rows set it).
     async_update = False
@@ -311,6 +311,7 @@ class HostEmbedding(torch.nn.Module):
         # Autograd only runs a Function's backward when an input needs a gradient: this empty tensor is that input.
         self._anchor = torch.zeros(0, requires_grad=True)
         self._prefetched: Optional[PrefetchedRows] = None  # the next forward's rows, read ahead (prefetch)
+        self._taken: Optional[PrefetchedRows] = None  # the last forward's, when read ahead with their state
         self._written: Optional[torch.cuda.Event] = None  # after the module's last write of the table (on a GPU)
         self._side_stream = None
         self._rows_stream = None
@@ -402,7 +403,7 @@ class HostEmbedding(torch.nn.Module):
                 self._parameters["weight"] = param
         if converted.device != self.device:  # the streams, events and rows read ahead belong to the old device
             self._sync_for_host_access()
-            self._prefetched = self._written = None
+            self._prefetched = self._taken = self._written = None
             self._side_stream = self._rows_stream = self._update_stream = None
         self.device = converted.device
         self.output_dtype = converted.dtype
@@ -464,7 +465,11 @@ class HostEmbedding(torch.nn.Module):
     def _lookup(self, input: torch.Tensor):
         """(distinct ids, where each id's row is, the distinct rows): renormalised (``max_norm``), handing their
         gradient to the module while it trains, in :attr:`output_dtype`. forward's part before pooling."""
+        pending = self._prefetched
         unique, inverse, rows = self._rows_for(input)
+        # Rows read ahead with their state: the step of these very rows may run where they are (_apply_gradients).
+        taken = pending is not None and pending.key is input and pending.state is not None
+        self._taken = pending if taken and self.max_norm is None else None
         if self.max_norm is not None:
             rows = self._renormed(unique, rows)
         if self.trains and torch.is_grad_enabled():
@@ -616,20 +621,32 @@ class HostEmbedding(torch.nn.Module):
         # it again (it still checks the claim). A pending prefetch is kept exact (speedtorch/nn/_prefetched_rows.py):
         # advanced in GPU memory when it holds the rows' state, so the host table's update may run on a stream of
         # its own beside the next forward; else given the rows the step writes, or reading them again.
+        # With stream-ordered staging (no SM for transfers), the step of the rows the last forward took from a
+        # prefetch with their state runs on them where they are, by the same kernel, and the host table is only
+        # written (one copy down by the copy engine, CPU threads writing the records): no row is read twice.
         pending = self._prefetched
         ahead = pending is not None and pending.state is not None and sorted_unique
+        taken, self._taken = self._taken, None
+        here = taken is not None and sorted_unique and taken.holds(unique) and self._writes_rows_back()
+        step = self.table.step_count() + 1
         if ahead:
             with self._checked_on_the_gpu(unique, sorted_unique):
-                pending.advance(unique, grad_rows, self.table.optimizer(), self.table.optimizer_options(),
-                                self.table.step_count() + 1)
-        stream = self.update_stream() if self.device.type == "cuda" and (ahead or self.async_update) else None
+                pending.advance(unique, grad_rows, self.table.optimizer(), self.table.optimizer_options(), step)
+        if here:
+            taken.step(grad_rows, self.table.optimizer(), self.table.optimizer_options(), step)
+            if pending is not None and not ahead:
+                pending.patch(unique, taken.rows)
+        on_its_stream = ahead or here or self.async_update
+        stream = self.update_stream() if self.device.type == "cuda" and on_its_stream else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))  # the gradients
         else:
             self._wait_for_writes()  # an earlier update on the update stream writes rows this one reads
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), \
                 self._checked_on_the_gpu(unique, sorted_unique):
-            if ahead or pending is None:
+            if here:
+                self.table.scatter_with_state_(unique, taken.rows, taken.state, step)
+            elif ahead or pending is None:
                 self.table.apply_gradients(unique, grad_rows, sorted_unique)
             elif sorted_unique and self._hands_back_updated_rows():
                 updated = torch.empty(unique.numel(), self.embedding_dim, dtype=pending.rows.dtype,
@@ -641,8 +658,8 @@ class HostEmbedding(torch.nn.Module):
                 pending.refresh(self.table, unique, self.device)
             self._note_write()
         if stream is not None:
-            unique.record_stream(stream)
-            grad_rows.record_stream(stream)
+            for t in (unique, grad_rows, *(taken.tensors() if here else ())):
+                t.record_stream(stream)
 
     def _checked_on_the_gpu(self, unique: torch.Tensor, sorted_unique: bool):
         """For a step on distinct ids this module made on a GPU (torch.unique's, or a coalesced gradient's) over a
@@ -964,8 +981,22 @@ class HostEmbedding(torch.nn.Module):
         self._table_param.grad = None
         self._prefetched = None
 
+    def _writes_rows_back(self) -> bool:
+        """Whether a step of rows read ahead with their state runs on them and only writes the table: when the
+        table's transfers use no SM (the transfer option ``stream_ordered_staging``, the process's, this thread's or
+        the table's own). Over UVA the fused read-modify-write is faster: a UVA scatter of 528-byte records ran at
+        19 GB/s on the H200 (bench/RESULTS.md, twelfth session)."""
+        if not self._hands_back_updated_rows():
+            return False
+        own = self.table.transfer_options()
+        if "stream_ordered_staging" in own:
+            return bool(own["stream_ordered_staging"])
+        return bool(torch.ops.speedtorch.get_transfer_option("stream_ordered_staging"))
+
     def _sync_for_host_access(self) -> None:
-        # Updates still running on the GPU must land before the host rows are handed out or overwritten.
+        # Updates still running on the GPU must land before the host rows are handed out or overwritten. The last
+        # forward's rows may change through them: its step goes to the table's own update.
+        self._taken = None
         if self.device.type == "cuda":
             if self._update_stream is not None:
                 self._update_stream.synchronize()

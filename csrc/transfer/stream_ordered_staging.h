@@ -1,0 +1,38 @@
+// Pinned host table <-> GPU rows with no SM and no wait on the calling thread: CPU threads copy the rows at their
+// place in the caller's CUDA stream, the copy engines move them (the option stream_ordered_staging,
+// transfer/transfer_policy.h).
+//
+// Why: a UVA kernel moves rows at the link's rate but takes SMs and memory bandwidth from the model's kernels beside
+// it (a pipelined DLRM step: the model's memory-bound kernels ran 1.3-3.9x slower beside the row kernels, issue 30);
+// the staged path of the transfer engine takes no SM, but its CPU copies run on the calling thread before the call
+// returns, which then queues the model's next kernels late. Here the CPU copies are a host function in the stream
+// (cudaLaunchHostFunc) that hands the rows to speedtorch's helper threads (cpu/helped_parallel_for.h): the call
+// only enqueues, and later work on the stream sees the rows as after any other transfer.
+//
+// A gather enqueues: the indices to pinned host memory (CUDA indices: a copy), a host function gathering the rows
+// into a pinned staging buffer, and one copy of it to `out`. A scatter: `src` to staging, then a host function
+// writing the rows into the table (duplicates: the last occurrence wins). The staging and index buffers come from
+// PyTorch's pinned allocator, which keeps each block until the stream is past its use; the table's accesses are
+// recorded for the host access tracker like a UVA kernel's, so CPU access and freeing the table wait for them.
+//
+// Indices are validated by the caller before anything is enqueued, as for every route; in deferred mode the host
+// function checks them itself and flags a bad one for speedtorch.check_index_errors (cuda/device_index_error.h):
+// a gather then leaves `out` unwritten, a scatter writes nothing. Not for CUDA graph capture (a host function in a
+// graph would replay a copy of buffers freed since) nor pageable tables: the caller routes those elsewhere.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAStream.h>
+
+namespace speedtorch {
+
+// out[i] = table[indices[i]]: `table` pinned host rows (2-D, strided rows), `out` contiguous on the stream's GPU.
+// `checked`: the indices were validated already (the host function then does not check them again).
+void gather_pinned_in_stream_order(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out,
+                                   bool checked, const c10::cuda::CUDAStream& stream);
+
+// table[indices[i]] = src[i], `src` contiguous on the stream's GPU; duplicate indices: the last occurrence wins.
+void scatter_pinned_in_stream_order(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
+                                    bool checked, const c10::cuda::CUDAStream& stream);
+
+}  // namespace speedtorch
