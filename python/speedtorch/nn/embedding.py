@@ -633,7 +633,8 @@ class HostEmbedding(torch.nn.Module):
             with self._checked_on_the_gpu(unique, sorted_unique):
                 pending.advance(unique, grad_rows, self.table.optimizer(), self.table.optimizer_options(), step)
         if here:
-            taken.step(grad_rows, self.table.optimizer(), self.table.optimizer_options(), step)
+            with self._checked_on_the_gpu(unique, sorted_unique):  # its positions are in range by construction
+                taken.step(grad_rows, self.table.optimizer(), self.table.optimizer_options(), step)
             if pending is not None and not ahead:
                 pending.patch(unique, taken.rows)
         on_its_stream = ahead or here or self.async_update
