@@ -259,6 +259,17 @@ def gpu_benchmark(args) -> list[dict]:
                            median_seconds(lambda: speedtorch.gather(table, idx_gpu), args.reps))
                     record(threads, locality, "float32", "speedtorch uva=1.00 unsorted", "d2h",
                            median_seconds(lambda: speedtorch.scatter_(table, idx_gpu, src), args.reps))
+            # No SM: CPU helper threads in stream order and the copy engines (transfer/stream_ordered_staging.h);
+            # a step's write-back scatters sorted distinct ids.
+            with speedtorch.transfer_config_override(stream_ordered_staging=1):
+                way = "speedtorch stream-ordered staging"
+                record(threads, locality, "float32", way, "h2d",
+                       median_seconds(lambda: speedtorch.gather(table, idx_gpu), args.reps))
+                record(threads, locality, "float32", way, "d2h",
+                       median_seconds(lambda: speedtorch.scatter_(table, idx_gpu, src), args.reps))
+                idx_sorted = idx_gpu.sort().values
+                record(threads, locality, "float32", way + ", sorted ids", "d2h",
+                       median_seconds(lambda: speedtorch.scatter_(table, idx_sorted, src), args.reps))
             # From here on the process's settings (the automatic plan).
             # Same call with host indices (the data loader's usual output).
             record(threads, locality, "float32", "speedtorch auto, CPU indices", "h2d",

@@ -94,12 +94,19 @@ HelperThreads& helper_threads() {
   return *helper_threads_instance;
 }
 
+thread_local int t_thread_count = 0;  // HelpedThreadCount's, 0: at::get_num_threads()
+
 }  // namespace
+
+int helped_thread_count() { return t_thread_count > 0 ? t_thread_count : at::get_num_threads(); }
+
+HelpedThreadCount::HelpedThreadCount(int threads) : previous_(t_thread_count) { t_thread_count = threads; }
+HelpedThreadCount::~HelpedThreadCount() { t_thread_count = previous_; }
 
 void helped_parallel_for(int64_t count, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (count <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  const int64_t helpers = std::min<int64_t>(at::get_num_threads() - 1, (count - 1) / grain);
+  const int64_t helpers = std::min<int64_t>(helped_thread_count() - 1, (count - 1) / grain);
   if (helpers <= 0 || at::in_parallel_region()) return fn(0, count);
   auto chunks = std::make_shared<Chunks>(count, grain, &fn);
   helper_threads().post(helpers, chunks);

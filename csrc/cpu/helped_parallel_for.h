@@ -23,4 +23,22 @@ namespace speedtorch {
 // call fn(0, count) on the calling thread. fn must not throw.
 void helped_parallel_for(int64_t count, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+// The threads helped_parallel_for takes on this thread, the calling one included (HelpedThreadCount's, else
+// at::get_num_threads()).
+int helped_thread_count();
+
+// While it lives, helped_parallel_for on this thread takes `threads` (the calling thread included) in place of
+// at::get_num_threads(): for work one thread hands to another (a host function in a CUDA stream,
+// transfer/stream_ordered_staging.h) with the thread count in force where it was asked for.
+class HelpedThreadCount {
+ public:
+  explicit HelpedThreadCount(int threads);
+  ~HelpedThreadCount();
+  HelpedThreadCount(const HelpedThreadCount&) = delete;
+  HelpedThreadCount& operator=(const HelpedThreadCount&) = delete;
+
+ private:
+  int previous_;
+};
+
 }  // namespace speedtorch

@@ -170,6 +170,15 @@ int64_t gather_rows(const HostRows& table, const Index* indices, int64_t count, 
   return first_bad.load();
 }
 
+// Whether the indices are strictly increasing, hence distinct (one serial pass, stopping at the first descent).
+template <typename Index>
+bool strictly_increasing(const Index* indices, int64_t count) {
+  for (int64_t i = 1; i < count; ++i) {
+    if (indices[i] <= indices[i - 1]) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 template <typename Index>
@@ -188,17 +197,22 @@ void scatter_rows_cpu(const HostRows& table, const Index* indices, int64_t count
   const int64_t rb = table.row_bytes;
   if (rb == 0) return;  // nothing to copy (the table and `src` may have no memory)
   auto row = [&](int64_t i) { return table.base + static_cast<int64_t>(indices[i]) * table.row_stride_bytes; };
-  if (keep != nullptr) {
+  // One writer per row already (a keep mask, or distinct indices: a step's write-back): split by position, and ask
+  // for each destination row a few rows ahead, as the gather does for its sources (a store to a row not in cache
+  // otherwise waits for its line to be read first).
+  if (keep != nullptr || strictly_increasing(indices, count)) {
     for_row_ranges(count, rb, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        if (keep[i]) std::memcpy(row(i), src + i * rb, rb);
+        const int64_t ahead = i + kPrefetchDistance;
+        if (ahead < end && (keep == nullptr || keep[ahead])) __builtin_prefetch(row(ahead), /*rw=*/1, 3);
+        if (keep == nullptr || keep[i]) std::memcpy(row(i), src + i * rb, rb);
       }
     });
     return;
   }
   // Duplicates may be anywhere, so split the work by row, not by position: every lane scans all positions in
   // order and writes only the rows it owns. Each row then has one writer, and its last occurrence lands last.
-  const int64_t lanes = count * rb < kSerialBytes ? 1 : at::get_num_threads();
+  const int64_t lanes = count * rb < kSerialBytes ? 1 : helped_thread_count();
   if (lanes <= 1) {
     for (int64_t i = 0; i < count; ++i) std::memcpy(row(i), src + i * rb, rb);
     return;

@@ -1,6 +1,7 @@
 // Row copies by CPU threads at their place in a CUDA stream, moved by the copy engines (see stream_ordered_staging.h).
 #include "transfer/stream_ordered_staging.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
@@ -10,6 +11,7 @@
 #include <exception>
 #include <memory>
 
+#include "cpu/helped_parallel_for.h"
 #include "cpu/index_range_check.h"
 #include "cpu/row_copy_cpu.h"
 #include "cpu/table_views.h"
@@ -31,6 +33,7 @@ struct HostRowCopy {
   bool gather;    // table -> staging; else staging -> table
   bool check;     // the indices were not validated before (deferred mode)
   int device;
+  int threads;  // at::get_num_threads() where the copy was asked for (the host function's thread has its own)
 };
 
 template <typename Index>
@@ -51,6 +54,7 @@ void copy_rows(const HostRowCopy& c, const Index* indices) {
 
 void CUDART_CB run_host_row_copy(void* data) {
   const std::unique_ptr<HostRowCopy> c(static_cast<HostRowCopy*>(data));
+  const HelpedThreadCount threads(c->threads);
   try {
     if (c->long_indices) {
       copy_rows(*c, static_cast<const int64_t*>(c->indices));
@@ -92,7 +96,8 @@ HostRowCopy row_copy(const at::Tensor& table, const at::Tensor& idx, const at::T
   // check_deferred_index_errors visits the devices that have a record: this one must, to report the host's flag.
   if (!checked) (void)device_index_error_record(stream.device_index());
   return HostRowCopy{host_rows(table), idx.const_data_ptr(), idx.scalar_type() == at::kLong, idx.numel(),
-                     static_cast<char*>(staging.data_ptr()), gather, !checked, stream.device_index()};
+                     static_cast<char*>(staging.data_ptr()), gather, !checked, stream.device_index(),
+                     at::get_num_threads()};
 }
 
 }  // namespace

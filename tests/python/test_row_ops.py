@@ -79,6 +79,25 @@ def test_scatter_duplicates_last_occurrence_wins(threads, count):
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("ids", ["increasing", "sorted with a repeat"])
+def test_scatter_of_sorted_ids_past_a_mebibyte(threads, ids):
+    # Strictly increasing ids (a step's write-back) are split by position; a repeat anywhere takes the row-owner way.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        table = random_table(200_000, 32)
+        indices = torch.randperm(200_000)[:20_000].sort().values  # 2.5 MB of rows
+        if ids != "increasing":
+            indices[-1] = indices[-2]
+        src = random_table(indices.numel(), 32)
+        expected = last_wins_reference(table, indices, src)
+        speedtorch.scatter_(table, indices, src)
+        torch.testing.assert_close(table, expected, rtol=0, atol=0)
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_scatter_empty_indices_is_a_no_op():
     table = random_table(10, 4)
     before = table.clone()
