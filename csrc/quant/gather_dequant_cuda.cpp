@@ -85,7 +85,7 @@ void gather_dequant_to_cuda(const at::Tensor& table, const at::Tensor& flat, Row
     const at::Tensor raw = gather_table_rows(table, flat, out.device(), op);
     launch_gather_dequant(gpu_rows(raw, static_cast<const char*>(raw.const_data_ptr()), format, dim),
                           GpuIndices{nullptr, true, count}, out_ptr, device_index_error_record(device),
-                          full_grid(device), stream.stream());
+                          RowLaunch{full_grid(device)}, stream.stream());
     return;
   }
   // Bad indices raise here; in deferred mode or under capture the kernel flags them (cuda/device_index_error.h).
@@ -95,7 +95,7 @@ void gather_dequant_to_cuda(const at::Tensor& table, const at::Tensor& flat, Row
   if (table.is_cuda()) {
     launch_gather_dequant(gpu_rows(table, static_cast<const char*>(table.const_data_ptr()), format, dim),
                           GpuIndices{dev_idx.const_data_ptr(), dev_idx.scalar_type() == at::kLong, count},
-                          out_ptr, device_index_error_record(device), full_grid(device), stream.stream());
+                          out_ptr, device_index_error_record(device), RowLaunch{full_grid(device)}, stream.stream());
     metrics::add_rows_moved(metrics::TransferPath::kGpuTable, metrics::Direction::kGather, count, row_bytes);
     return;
   }
@@ -121,7 +121,7 @@ void gather_dequant_to_cuda(const at::Tensor& table, const at::Tensor& flat, Row
         uva_share(dev_idx.narrow(0, 0, plan.uva_rows), plan.uva_rows, table, footprint, sorted, config, device,
                   uva_stream.stream());
     launch_gather_dequant(gpu_rows(table, mapped_address(table, op, "table"), format, dim), share.view, out_ptr,
-                          device_index_error_record(device), uva_launch(device, config).max_blocks, uva_stream.stream());
+                          device_index_error_record(device), uva_launch(device, config), uva_stream.stream());
     note_uva_use(table, UvaAccess::kRead, uva_stream);
     metrics::add_rows_moved(metrics::TransferPath::kUva, metrics::Direction::kGather, plan.uva_rows, row_bytes);
   }
@@ -130,7 +130,7 @@ void gather_dequant_to_cuda(const at::Tensor& table, const at::Tensor& flat, Row
     const at::Tensor raw = gather_table_rows(table, staged_idx, out.device(), op);  // counts its rows itself
     launch_gather_dequant(gpu_rows(raw, static_cast<const char*>(raw.const_data_ptr()), format, dim),
                           GpuIndices{nullptr, true, plan.staged_rows}, out_ptr + plan.uva_rows * dim,
-                          device_index_error_record(device), full_grid(device), stream.stream());
+                          device_index_error_record(device), RowLaunch{full_grid(device)}, stream.stream());
   }
   // Leaving: the current stream waits for the UVA share's side stream (SideStream).
 }
