@@ -358,6 +358,23 @@ def test_gpu_bad_index_in_a_large_batch_deferred(format, sort, deferred_checks, 
     assert torch.equal(out[good].cpu(), gather_dequant(table, ids[good], format, 256, "cpu"))
 
 
+@pytest.mark.gpu
+def test_gpu_auto_split_is_uva_alone_for_gpu_indices(transfer_settings):
+    """The automatic split stages a share through CPU threads only for indices on the host: GPU indices would first
+    have to come back to the host for it (a wait before the kernel is queued)."""
+    transfer_settings(uva_reach_bytes=0, small_transfer_bytes=0, staged_gbps_per_thread=100.0, staged_max_gbps=100.0)
+    table = quantize_rows(trained_table(n=5000, dim=256), "fp8_e4m3_ue8m0")
+    ids = torch.randint(0, 5000, (6000,))
+    expected = gather_dequant(table, ids, "fp8_e4m3_ue8m0", 256, "cpu")
+    for index_device, staged in (("cuda", False), ("cpu", True)):
+        speedtorch.reset_stats()
+        got = gather_dequant(table, ids.to(index_device), "fp8_e4m3_ue8m0", 256, "cuda")
+        assert torch.equal(got.cpu(), expected)
+        stats = speedtorch.stats()
+        assert (stats["staged_gather_rows"] > 0) is staged, index_device
+        assert stats["uva_gather_rows"] + stats["staged_gather_rows"] == 6000
+
+
 # --- values a format cannot hold --------------------------------------------------------------------------------
 
 
