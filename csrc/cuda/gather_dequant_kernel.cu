@@ -1,15 +1,18 @@
 // GPU gather with dequantization inside (see gather_dequant_kernel.h).
 //
-// Over UVA a warp's loads cross PCIe, so what sets the rate is how many bytes are in flight and how the host pages
-// are touched (docs/engram.md; ../shared/probes/uva_reference.py measured 0.72-0.75 of memcpy with these loads
-// against 0.62 with plain ones). So each warp reads several rows at once: every lane issues its vector of each of
-// kRows rows before it uses any, with non-coherent streaming loads (ld.global.cs: each byte is read once, so it
-// should not displace anything in the caches). The raw rows land in shared memory; the warp then dequantizes
-// them element by element (core/row_formats.h, the CPU loop's code) with coalesced 2-byte stores. bf16 rows need
-// no dequantization: their vectors go straight to the output.
+// Over UVA a warp's loads cross PCIe and wait microseconds for their answer, so the rate is set by the bytes each
+// warp keeps in flight, as in the plain row gather (row_gather_kernel.cu: 0.88-0.90 of memcpy with `rows_in_flight`
+// 16-byte loads a lane). This kernel keeps that profile for rows of any size: a warp takes a group of rows whose
+// raw bytes fill its `kLoads` loads a lane (seven 272-byte fp8 rows of dim 256 for four 16-byte loads), spread over
+// all 32 lanes as one flat run of vectors, and issues every load of the group before it uses any. The raw rows land
+// in shared memory and the warp converts them element by element (core/row_formats.h, the CPU loop's code) while
+// the loads of its next group are already in flight: no warp leaves the link idle while it computes. bf16 rows need
+// no conversion: their vectors go straight to the output.
 #include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <climits>
 
 #include "cuda/gather_dequant_kernel.h"
 #include "cuda/row_vector_access.cuh"
@@ -19,6 +22,7 @@ namespace {
 
 using row_access::kThreadsPerBlock;
 constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
+constexpr unsigned kAllLanes = 0xffffffffu;
 
 template <typename V>
 __device__ __forceinline__ V load_streaming(const V* p);
@@ -37,121 +41,199 @@ __device__ __forceinline__ uint8_t load_streaming(const uint8_t* p) {
   return static_cast<uint8_t>(__ldcs(reinterpret_cast<const unsigned char*>(p)));
 }
 
-// kRows rows per warp at a time; `vectors` V-sized loads cover a row's data (format_row_bytes rounded up to V, which
-// divides the row width the table spans: no load leaves the row). Dequantize: stage in shared memory and convert;
-// else (bf16) copy the vectors to the output.
-template <typename V, typename Index, int kRows, bool kDequantize>
-__global__ void __launch_bounds__(kThreadsPerBlock)
-    gather_dequant_kernel(QuantizedGpuRows t, int64_t vectors, const Index* __restrict__ indices,
-                          const int64_t* __restrict__ positions, int64_t count, c10::BFloat16* __restrict__ out,
-                          DeviceIndexError* error) {
-  extern __shared__ uint4 shared_rows[];  // kWarpsPerBlock x kRows x vectors of V (dequantizing only)
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  V* staged = reinterpret_cast<V*>(shared_rows) + (threadIdx.x / 32) * kRows * vectors;
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  const int64_t out_vectors = t.dim * 2 / static_cast<int64_t>(sizeof(V));  // bf16 copies only
+// A group of rows as the warp holds it: lane r knows entry first + r (r < rows): its row's address (null for a bad
+// index), its output position and whether its index was good. Lanes learn the others' by shuffles.
+struct Group {
+  int64_t first = 0;
+  int rows = 0;  // 0: the warp has no more groups
+  const char* src = nullptr;
+  int64_t position = 0;
+  bool ok = false;
+};
 
-  for (int64_t first = warp * kRows; first < count; first += warps * kRows) {
-    // Lane r < kRows reads entry first + r's index; every lane learns all of them.
-    int64_t my_row = -1, my_position = 0;
-    bool my_ok = false;
-    if (lane < kRows && first + lane < count) {
-      const int64_t i = first + lane;
-      my_row = indices != nullptr ? static_cast<int64_t>(indices[i]) : i;
-      my_position = positions != nullptr ? positions[i] : i;
-      my_ok = my_row >= 0 && my_row < t.num_rows;
-      if (!my_ok && atomicCAS(&error->flag, 0, 1) == 0) {
-        error->kind = kBadRowIndex;
-        error->value = my_row;
-        error->position = my_position;
-        error->num_rows = t.num_rows;
-      }
+// Reads the indices of the group at `first` (at most `group_rows` entries) and flags a bad one in `error`.
+template <typename Index>
+__device__ Group look_up(const QuantizedGpuRows& t, const Index* indices, const int64_t* positions, int64_t count,
+                         int64_t first, int group_rows, DeviceIndexError* error, int lane) {
+  Group g;
+  g.first = first;
+  g.rows = first < count ? static_cast<int>(std::min<int64_t>(group_rows, count - first)) : 0;
+  if (lane < g.rows) {
+    const int64_t i = first + lane;
+    const int64_t row = indices != nullptr ? static_cast<int64_t>(indices[i]) : i;
+    g.position = positions != nullptr ? positions[i] : i;
+    g.ok = row >= 0 && row < t.num_rows;
+    if (g.ok) {
+      g.src = t.base + row * t.row_stride_bytes;
+    } else if (atomicCAS(&error->flag, 0, 1) == 0) {
+      error->kind = kBadRowIndex;
+      error->value = row;
+      error->position = g.position;
+      error->num_rows = t.num_rows;
     }
-    const V* src[kRows];
-    int64_t position[kRows];
-    bool ok[kRows];
-    bool present[kRows];
+  }
+  return g;
+}
+
+// Issues the loads of flat vectors [chunk, chunk + 32 kLoads) of group g (vector c of its row r is flat vector
+// r * vectors + c): lane l takes chunk + 32 k + l. Rows of bad indices are not read.
+template <typename V, int kLoads>
+__device__ __forceinline__ void issue_loads(V (&v)[kLoads], const Group& g, int chunk, int vectors, int lane) {
+  const int group_vectors = g.rows * vectors;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const long long row = __shfl_sync(0xffffffffu, static_cast<long long>(my_row), r);
-      position[r] = __shfl_sync(0xffffffffu, static_cast<long long>(my_position), r);
-      ok[r] = __shfl_sync(0xffffffffu, static_cast<int>(my_ok), r) != 0;
-      present[r] = first + r < count;
-      src[r] = reinterpret_cast<const V*>(t.base + (ok[r] ? row : 0) * t.row_stride_bytes);
-    }
-    // Every lane issues its load of each row before it uses any.
-    for (int64_t c0 = 0; c0 < vectors; c0 += 32) {
-      const int64_t c = c0 + lane;
-      V v[kRows];
+  for (int k = 0; k < kLoads; ++k) {
+    const int f = chunk + 32 * k + lane;
+    const int r = std::min(f, group_vectors - 1) / vectors;  // every lane shuffles, from a lane of the group
+    const auto* src = reinterpret_cast<const V*>(
+        __shfl_sync(kAllLanes, reinterpret_cast<unsigned long long>(g.src), r));
+    if (f < group_vectors && src != nullptr) v[k] = load_streaming(src + (f - r * vectors));
+  }
+}
+
+// Puts the vectors loaded by issue_loads where they go: the warp's staging area (to be converted), or, for bf16
+// rows, the output (NaN bytes for a bad index, as the row gather writes).
+template <typename V, int kLoads, bool kDequantize>
+__device__ __forceinline__ void take_loads(const V (&v)[kLoads], const Group& g, int chunk, int vectors, int lane,
+                                           V* staged, c10::BFloat16* out, int64_t dim) {
+  const int group_vectors = g.rows * vectors;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (c < vectors && ok[r]) v[r] = load_streaming(src[r] + c);
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (c >= vectors || !present[r]) continue;
-        if (kDequantize) {
-          if (ok[r]) staged[r * vectors + c] = v[r];
-        } else if (c < out_vectors) {
-          reinterpret_cast<V*>(out + position[r] * t.dim)[c] = ok[r] ? v[r] : row_access::all_ones<V>();
-        }
-      }
-    }
+  for (int k = 0; k < kLoads; ++k) {
+    const int f = chunk + 32 * k + lane;
     if (kDequantize) {
-      __syncwarp();
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (!present[r]) continue;
-        c10::BFloat16* dst = out + position[r] * t.dim;
-        const auto* row = reinterpret_cast<const uint8_t*>(staged + r * vectors);
-        const c10::BFloat16 nan(0xFFFF, c10::BFloat16::from_bits());  // a row left unread is never data
-        for (int64_t j = lane; j < t.dim; j += 32) dst[j] = ok[r] ? dequantize_element(t.format, row, t.dim, j) : nan;
+      if (f < group_vectors) staged[f] = v[k];
+    } else {
+      const int r = std::min(f, group_vectors - 1) / vectors;
+      const int64_t position = __shfl_sync(kAllLanes, static_cast<long long>(g.position), r);
+      const bool ok = __shfl_sync(kAllLanes, static_cast<int>(g.ok), r) != 0;
+      if (f < group_vectors) {
+        reinterpret_cast<V*>(out + position * dim)[f - r * vectors] = ok ? v[k] : row_access::all_ones<V>();
       }
-      __syncwarp();  // the next rows overwrite the staging area
     }
   }
 }
 
-template <typename V, typename Index, int kRows>
+// Converts the staged rows of group g to bfloat16, one row at a time with coalesced 2-byte stores; a row of a bad
+// index becomes NaN, never data.
+template <typename V>
+__device__ void dequantize_group(const QuantizedGpuRows& t, const Group& g, const V* staged, int vectors,
+                                 c10::BFloat16* out, int lane) {
+  const c10::BFloat16 nan(0xFFFF, c10::BFloat16::from_bits());
+  for (int r = 0; r < g.rows; ++r) {
+    const int64_t position = __shfl_sync(kAllLanes, static_cast<long long>(g.position), r);
+    const bool ok = __shfl_sync(kAllLanes, static_cast<int>(g.ok), r) != 0;
+    const auto* row = reinterpret_cast<const uint8_t*>(staged + r * vectors);
+    c10::BFloat16* dst = out + position * t.dim;
+    for (int64_t j = lane; j < t.dim; j += 32) dst[j] = ok ? dequantize_element(t.format, row, t.dim, j) : nan;
+  }
+}
+
+// Each warp walks its groups (`group_rows` entries each, strided over the grid), a group in chunks of 32 kLoads
+// vectors (one chunk unless a row alone exceeds it). The loads of the next chunk, or of the next group's first, are
+// issued before the group just staged is converted.
+template <typename V, typename Index, int kLoads, bool kDequantize>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    gather_dequant_kernel(QuantizedGpuRows t, int vectors, int group_rows, const Index* __restrict__ indices,
+                          const int64_t* __restrict__ positions, int64_t count, c10::BFloat16* __restrict__ out,
+                          DeviceIndexError* error) {
+  extern __shared__ uint4 shared_rows[];  // kWarpsPerBlock x group_rows x vectors of V (dequantizing only)
+  constexpr int kChunk = 32 * kLoads;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  V* staged = reinterpret_cast<V*>(shared_rows) + (threadIdx.x / 32) * group_rows * vectors;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x / 32 * group_rows;
+
+  Group group = look_up(t, indices, positions, count, warp * group_rows, group_rows, error, lane);
+  if (group.rows == 0) return;
+  V v[kLoads] = {};
+  int chunk = 0;
+  issue_loads(v, group, chunk, vectors, lane);
+  while (true) {
+    // What the next loads are for: this group's next chunk, or the next group, whose indices are read before this
+    // chunk's loads are waited for.
+    const bool group_done = chunk + kChunk >= group.rows * vectors;
+    const Group next =
+        group_done ? look_up(t, indices, positions, count, group.first + step, group_rows, error, lane) : group;
+    const int next_chunk = group_done ? 0 : chunk + kChunk;
+    take_loads<V, kLoads, kDequantize>(v, group, chunk, vectors, lane, staged, out, t.dim);
+    if (next.rows > 0) issue_loads(v, next, next_chunk, vectors, lane);
+    if (group_done) {
+      if (kDequantize) {
+        __syncwarp();  // the staged rows are complete
+        dequantize_group(t, group, staged, vectors, out, lane);
+        __syncwarp();  // and read: the next group may overwrite them
+      }
+      if (next.rows == 0) return;
+      group = next;
+    }
+    chunk = next_chunk;
+  }
+}
+
+// Rows a group holds: as many as fill kLoads loads a lane (at least one, at most one a lane).
+int group_rows_for(int64_t vectors, int loads) {
+  return static_cast<int>(std::clamp<int64_t>(32 * static_cast<int64_t>(loads) / vectors, 1, 32));
+}
+
+int64_t blocks_for(int64_t count, int group_rows, int max_blocks) {
+  const int64_t groups = (count + group_rows - 1) / group_rows;
+  return std::clamp<int64_t>((groups + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, std::max(1, max_blocks));
+}
+
+template <typename V, typename Index, int kLoads>
 void launch_shaped(const QuantizedGpuRows& t, const GpuIndices& indices, c10::BFloat16* out, DeviceIndexError* error,
                    int max_blocks, cudaStream_t stream) {
   const int64_t vectors = (format_row_bytes(t.format, t.dim) + sizeof(V) - 1) / sizeof(V);
+  TORCH_CHECK(vectors <= INT_MAX / 64, "speedtorch.gather_dequant: rows of ", vectors * sizeof(V),
+              " bytes are too large for the GPU kernel");
+  const int group_rows = group_rows_for(vectors, kLoads);
   const bool dequantize = t.format != RowFormat::kBFloat16;
-  const size_t shared = dequantize ? static_cast<size_t>(kWarpsPerBlock) * kRows * vectors * sizeof(V) : 0;
-  const int64_t warps_needed = (indices.count + kRows - 1) / kRows;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((warps_needed + kWarpsPerBlock - 1) / kWarpsPerBlock,
-                                                                std::max(1, max_blocks)));
+  const size_t shared = dequantize ? static_cast<size_t>(kWarpsPerBlock) * group_rows * vectors * sizeof(V) : 0;
+  const auto blocks = static_cast<unsigned>(blocks_for(indices.count, group_rows, max_blocks));
   const auto* idx = static_cast<const Index*>(indices.data);
+  const int n = static_cast<int>(vectors);
   if (dequantize) {
-    gather_dequant_kernel<V, Index, kRows, true><<<static_cast<unsigned>(blocks), kThreadsPerBlock, shared, stream>>>(
-        t, vectors, idx, indices.positions, indices.count, out, error);
+    gather_dequant_kernel<V, Index, kLoads, true><<<blocks, kThreadsPerBlock, shared, stream>>>(
+        t, n, group_rows, idx, indices.positions, indices.count, out, error);
   } else {
-    gather_dequant_kernel<V, Index, kRows, false><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
-        t, vectors, idx, indices.positions, indices.count, out, error);
+    gather_dequant_kernel<V, Index, kLoads, false><<<blocks, kThreadsPerBlock, 0, stream>>>(
+        t, n, group_rows, idx, indices.positions, indices.count, out, error);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Rows in flight per warp: as many as keep every warp of the grid busy (a decode-size batch is spread over more
-// warps, each with fewer rows to convert one after the other), at most eight, and as the staging area allows
-// (48 KiB of shared memory per block).
+// 16-byte loads a lane in flight: `wanted` (the row gather's rows in flight), halved while smaller groups would
+// spread a small batch over more of the grid's blocks (a decode-size batch: more warps, each converting fewer rows).
+int loads_in_flight(int64_t count, int64_t vectors, int loads_per_16_bytes, int max_blocks, int wanted) {
+  int loads = std::clamp(wanted, 1, 8);
+  auto rows = [&](int l) { return group_rows_for(vectors, l * loads_per_16_bytes); };
+  while (loads > 1 && blocks_for(count, rows(loads), max_blocks) < max_blocks && rows(loads / 2) < rows(loads)) {
+    loads /= 2;
+  }
+  return loads;
+}
+
+// The loads a lane as a template argument (they stay in registers): every choice for 16- and 8-byte vectors,
+// 16 narrower ones (64, 32 or 16 bytes a lane) for rows whose layout allows no wider access.
 template <typename V, typename Index>
 void launch_for_rows(const QuantizedGpuRows& t, const GpuIndices& indices, c10::BFloat16* out, DeviceIndexError* error,
-                     int max_blocks, cudaStream_t stream) {
-  const int64_t row_bytes = format_row_bytes(t.format, t.dim);
-  const int64_t per_row = t.format == RowFormat::kBFloat16 ? 0 : kWarpsPerBlock * (row_bytes + 16);
-  const int64_t grid_warps = static_cast<int64_t>(std::max(1, max_blocks)) * kWarpsPerBlock;
-  auto fits = [&](int rows) { return per_row * rows <= 48 * 1024 && indices.count >= grid_warps * rows; };
-  if (fits(8)) return launch_shaped<V, Index, 8>(t, indices, out, error, max_blocks, stream);
-  if (fits(4)) return launch_shaped<V, Index, 4>(t, indices, out, error, max_blocks, stream);
-  if (fits(2)) return launch_shaped<V, Index, 2>(t, indices, out, error, max_blocks, stream);
-  return launch_shaped<V, Index, 1>(t, indices, out, error, max_blocks, stream);
+                     const RowLaunch& l, cudaStream_t stream) {
+  if constexpr (sizeof(V) >= 8) {
+    constexpr int kPer16 = 16 / sizeof(V);
+    const int64_t vectors = (format_row_bytes(t.format, t.dim) + sizeof(V) - 1) / sizeof(V);
+    switch (loads_in_flight(indices.count, vectors, kPer16, l.max_blocks, l.rows_in_flight)) {
+      case 1: return launch_shaped<V, Index, kPer16>(t, indices, out, error, l.max_blocks, stream);
+      case 2: return launch_shaped<V, Index, 2 * kPer16>(t, indices, out, error, l.max_blocks, stream);
+      case 8: return launch_shaped<V, Index, 8 * kPer16>(t, indices, out, error, l.max_blocks, stream);
+      default: return launch_shaped<V, Index, 4 * kPer16>(t, indices, out, error, l.max_blocks, stream);
+    }
+  } else {
+    launch_shaped<V, Index, 16>(t, indices, out, error, l.max_blocks, stream);
+  }
 }
 
 template <typename Index>
 void launch_for_index(const QuantizedGpuRows& t, const GpuIndices& indices, c10::BFloat16* out,
-                      DeviceIndexError* error, int max_blocks, cudaStream_t stream) {
+                      DeviceIndexError* error, const RowLaunch& l, cudaStream_t stream) {
   // The widest vector every row start allows; bf16 rows are also stored by it, so the output must allow it too.
   const int64_t row_bytes = format_row_bytes(t.format, t.dim);
   int width = row_access::widest_access_bytes({static_cast<uint64_t>(t.row_stride_bytes),
@@ -162,23 +244,23 @@ void launch_for_index(const QuantizedGpuRows& t, const GpuIndices& indices, c10:
                                                              reinterpret_cast<uint64_t>(out)}));
   }
   switch (width) {
-    case 16: return launch_for_rows<uint4, Index>(t, indices, out, error, max_blocks, stream);
-    case 8: return launch_for_rows<uint2, Index>(t, indices, out, error, max_blocks, stream);
-    case 4: return launch_for_rows<uint32_t, Index>(t, indices, out, error, max_blocks, stream);
-    case 2: return launch_for_rows<uint16_t, Index>(t, indices, out, error, max_blocks, stream);
-    default: return launch_for_rows<uint8_t, Index>(t, indices, out, error, max_blocks, stream);
+    case 16: return launch_for_rows<uint4, Index>(t, indices, out, error, l, stream);
+    case 8: return launch_for_rows<uint2, Index>(t, indices, out, error, l, stream);
+    case 4: return launch_for_rows<uint32_t, Index>(t, indices, out, error, l, stream);
+    case 2: return launch_for_rows<uint16_t, Index>(t, indices, out, error, l, stream);
+    default: return launch_for_rows<uint8_t, Index>(t, indices, out, error, l, stream);
   }
 }
 
 }  // namespace
 
 void launch_gather_dequant(const QuantizedGpuRows& table, const GpuIndices& indices, c10::BFloat16* out,
-                           DeviceIndexError* error, int max_blocks, cudaStream_t stream) {
+                           DeviceIndexError* error, const RowLaunch& launch, cudaStream_t stream) {
   if (indices.count == 0 || table.dim == 0) return;
   if (indices.is_int64 || indices.data == nullptr) {
-    launch_for_index<int64_t>(table, indices, out, error, max_blocks, stream);
+    launch_for_index<int64_t>(table, indices, out, error, launch, stream);
   } else {
-    launch_for_index<int32_t>(table, indices, out, error, max_blocks, stream);
+    launch_for_index<int32_t>(table, indices, out, error, launch, stream);
   }
 }
 

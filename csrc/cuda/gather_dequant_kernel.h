@@ -27,8 +27,10 @@ constexpr int64_t kMaxDequantRowBytes = 6144;
 
 // out[p * dim + j] = element j of row indices[i], dequantized to bfloat16, p the position of entry i (as
 // launch_row_gather: indices.positions may map sorted entries back). indices.data may be null: entry i is row i.
-// A bad index is flagged in `error` and its output row filled with NaN bytes. At most `max_blocks` blocks.
+// A bad index is flagged in `error` and its output row filled with NaN bytes. At most `launch.max_blocks` blocks;
+// each lane keeps `launch.rows_in_flight` 16-byte loads in flight (the row gather's rows in flight: a warp takes
+// as many rows at once as fill them).
 void launch_gather_dequant(const QuantizedGpuRows& table, const GpuIndices& indices, c10::BFloat16* out,
-                           DeviceIndexError* error, int max_blocks, cudaStream_t stream);
+                           DeviceIndexError* error, const RowLaunch& launch, cudaStream_t stream);
 
 }  // namespace speedtorch

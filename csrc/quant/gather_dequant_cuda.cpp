@@ -54,12 +54,15 @@ class SideStream {
 };
 
 // The split of a pinned table's rows between the fused kernel (UVA) and CPU threads (staged), as the transfer
-// policy plans a gather's, with the automatic staged share capped; all over UVA under capture.
+// policy plans a gather's, with the automatic staged share capped; all over UVA under capture, and by default when
+// the indices are on the GPU: a staged share must first copy its indices to the host, a wait on the stream before
+// the kernel is queued, and its copies cross the same link the kernel reads over (bench/RESULTS.md: run 48, fp8
+// 0.73 of memcpy with the split, 0.76 UVA alone; run 46, the plain gather's split added nothing with GPU indices).
 TransferPlan dequant_plan(const TransferConfig& config, int64_t footprint, int64_t stride_bytes, int64_t count,
-                          bool capturing) {
+                          bool capturing, bool cuda_indices) {
   TransferPlan plan;
   plan.uva_rows = count;
-  if (capturing) return plan;
+  if (capturing || (cuda_indices && config.uva_fraction < 0)) return plan;
   plan = plan_transfer(config, footprint, stride_bytes, count, at::get_num_threads());
   if (config.uva_fraction < 0) {
     plan.staged_rows = std::min(plan.staged_rows, static_cast<int64_t>(kMaxAutoStagedShare * count));
@@ -85,7 +88,7 @@ void gather_dequant_to_cuda(const at::Tensor& table, const at::Tensor& flat, Row
     const at::Tensor raw = gather_table_rows(table, flat, out.device(), op);
     launch_gather_dequant(gpu_rows(raw, static_cast<const char*>(raw.const_data_ptr()), format, dim),
                           GpuIndices{nullptr, true, count}, out_ptr, device_index_error_record(device),
-                          full_grid(device), stream.stream());
+                          RowLaunch{full_grid(device)}, stream.stream());
     return;
   }
   // Bad indices raise here; in deferred mode or under capture the kernel flags them (cuda/device_index_error.h).
@@ -95,7 +98,7 @@ void gather_dequant_to_cuda(const at::Tensor& table, const at::Tensor& flat, Row
   if (table.is_cuda()) {
     launch_gather_dequant(gpu_rows(table, static_cast<const char*>(table.const_data_ptr()), format, dim),
                           GpuIndices{dev_idx.const_data_ptr(), dev_idx.scalar_type() == at::kLong, count},
-                          out_ptr, device_index_error_record(device), full_grid(device), stream.stream());
+                          out_ptr, device_index_error_record(device), RowLaunch{full_grid(device)}, stream.stream());
     metrics::add_rows_moved(metrics::TransferPath::kGpuTable, metrics::Direction::kGather, count, row_bytes);
     return;
   }
@@ -105,7 +108,8 @@ void gather_dequant_to_cuda(const at::Tensor& table, const at::Tensor& flat, Row
   const TransferConfig config = transfer_config();
   const int64_t stride_bytes = table.stride(0) * table.element_size();
   const int64_t footprint = touched_bytes(table.size(0), stride_bytes, span);
-  const TransferPlan plan = dequant_plan(config, footprint, stride_bytes, count, stream_is_capturing(stream.stream()));
+  const TransferPlan plan = dequant_plan(config, footprint, stride_bytes, count, stream_is_capturing(stream.stream()),
+                                        flat.is_cuda());
   // The staged share's indices come to the host before the kernel is queued (a copy after it would wait for it), and
   // the kernel runs on a side stream, so that the staged copies, which follow the current stream, do not queue
   // behind it either; the current stream waits for it at the end.
@@ -121,7 +125,7 @@ void gather_dequant_to_cuda(const at::Tensor& table, const at::Tensor& flat, Row
         uva_share(dev_idx.narrow(0, 0, plan.uva_rows), plan.uva_rows, table, footprint, sorted, config, device,
                   uva_stream.stream());
     launch_gather_dequant(gpu_rows(table, mapped_address(table, op, "table"), format, dim), share.view, out_ptr,
-                          device_index_error_record(device), uva_launch(device, config).max_blocks, uva_stream.stream());
+                          device_index_error_record(device), uva_launch(device, config), uva_stream.stream());
     note_uva_use(table, UvaAccess::kRead, uva_stream);
     metrics::add_rows_moved(metrics::TransferPath::kUva, metrics::Direction::kGather, plan.uva_rows, row_bytes);
   }
@@ -130,7 +134,7 @@ void gather_dequant_to_cuda(const at::Tensor& table, const at::Tensor& flat, Row
     const at::Tensor raw = gather_table_rows(table, staged_idx, out.device(), op);  // counts its rows itself
     launch_gather_dequant(gpu_rows(raw, static_cast<const char*>(raw.const_data_ptr()), format, dim),
                           GpuIndices{nullptr, true, plan.staged_rows}, out_ptr + plan.uva_rows * dim,
-                          device_index_error_record(device), full_grid(device), stream.stream());
+                          device_index_error_record(device), RowLaunch{full_grid(device)}, stream.stream());
   }
   // Leaving: the current stream waits for the UVA share's side stream (SideStream).
 }

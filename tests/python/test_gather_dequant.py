@@ -316,6 +316,65 @@ def test_gpu_capture_refuses_a_pageable_table():
             gather_dequant(pageable, ids, "fp8_e4m3_ue8m0", 32)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("format", ["int8_rowwise", "fp8_e4m3_ue8m0"])
+@pytest.mark.parametrize("rows_in_flight", [1, 2, 4, 8])
+def test_gpu_uva_groups_equal_the_cpu_rows(format, rows_in_flight, transfer_settings):
+    """The UVA kernel reads a group of rows a warp, as many as fill `uva_rows_in_flight` loads a lane, and converts
+    one group while the next is read. At every setting, rows out equal the CPU loop's bit for bit: dim-256 rows
+    padded to 16 bytes (seven fp8 rows a group at four loads) and unpadded (narrower loads), rows larger than a warp's
+    loads (one row a group, read in chunks); sorted, unsorted and locality-sorted indices, int64 and int32, batches
+    that end in a partial group, and a decode-size one."""
+    transfer_settings(uva_rows_in_flight=rows_in_flight, uva_fraction=1.0, sort_uva_indices=0)
+    g = torch.Generator().manual_seed(rows_in_flight)
+    for dim, alignment, n in ((256, 16, 12_000), (256, 1, 12_000), (1024, 16, 6000), (4096, 16, 2000)):
+        table = quantize_rows(trained_table(n=n, dim=dim), format, row_alignment=alignment)
+        unsorted = torch.randint(0, n, (9001,), generator=g)
+        batches = [unsorted, unsorted.int(), torch.unique(unsorted), unsorted[:37]]
+        for ids in batches:
+            expected = gather_dequant(table, ids, format, dim, "cpu")
+            assert torch.equal(gather_dequant(table, ids.cuda(), format, dim).cpu(), expected), (dim, alignment)
+        with speedtorch.transfer_config_override(sort_uva_indices=1, uva_reach_bytes=0):  # sorted on the GPU first
+            got = gather_dequant(table, unsorted.cuda(), format, dim)
+        assert torch.equal(got.cpu(), gather_dequant(table, unsorted, format, dim, "cpu")), (dim, alignment)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("format", ["int8_rowwise", "fp8_e4m3_ue8m0"])
+@pytest.mark.parametrize("sort", [0, 1])
+def test_gpu_bad_index_in_a_large_batch_deferred(format, sort, deferred_checks, transfer_settings):
+    """A bad index inside a group of a large batch, its rows read in batch order or sorted by row first: its row
+    alone is NaN, the others equal the CPU's, and the error names its position in the batch."""
+    transfer_settings(sort_uva_indices=sort, uva_reach_bytes=0)
+    table = quantize_rows(trained_table(n=8000, dim=256), format)
+    ids = torch.randint(0, 8000, (9000,), generator=torch.Generator().manual_seed(sort))
+    ids[4321] = 8000
+    out = gather_dequant(table, ids.cuda(), format, 256)
+    with pytest.raises(IndexError, match="holds 8000 at flat position 4321"):
+        speedtorch.check_index_errors()
+    good = torch.ones(9000, dtype=torch.bool)
+    good[4321] = False
+    assert torch.isnan(out[4321].float().cpu()).all()
+    assert torch.equal(out[good].cpu(), gather_dequant(table, ids[good], format, 256, "cpu"))
+
+
+@pytest.mark.gpu
+def test_gpu_auto_split_is_uva_alone_for_gpu_indices(transfer_settings):
+    """The automatic split stages a share through CPU threads only for indices on the host: GPU indices would first
+    have to come back to the host for it (a wait before the kernel is queued)."""
+    transfer_settings(uva_reach_bytes=0, small_transfer_bytes=0, staged_gbps_per_thread=100.0, staged_max_gbps=100.0)
+    table = quantize_rows(trained_table(n=5000, dim=256), "fp8_e4m3_ue8m0")
+    ids = torch.randint(0, 5000, (6000,))
+    expected = gather_dequant(table, ids, "fp8_e4m3_ue8m0", 256, "cpu")
+    for index_device, staged in (("cuda", False), ("cpu", True)):
+        speedtorch.reset_stats()
+        got = gather_dequant(table, ids.to(index_device), "fp8_e4m3_ue8m0", 256, "cuda")
+        assert torch.equal(got.cpu(), expected)
+        stats = speedtorch.stats()
+        assert (stats["staged_gather_rows"] > 0) is staged, index_device
+        assert stats["uva_gather_rows"] + stats["staged_gather_rows"] == 6000
+
+
 # --- values a format cannot hold --------------------------------------------------------------------------------
 
 
