@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -17,38 +19,44 @@
 #include "cpu/table_views.h"
 #include "cuda/device_index_error.h"
 #include "transfer/device_access.h"
+#include "transfer/transfer_policy.h"
 
 namespace speedtorch {
 namespace {
 
 // What one host function needs, as raw pointers: the buffers stay alive through the pinned allocator's record of
 // the stream and the table through the host access tracker, so the function releases no tensor (freeing one may
-// call CUDA, which a host function must not).
+// call CUDA, which a host function must not). A transfer is cut into chunks, one host function each, so that the
+// copy engine moves one chunk while the CPU threads copy the next.
 struct HostRowCopy {
   HostRows table;
-  const void* indices;
+  const void* indices;  // the whole transfer's
   bool long_indices;
-  int64_t count;
-  char* staging;  // `count` dense rows of table.row_bytes
-  bool gather;    // table -> staging; else staging -> table
-  bool check;     // the indices were not validated before (deferred mode)
+  int64_t count;        // the whole transfer's
+  int64_t begin, end;   // this chunk's positions
+  char* staging;        // the whole transfer's rows, dense
+  bool gather;          // table -> staging; else staging -> table
+  bool check;           // the first chunk of a transfer whose indices were not validated: check them all first
   int device;
   int threads;  // at::get_num_threads() where the copy was asked for (the host function's thread has its own)
+  std::shared_ptr<std::atomic<bool>> bad;  // the check failed: no chunk copies anything
 };
 
 template <typename Index>
 void copy_rows(const HostRowCopy& c, const Index* indices) {
   if (c.check) {
     const IndexRangeViolation bad = find_index_out_of_range(indices, c.count, c.table.num_rows);
-    if (bad.found) {  // nothing is copied: a gather's rows stay unwritten, a scatter writes none
+    if (bad.found) {  // a gather's rows stay unwritten, a scatter writes none
       flag_index_error_from_host(c.device, bad.value, bad.position, c.table.num_rows);
-      return;
+      c.bad->store(true);
     }
   }
+  if (c.bad->load()) return;
+  const int64_t offset = c.begin * c.table.row_bytes;
   if (c.gather) {
-    gather_rows_cpu(c.table, indices, c.count, c.staging);
+    gather_rows_cpu(c.table, indices + c.begin, c.end - c.begin, c.staging + offset);
   } else {
-    scatter_rows_cpu(c.table, indices, c.count, c.staging);
+    scatter_rows_cpu(c.table, indices + c.begin, c.end - c.begin, c.staging + offset);
   }
 }
 
@@ -75,11 +83,21 @@ void enqueue_host_row_copy(const HostRowCopy& copy, cudaStream_t stream) {
   task.release();  // the host function owns it now
 }
 
+// `waiter` waits for everything enqueued on `stream` so far.
+void wait_for(cudaStream_t waiter, cudaStream_t stream) {
+  cudaEvent_t event = nullptr;
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  cudaError_t status = cudaEventRecord(event, stream);
+  if (status == cudaSuccess) status = cudaStreamWaitEvent(waiter, event, 0);
+  C10_CUDA_CHECK_WARN(cudaEventDestroy(event));  // its resources go once the wait is done
+  C10_CUDA_CHECK(status);
+}
+
 at::Tensor pinned_bytes(int64_t bytes) {
   return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
 }
 
-// The indices where the host function reads them: host ones copied now (the caller may change its tensor once the
+// The indices where the host functions read them: host ones copied now (the caller may change its tensor once the
 // call returns), CUDA ones copied on the stream, after whatever made them.
 at::Tensor host_indices(const at::Tensor& indices, const c10::cuda::CUDAStream& stream) {
   const at::Tensor flat = indices.reshape({-1});
@@ -91,14 +109,33 @@ at::Tensor host_indices(const at::Tensor& indices, const c10::cuda::CUDAStream& 
   return host;
 }
 
-HostRowCopy row_copy(const at::Tensor& table, const at::Tensor& idx, const at::Tensor& staging, bool gather,
-                     bool checked, const c10::cuda::CUDAStream& stream) {
-  // check_deferred_index_errors visits the devices that have a record: this one must, to report the host's flag.
-  if (!checked) (void)device_index_error_record(stream.device_index());
-  return HostRowCopy{host_rows(table), idx.const_data_ptr(), idx.scalar_type() == at::kLong, idx.numel(),
-                     static_cast<char*>(staging.data_ptr()), gather, !checked, stream.device_index(),
-                     at::get_num_threads()};
-}
+// One transfer's chunks: the rows of each (staging_chunk_bytes of them, at least one row), and the fields every
+// chunk's host function shares.
+struct ChunkedCopy {
+  HostRowCopy first;
+  int64_t rows_per_chunk;
+
+  ChunkedCopy(const at::Tensor& table, const at::Tensor& idx, const at::Tensor& staging, bool gather, bool checked,
+              const c10::cuda::CUDAStream& stream) {
+    // check_deferred_index_errors visits the devices that have a record: this one must, to report the host's flag.
+    if (!checked) (void)device_index_error_record(stream.device_index());
+    first = HostRowCopy{host_rows(table), idx.const_data_ptr(), idx.scalar_type() == at::kLong, idx.numel(), 0, 0,
+                        static_cast<char*>(staging.data_ptr()), gather, !checked, stream.device_index(),
+                        at::get_num_threads(), std::make_shared<std::atomic<bool>>(false)};
+    const int64_t row_bytes = std::max<int64_t>(1, first.table.row_bytes);
+    rows_per_chunk = std::max<int64_t>(1, staging_chunk_bytes_for(transfer_config(), row_bytes) / row_bytes);
+  }
+
+  // Enqueues the host function of the chunk starting at `begin` on `stream`; returns its end.
+  int64_t enqueue(int64_t begin, cudaStream_t stream) const {
+    HostRowCopy chunk = first;
+    chunk.begin = begin;
+    chunk.end = std::min(first.count, begin + rows_per_chunk);
+    chunk.check = first.check && begin == 0;
+    enqueue_host_row_copy(chunk, stream);
+    return chunk.end;
+  }
+};
 
 }  // namespace
 
@@ -106,13 +143,23 @@ void gather_pinned_in_stream_order(const at::Tensor& table, const at::Tensor& in
                                    bool checked, const c10::cuda::CUDAStream& stream) {
   const int64_t count = indices.numel();
   if (count == 0) return;
-  const int64_t bytes = count * table.size(1) * table.element_size();
+  const int64_t row_bytes = table.size(1) * table.element_size();
   const at::Tensor idx = host_indices(indices, stream);
-  const at::Tensor staging = pinned_bytes(bytes);
-  enqueue_host_row_copy(row_copy(table, idx, staging, /*gather=*/true, checked, stream), stream.stream());
+  const at::Tensor staging = pinned_bytes(count * row_bytes);
+  const ChunkedCopy chunks(table, idx, staging, /*gather=*/true, checked, stream);
+  // The copy engine on a stream of its own moves each chunk once its host function is done, while the next runs.
+  const c10::cuda::CUDAStream copy = c10::cuda::getStreamFromPool(false, stream.device_index());
+  wait_for(copy.stream(), stream.stream());  // `out` may still be in use by the caller's earlier work
+  for (int64_t begin = 0; begin < count;) {
+    const int64_t end = chunks.enqueue(begin, stream.stream());
+    wait_for(copy.stream(), stream.stream());
+    C10_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.data_ptr()) + begin * row_bytes,
+                                   staging.const_data_ptr<uint8_t>() + begin * row_bytes, (end - begin) * row_bytes,
+                                   cudaMemcpyHostToDevice, copy.stream()));
+    begin = end;
+  }
+  wait_for(stream.stream(), copy.stream());
   note_uva_use(table, UvaAccess::kRead, stream);
-  C10_CUDA_CHECK(cudaMemcpyAsync(out.data_ptr(), staging.const_data_ptr(), bytes, cudaMemcpyHostToDevice,
-                                 stream.stream()));
   note_uva_use(idx, UvaAccess::kRead, stream);
   note_uva_use(staging, UvaAccess::kRead, stream);
 }
@@ -121,12 +168,22 @@ void scatter_pinned_in_stream_order(const at::Tensor& table, const at::Tensor& i
                                     bool checked, const c10::cuda::CUDAStream& stream) {
   const int64_t count = indices.numel();
   if (count == 0) return;
-  const int64_t bytes = count * table.size(1) * table.element_size();
-  const at::Tensor staging = pinned_bytes(bytes);
-  C10_CUDA_CHECK(cudaMemcpyAsync(staging.data_ptr(), src.const_data_ptr(), bytes, cudaMemcpyDeviceToHost,
-                                 stream.stream()));
+  const int64_t row_bytes = table.size(1) * table.element_size();
   const at::Tensor idx = host_indices(indices, stream);
-  enqueue_host_row_copy(row_copy(table, idx, staging, /*gather=*/false, checked, stream), stream.stream());
+  const at::Tensor staging = pinned_bytes(count * row_bytes);
+  const ChunkedCopy chunks(table, idx, staging, /*gather=*/false, checked, stream);
+  // The copy engine brings each chunk down on a stream of its own; the host functions, in order on the caller's
+  // stream (so a later duplicate still lands last), write each once it has arrived.
+  const c10::cuda::CUDAStream copy = c10::cuda::getStreamFromPool(false, stream.device_index());
+  wait_for(copy.stream(), stream.stream());  // what made `src`
+  for (int64_t begin = 0; begin < count;) {
+    const int64_t end = std::min(count, begin + chunks.rows_per_chunk);
+    C10_CUDA_CHECK(cudaMemcpyAsync(staging.data_ptr<uint8_t>() + begin * row_bytes,
+                                   static_cast<const char*>(src.const_data_ptr()) + begin * row_bytes,
+                                   (end - begin) * row_bytes, cudaMemcpyDeviceToHost, copy.stream()));
+    wait_for(stream.stream(), copy.stream());
+    begin = chunks.enqueue(begin, stream.stream());
+  }
   note_uva_use(table, UvaAccess::kWrite, stream);
   note_uva_use(idx, UvaAccess::kRead, stream);
   note_uva_use(staging, UvaAccess::kRead, stream);

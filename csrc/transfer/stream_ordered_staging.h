@@ -9,9 +9,11 @@
 // (cudaLaunchHostFunc) that hands the rows to speedtorch's helper threads (cpu/helped_parallel_for.h): the call
 // only enqueues, and later work on the stream sees the rows as after any other transfer.
 //
-// A gather enqueues: the indices to pinned host memory (CUDA indices: a copy), a host function gathering the rows
-// into a pinned staging buffer, and one copy of it to `out`. A scatter: `src` to staging, then a host function
-// writing the rows into the table (duplicates: the last occurrence wins). The staging and index buffers come from
+// A gather enqueues: the indices to pinned host memory (CUDA indices: a copy), then for each chunk of rows
+// (staging_chunk_bytes) a host function gathering them into a pinned staging buffer, whose copy to `out` runs on a
+// pooled copy stream while the next chunk is gathered. A scatter: the chunks of `src` come down on the copy stream,
+// and a host function on the caller's stream writes each into the table once it has arrived (in order, so the last
+// occurrence of a duplicate index lands last). The staging and index buffers come from
 // PyTorch's pinned allocator, which keeps each block until the stream is past its use; the table's accesses are
 // recorded for the host access tracker like a UVA kernel's, so CPU access and freeing the table wait for them.
 //
