@@ -324,6 +324,9 @@ def section_gpu(args, device) -> dict:
         if placement == "host" and device.type == "cuda":
             # The same model with its rows moved by CPU threads in stream order and the copy engines: no SM.
             ways[COPY_ENGINES] = WithTransferOptions(ways[label], stream_ordered_staging=1)
+            for threads in args.copy_threads:
+                ways[f"{COPY_ENGINES}, {threads} CPU threads"] = WithTransferOptions(
+                    ways[label], stream_ordered_staging=1, stream_ordered_threads=threads)
     if not args.no_torch:
         print("building torch nn.EmbeddingBag on the GPU", flush=True)
         torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim), sparse=True, device=device)
@@ -474,6 +477,9 @@ def main() -> int:
     parser.add_argument("--sweep-launch", type=lambda t: t.split(","), default=None,
                         help="gpu: also time the host tables' pipelined way at these launch settings of its row "
                              "kernels, SMSxBLOCKSxROWS each (e.g. 32x1x4,16x2x4), in turns with the yardstick")
+    parser.add_argument("--copy-threads", type=lambda t: [int(v) for v in t.split(",")], default=[],
+                        help="gpu: also time the copy engines' way with these CPU thread counts (the option "
+                             "stream_ordered_threads; its default is half of torch's threads)")
     parser.add_argument("--state-apart", action="store_true",
                         help="optimizer state in a table of its own (no re-layout of the rows at setup: one pin)")
     parser.add_argument("--no-torch", action="store_true", help="gpu: leave out torch's nn.EmbeddingBag way")

@@ -38,7 +38,7 @@ struct HostRowCopy {
   bool gather;          // table -> staging; else staging -> table
   bool check;           // the first chunk of a transfer whose indices were not validated: check them all first
   int device;
-  int threads;  // at::get_num_threads() where the copy was asked for (the host function's thread has its own)
+  int threads;  // the option stream_ordered_threads where the copy was asked for (the host function's thread has its own)
   std::shared_ptr<std::atomic<bool>> bad;  // the check failed: no chunk copies anything
 };
 
@@ -109,6 +109,11 @@ at::Tensor host_indices(const at::Tensor& indices, const c10::cuda::CUDAStream& 
   return host;
 }
 
+int copy_threads(const TransferConfig& config) {
+  if (config.stream_ordered_threads > 0) return static_cast<int>(config.stream_ordered_threads);
+  return std::max(1, at::get_num_threads() / 2);
+}
+
 // One transfer's chunks: the rows of each (staging_chunk_bytes of them, at least one row), and the fields every
 // chunk's host function shares.
 struct ChunkedCopy {
@@ -117,13 +122,14 @@ struct ChunkedCopy {
 
   ChunkedCopy(const at::Tensor& table, const at::Tensor& idx, const at::Tensor& staging, bool gather, bool checked,
               const c10::cuda::CUDAStream& stream) {
+    const TransferConfig config = transfer_config();
     // check_deferred_index_errors visits the devices that have a record: this one must, to report the host's flag.
     if (!checked) (void)device_index_error_record(stream.device_index());
     first = HostRowCopy{host_rows(table), idx.const_data_ptr(), idx.scalar_type() == at::kLong, idx.numel(), 0, 0,
                         static_cast<char*>(staging.data_ptr()), gather, !checked, stream.device_index(),
-                        at::get_num_threads(), std::make_shared<std::atomic<bool>>(false)};
+                        copy_threads(config), std::make_shared<std::atomic<bool>>(false)};
     const int64_t row_bytes = std::max<int64_t>(1, first.table.row_bytes);
-    rows_per_chunk = std::max<int64_t>(1, staging_chunk_bytes_for(transfer_config(), row_bytes) / row_bytes);
+    rows_per_chunk = std::max<int64_t>(1, staging_chunk_bytes_for(config, row_bytes) / row_bytes);
   }
 
   // Enqueues the host function of the chunk starting at `begin` on `stream`; returns its end.

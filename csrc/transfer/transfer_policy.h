@@ -60,6 +60,10 @@ struct TransferConfig {
   // not consulted then. Not under CUDA graph capture nor for pageable tables (the usual routes serve those).
   // SPEEDTORCH_STREAM_ORDERED_STAGING (0 or 1).
   bool stream_ordered_staging = false;
+  // CPU threads each stream-ordered copy takes; 0: half of torch's intra-op threads (at least one), so that the
+  // thread that launches the model's kernels keeps a core while the copies run beside them (a DLRM step's main
+  // stream showed gaps between kernels when the copies took every core). SPEEDTORCH_STREAM_ORDERED_THREADS.
+  int64_t stream_ordered_threads = 0;
   // The fused optimizer's GPU kernel reads and writes 4 values per access where rows are aligned for it; false
   // forces the scalar kernel (for comparisons, bench/experiments/fused_step_variants.py). SPEEDTORCH_OPTIMIZER_VEC4
   // (0 or 1).
@@ -91,6 +95,7 @@ void for_each_transfer_option(Visit&& visit) {
   visit("calibrate_split", "SPEEDTORCH_CALIBRATE_SPLIT", &TransferConfig::calibrate_split);
   visit("optimizer_vec4", "SPEEDTORCH_OPTIMIZER_VEC4", &TransferConfig::optimizer_vec4);
   visit("stream_ordered_staging", "SPEEDTORCH_STREAM_ORDERED_STAGING", &TransferConfig::stream_ordered_staging);
+  visit("stream_ordered_threads", "SPEEDTORCH_STREAM_ORDERED_THREADS", &TransferConfig::stream_ordered_threads);
   visit("uva_spread_gbps", "SPEEDTORCH_UVA_SPREAD_GBPS", &TransferConfig::uva_spread_gbps);
   visit("staged_gbps_per_thread", "SPEEDTORCH_STAGED_GBPS_PER_THREAD", &TransferConfig::staged_gbps_per_thread);
   visit("staged_max_gbps", "SPEEDTORCH_STAGED_MAX_GBPS", &TransferConfig::staged_max_gbps);
