@@ -111,7 +111,7 @@ at::Tensor host_indices(const at::Tensor& indices, const c10::cuda::CUDAStream& 
 
 int copy_threads(const TransferConfig& config) {
   if (config.stream_ordered_threads > 0) return static_cast<int>(config.stream_ordered_threads);
-  return std::max(1, at::get_num_threads() / 2);
+  return at::get_num_threads();
 }
 
 // One transfer's chunks: the rows of each (staging_chunk_bytes of them, at least one row), and the fields every

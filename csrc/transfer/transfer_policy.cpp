@@ -45,7 +45,7 @@ void validate(const TransferConfig& c) {
               c.uva_sort_bucket_bytes);
   TORCH_CHECK(c.max_sms >= 0, "speedtorch: max_sms must be >= 0 (0: every SM), got ", c.max_sms);
   TORCH_CHECK(c.stream_ordered_threads >= 0 && c.stream_ordered_threads <= 4096,
-              "speedtorch: stream_ordered_threads must be in [0, 4096] (0: half of torch's threads), got ",
+              "speedtorch: stream_ordered_threads must be in [0, 4096] (0: torch's threads), got ",
               c.stream_ordered_threads);
   TORCH_CHECK(c.uva_spread_gbps > 0 && c.staged_gbps_per_thread > 0 && c.staged_max_gbps > 0,
               "speedtorch: transfer rates must be > 0");

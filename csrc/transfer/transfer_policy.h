@@ -60,9 +60,9 @@ struct TransferConfig {
   // not consulted then. Not under CUDA graph capture nor for pageable tables (the usual routes serve those).
   // SPEEDTORCH_STREAM_ORDERED_STAGING (0 or 1).
   bool stream_ordered_staging = false;
-  // CPU threads each stream-ordered copy takes; 0: half of torch's intra-op threads (at least one), so that the
-  // thread that launches the model's kernels keeps a core while the copies run beside them (a DLRM step's main
-  // stream showed gaps between kernels when the copies took every core). SPEEDTORCH_STREAM_ORDERED_THREADS.
+  // CPU threads each stream-ordered copy takes; 0: torch's intra-op threads where the copy is asked for. Fewer
+  // leave cores to other work, at a cost: a pipelined DLRM step on an H200's 16 cores ran 1.63x the all-GPU step
+  // with 4, 1.17x with 8, 1.10-1.12x with 12-16 (bench/RESULTS.md). SPEEDTORCH_STREAM_ORDERED_THREADS.
   int64_t stream_ordered_threads = 0;
   // The fused optimizer's GPU kernel reads and writes 4 values per access where rows are aligned for it; false
   // forces the scalar kernel (for comparisons, bench/experiments/fused_step_variants.py). SPEEDTORCH_OPTIMIZER_VEC4

@@ -219,6 +219,21 @@ def test_forward_takes_the_rows_gathered_ahead(monkeypatch):
     assert pipeline.steps == 2
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("copy_engines", [True, False])
+def test_the_copy_engines_setting_is_passed_on_on_a_gpu(monkeypatch, copy_engines):
+    seen = []
+    real = speedtorch.pipeline.transfer_config_override
+    monkeypatch.setattr(speedtorch.pipeline, "transfer_config_override",
+                        lambda **options: (seen.append(options), real(**options))[1])
+    batches = synthetic_batches(ROWS, 8, 3, seed=7, pin_memory=True)
+    model, opt = tiny_dlrm("cuda")
+    for _ in TrainPipeline(model, opt, batches, device="cuda", max_sms=16, copy_engines=copy_engines):
+        pass
+    expected = {"max_sms": 16, "stream_ordered_staging": 1} if copy_engines else {"max_sms": 16}
+    assert seen == [expected] * 5
+
+
 def test_the_side_streams_transfer_bound_is_passed_on(monkeypatch):
     seen = []
     real = speedtorch.pipeline.transfer_config_override
@@ -244,6 +259,9 @@ def test_max_sms_is_a_quarter_of_the_gpus_by_default_and_checked():
     for bad in (-1, "half", 2.5, True):
         with pytest.raises(ValueError, match="max_sms must be 'auto', None or an int >= 0"):
             TrainPipeline(model, opt, batches, device="cpu", max_sms=bad)
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="copy_engines must be True or False"):
+            TrainPipeline(model, opt, batches, device="cpu", copy_engines=bad)
 
 
 def test_max_sms_auto_leaves_tables_in_gpu_memory_unbounded(monkeypatch):
