@@ -83,7 +83,7 @@ def dense_params(model):
     return [p for name, p in model.named_parameters() if "embeddings" not in name]
 
 
-UVA_KERNELS = "host RAM, pipelined, UVA row kernels (copy_engines=False)"
+COPY_ENGINES = "host RAM, pipelined, copy engines (copy_engines=True)"
 
 
 class Way:
@@ -123,7 +123,7 @@ class WithTransferOptions:
     """A way run with transfer options in force on the pipeline's thread (speedtorch.transfer_config_override) and
     TrainPipeline's ``copy_engines`` set: the same model, turns in between with the settings it was built with."""
 
-    def __init__(self, way: Way, copy_engines: bool = True, **options):
+    def __init__(self, way: Way, copy_engines: bool = False, **options):
         self.way, self.copy_engines, self.options = way, copy_engines, options
         self.model, self.pipeline = way.model, way.pipeline
 
@@ -326,11 +326,11 @@ def section_gpu(args, device) -> dict:
         ways[label] = Way(model, torch.optim.Adagrad(dense_params(model), lr=args.lr), batches, device,
                           max_sms=None if placement == "gpu" else args.max_sms)
         if placement == "host" and device.type == "cuda":
-            # The same model with its rows moved by UVA kernels on max_sms SMs instead of the copy engines.
-            ways[UVA_KERNELS] = WithTransferOptions(ways[label], copy_engines=False)
+            # The same model with its rows moved by CPU threads in stream order and the copy engines: no SM.
+            ways[COPY_ENGINES] = WithTransferOptions(ways[label], copy_engines=True)
             for threads in args.copy_threads:
-                ways[f"{label}, {threads} CPU threads"] = WithTransferOptions(ways[label],
-                                                                               stream_ordered_threads=threads)
+                ways[f"{COPY_ENGINES}, {threads} CPU threads"] = WithTransferOptions(
+                    ways[label], copy_engines=True, stream_ordered_threads=threads)
     if not args.no_torch:
         print("building torch nn.EmbeddingBag on the GPU", flush=True)
         torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim), sparse=True, device=device)
@@ -349,8 +349,8 @@ def section_gpu(args, device) -> dict:
         r["trace"] = traces.get(r["way"])
     print(format_table(results, ["way", "ms/step", "samples/s", "vs all on GPU", "first loss", "last loss"]))
     host = timed["host RAM, pipelined"][0]
-    if UVA_KERNELS in timed:
-        print(f"{UVA_KERNELS}: {timed[UVA_KERNELS][0] / gpu:.3f}x the step time of every table on the GPU")
+    if COPY_ENGINES in timed:
+        print(f"{COPY_ENGINES}: {timed[COPY_ENGINES][0] / gpu:.3f}x the step time of every table on the GPU")
     print(f"host RAM, pipelined: {host / gpu:.3f}x the step time of every table on the GPU (target <= 1.05); "
           f"hybrid {timed[f'hybrid ({args.hot_fraction:.0%} cached), pipelined'][0] / gpu:.3f}x; the pipeline "
           f"saves {timed['host RAM, not pipelined'][0] / host:.2f}x")
@@ -366,7 +366,7 @@ def sweep_launch(ways: dict, args, device) -> None:
     sweep = {yardstick: ways[yardstick]}
     for point in args.sweep_launch:
         sweep[f"host RAM, pipelined, {point} (SMs x blocks a SM x rows in flight)"] = \
-            WithLaunch(ways[UVA_KERNELS], point)
+            WithLaunch(ways["host RAM, pipelined"], point)
     timed = time_ways(sweep, args.steps, args.rounds, args.warmup, device)
     gpu = timed[yardstick][0]
     print(format_table([{"way": label, "ms/step": ms, "vs all on GPU": ms / gpu} for label, (ms, _, _) in
@@ -483,8 +483,8 @@ def main() -> int:
                         help="gpu: also time the host tables' pipelined way at these launch settings of its row "
                              "kernels, SMSxBLOCKSxROWS each (e.g. 32x1x4,16x2x4), in turns with the yardstick")
     parser.add_argument("--copy-threads", type=lambda t: [int(v) for v in t.split(",")], default=[],
-                        help="gpu: also time the host tables' pipelined way with these CPU thread counts for its "
-                             "copies (the transfer option stream_ordered_threads; default: torch's threads)")
+                        help="gpu: also time the copy engines' way with these CPU thread counts for its copies "
+                             "(the transfer option stream_ordered_threads; default: torch's threads)")
     parser.add_argument("--state-apart", action="store_true",
                         help="optimizer state in a table of its own (no re-layout of the rows at setup: one pin)")
     parser.add_argument("--no-torch", action="store_true", help="gpu: leave out torch's nn.EmbeddingBag way")

@@ -79,14 +79,16 @@ class TrainPipeline:
         prefetch: False runs the same loop without gathering ahead (copies still overlap): the reference.
         copy_engines: on a GPU, move the host tables' rows read ahead and written back by CPU threads in stream order
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
-            step the rows read ahead where they are, writing the table only (True, the default: on an H200 DLRM
-            with host tables ran 1.10-1.12x the all-GPU step this way against 1.19-1.22x with UVA row kernels on 32
-            SMs, bench/RESULTS.md); False: UVA row kernels bounded by ``max_sms``.
+            step the rows read ahead where they are, writing the table only. False (the default): UVA row kernels
+            bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.10-1.17x the all-GPU step with copy
+            engines in four runs, but 1.39x and 2.15x in two others, against 1.18-1.22x with UVA row kernels in
+            every one (bench/RESULTS.md): the CPU copies of a step's write-back and of the next gather only just fit
+            in a step, and do not always.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
                  device=None, sparse_inputs: Optional[Callable[[Any], list]] = None, step_host_tables: bool = True,
-                 max_sms: Union[int, str, None] = "auto", prefetch: bool = True, copy_engines: bool = True):
+                 max_sms: Union[int, str, None] = "auto", prefetch: bool = True, copy_engines: bool = False):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
