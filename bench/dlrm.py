@@ -84,6 +84,8 @@ def dense_params(model):
 
 
 COPY_ENGINES = "host RAM, pipelined, copy engines (copy_engines=True)"
+COPY_COUNTERS = ("stream_ordered_gather_microseconds", "stream_ordered_scatter_microseconds", "staged_gather_bytes",
+                 "staged_scatter_bytes")
 
 
 class Way:
@@ -126,14 +128,29 @@ class WithTransferOptions:
     def __init__(self, way: Way, copy_engines: bool = False, **options):
         self.way, self.copy_engines, self.options = way, copy_engines, options
         self.model, self.pipeline = way.model, way.pipeline
+        self.copies: dict = {}
 
     def run(self, steps: int) -> float:
         kept, self.pipeline.copy_engines = self.pipeline.copy_engines, self.copy_engines
+        before = speedtorch.stats()
         try:
             with speedtorch.transfer_config_override(**self.options):
                 return self.way.run(steps)
         finally:
             self.pipeline.copy_engines = kept
+            after = speedtorch.stats()  # host functions still queued count in the next turn
+            for key in COPY_COUNTERS:
+                self.copies[key] = self.copies.get(key, 0) + after[key] - before[key]
+            self.copies["steps"] = self.copies.get("steps", 0) + steps
+
+    def copy_rates(self) -> str:
+        """The CPU side of the copy engines' way: ms a step and GB/s of the stream-ordered gathers and write-backs."""
+        c, parts = self.copies, []
+        for what, us, nbytes in (("gathers", "stream_ordered_gather_microseconds", "staged_gather_bytes"),
+                                 ("write-backs", "stream_ordered_scatter_microseconds", "staged_scatter_bytes")):
+            if c.get(us, 0) > 0:
+                parts.append(f"{what} {c[us] / 1e3 / c['steps']:.2f} ms a step at {c[nbytes] / c[us] / 1e3:.1f} GB/s")
+        return "CPU copies in stream order: " + ("; ".join(parts) or "none")
 
 
 def time_ways(ways: dict, steps: int, rounds: int, warmup: int, device) -> dict:
@@ -351,6 +368,9 @@ def section_gpu(args, device) -> dict:
     host = timed["host RAM, pipelined"][0]
     if COPY_ENGINES in timed:
         print(f"{COPY_ENGINES}: {timed[COPY_ENGINES][0] / gpu:.3f}x the step time of every table on the GPU")
+        for label, way in ways.items():
+            if isinstance(way, WithTransferOptions) and way.copy_engines:
+                print(f"  {label}: {way.copy_rates()}")
     print(f"host RAM, pipelined: {host / gpu:.3f}x the step time of every table on the GPU (target <= 1.05); "
           f"hybrid {timed[f'hybrid ({args.hot_fraction:.0%} cached), pipelined'][0] / gpu:.3f}x; the pipeline "
           f"saves {timed['host RAM, not pipelined'][0] / host:.2f}x")

@@ -60,6 +60,10 @@ constexpr std::array<CounterInfo, kNumCounters> kCounterInfo{{
      "Row lookups of gathers served by a row cache (PinnedEmbedding.enable_cache / placement='hybrid', or a "
      "placement.HybridTable's device-resident rows)"},
     {Counter::kCacheMisses, "cache_misses", "Row lookups of gathers a row cache did not hold (read from the host)"},
+    {Counter::kStreamOrderedGatherMicroseconds, "stream_ordered_gather_microseconds",
+     "Microseconds CPU threads spent gathering rows into staging in stream order (host functions)"},
+    {Counter::kStreamOrderedScatterMicroseconds, "stream_ordered_scatter_microseconds",
+     "Microseconds CPU threads spent writing rows from staging in stream order (host functions)"},
 }};
 
 constexpr bool table_in_enum_order() {
@@ -133,6 +137,13 @@ void add_cache_lookups(int64_t hits, int64_t misses) {
   if (!on()) return;
   if (hits) add(Counter::kCacheHits, hits);
   if (misses) add(Counter::kCacheMisses, misses);
+}
+
+void add_stream_ordered_copy_time(Direction direction, int64_t microseconds) {
+  if (!on() || microseconds <= 0) return;
+  add(direction == Direction::kGather ? Counter::kStreamOrderedGatherMicroseconds
+                                      : Counter::kStreamOrderedScatterMicroseconds,
+      microseconds);
 }
 
 namespace {

@@ -45,6 +45,8 @@ enum class Counter : int {
   kOptimizerGpuTableRows,
   kCacheHits,
   kCacheMisses,
+  kStreamOrderedGatherMicroseconds,
+  kStreamOrderedScatterMicroseconds,
   kCount  // not a counter: how many there are
 };
 
@@ -65,6 +67,9 @@ void add_optimizer_step(int64_t index_rows, int64_t distinct_rows);
 void add_optimizer_rows(OptimizerRoute route, int64_t rows);
 // Lookups in a GPU-side row cache (or a hybrid table's device-resident rows): found there, or not.
 void add_cache_lookups(int64_t hits, int64_t misses);
+// Time the CPU threads of one stream-ordered copy took (transfer/stream_ordered_staging.h), counted when the copy has
+// run (a host function in a stream), not when it was issued: with the staged counters' bytes, their rate.
+void add_stream_ordered_copy_time(Direction direction, int64_t microseconds);
 
 // Counts kept elsewhere until the counters are read: a row cache on a GPU counts its lookups in device memory (its
 // kernel decides hits; reading them per call would wait for the GPU). `fold` adds them with the functions above;

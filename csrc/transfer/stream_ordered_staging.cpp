@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -18,6 +19,7 @@
 #include "cpu/row_copy_cpu.h"
 #include "cpu/table_views.h"
 #include "cuda/device_index_error.h"
+#include "metrics/transfer_counters.h"
 #include "transfer/device_access.h"
 #include "transfer/transfer_policy.h"
 
@@ -52,12 +54,16 @@ void copy_rows(const HostRowCopy& c, const Index* indices) {
     }
   }
   if (c.bad->load()) return;
+  const auto start = std::chrono::steady_clock::now();
   const int64_t offset = c.begin * c.table.row_bytes;
   if (c.gather) {
     gather_rows_cpu(c.table, indices + c.begin, c.end - c.begin, c.staging + offset);
   } else {
     scatter_rows_cpu(c.table, indices + c.begin, c.end - c.begin, c.staging + offset);
   }
+  const auto took = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
+  metrics::add_stream_ordered_copy_time(c.gather ? metrics::Direction::kGather : metrics::Direction::kScatter,
+                                        took.count());
 }
 
 void CUDART_CB run_host_row_copy(void* data) {

@@ -17,7 +17,7 @@ COUNTERS = [
     "gpu_table_gather_rows", "gpu_table_gather_bytes", "gpu_table_scatter_rows", "gpu_table_scatter_bytes",
     "optimizer_steps", "optimizer_index_rows", "optimizer_rows_updated",
     "optimizer_cpu_rows", "optimizer_uva_rows", "optimizer_gpu_table_rows",
-    "cache_hits", "cache_misses",
+    "cache_hits", "cache_misses", "stream_ordered_gather_microseconds", "stream_ordered_scatter_microseconds",
 ]  # fmt: skip
 
 
