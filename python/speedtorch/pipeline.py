@@ -81,9 +81,9 @@ class TrainPipeline:
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
             step the rows read ahead where they are, writing the table only. False (the default): UVA row kernels
             bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.10-1.17x the all-GPU step with copy
-            engines in four runs, but 1.39x and 2.15x in two others, against 1.18-1.22x with UVA row kernels in
-            every one (bench/RESULTS.md): the CPU copies of a step's write-back and of the next gather only just fit
-            in a step, and do not always.
+            engines in four runs, but 1.39x, 1.86x and 2.15x in three others, against 1.18-1.22x with UVA row kernels
+            in every one (bench/RESULTS.md): the CPU copies of a step's write-back and of the next gather (10 ms a
+            step, in host functions the CUDA driver runs one at a time) only just fit in a step, and do not always.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
