@@ -17,6 +17,10 @@
 // PyTorch's pinned allocator, which keeps each block until the stream is past its use; the table's accesses are
 // recorded for the host access tracker like a UVA kernel's, so CPU access and freeing the table wait for them.
 //
+// Limit: the CUDA driver runs every host function of a process on one thread, one at a time (bench/experiments/
+// host_function_concurrency.py: four streams' 0.2 s host functions took 0.8 s), so two stream-ordered transfers on
+// different streams (a step's write-back, the next batch's gather) copy one after the other on the CPU.
+//
 // Indices are validated by the caller before anything is enqueued, as for every route; in deferred mode the host
 // function checks them itself and flags a bad one for speedtorch.check_index_errors (cuda/device_index_error.h):
 // a gather then leaves `out` unwritten, a scatter writes nothing. Not for CUDA graph capture (a host function in a
