@@ -21,22 +21,23 @@
 #include "cuda/device_index_error.h"
 #include "metrics/transfer_counters.h"
 #include "transfer/device_access.h"
+#include "transfer/staging_ring.h"
 #include "transfer/transfer_policy.h"
 
 namespace speedtorch {
 namespace {
 
-// What one host function needs, as raw pointers: the buffers stay alive through the pinned allocator's record of
-// the stream and the table through the host access tracker, so the function releases no tensor (freeing one may
-// call CUDA, which a host function must not). A transfer is cut into chunks, one host function each, so that the
-// copy engine moves one chunk while the CPU threads copy the next.
+// What one host function needs, as raw pointers: the staging chunks are pooled (transfer/staging_ring.h), the indices
+// stay alive through the pinned allocator's record of the stream and the table through the host access tracker, so
+// the function releases no tensor (freeing one may call CUDA, which a host function must not). A transfer is cut
+// into chunks, one host function each, so that the copy engine moves one chunk while the CPU threads copy the next.
 struct HostRowCopy {
   HostRows table;
   const void* indices;  // the whole transfer's
   bool long_indices;
   int64_t count;        // the whole transfer's
   int64_t begin, end;   // this chunk's positions
-  char* staging;        // the whole transfer's rows, dense
+  char* staging;        // this chunk's rows, dense
   bool gather;          // table -> staging; else staging -> table
   bool check;           // the first chunk of a transfer whose indices were not validated: check them all first
   int device;
@@ -55,11 +56,10 @@ void copy_rows(const HostRowCopy& c, const Index* indices) {
   }
   if (c.bad->load()) return;
   const auto start = std::chrono::steady_clock::now();
-  const int64_t offset = c.begin * c.table.row_bytes;
   if (c.gather) {
-    gather_rows_cpu(c.table, indices + c.begin, c.end - c.begin, c.staging + offset);
+    gather_rows_cpu(c.table, indices + c.begin, c.end - c.begin, c.staging);
   } else {
-    scatter_rows_cpu(c.table, indices + c.begin, c.end - c.begin, c.staging + offset);
+    scatter_rows_cpu(c.table, indices + c.begin, c.end - c.begin, c.staging);
   }
   const auto took = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
   metrics::add_stream_ordered_copy_time(c.gather ? metrics::Direction::kGather : metrics::Direction::kScatter,
@@ -99,10 +99,6 @@ void wait_for(cudaStream_t waiter, cudaStream_t stream) {
   C10_CUDA_CHECK(status);
 }
 
-at::Tensor pinned_bytes(int64_t bytes) {
-  return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-}
-
 // The indices where the host functions read them: host ones copied now (the caller may change its tensor once the
 // call returns), CUDA ones copied on the stream, after whatever made them.
 at::Tensor host_indices(const at::Tensor& indices, const c10::cuda::CUDAStream& stream) {
@@ -120,32 +116,50 @@ int copy_threads(const TransferConfig& config) {
   return at::get_num_threads();
 }
 
-// One transfer's chunks: the rows of each (staging_chunk_bytes of them, at least one row), and the fields every
-// chunk's host function shares.
+// One transfer's chunks, in a staging ring borrowed for the enqueueing (each chunk holds staging_chunk_bytes of
+// rows, at least one row; chunk c uses the ring's slot c % kChunks), and the fields every chunk's host function
+// shares. A slot is reused once the stream that last used it is past that use: the slot's event, waited for on a
+// stream, never by the host.
 struct ChunkedCopy {
   HostRowCopy first;
+  int64_t row_bytes;
+  BorrowedStagingRing ring;
   int64_t rows_per_chunk;
 
-  ChunkedCopy(const at::Tensor& table, const at::Tensor& idx, const at::Tensor& staging, bool gather, bool checked,
-              const c10::cuda::CUDAStream& stream) {
-    const TransferConfig config = transfer_config();
+  ChunkedCopy(const at::Tensor& table, const at::Tensor& idx, bool gather, bool checked,
+              const c10::cuda::CUDAStream& stream, const TransferConfig& config = transfer_config())
+      : row_bytes(table.size(1) * table.element_size()),
+        ring(stream.device_index(), staging_chunk_bytes_for(config, std::max<int64_t>(1, row_bytes))),
+        rows_per_chunk(std::max<int64_t>(1, ring->chunk_bytes() / std::max<int64_t>(1, row_bytes))) {
     // check_deferred_index_errors visits the devices that have a record: this one must, to report the host's flag.
     if (!checked) (void)device_index_error_record(stream.device_index());
     first = HostRowCopy{host_rows(table), idx.const_data_ptr(), idx.scalar_type() == at::kLong, idx.numel(), 0, 0,
-                        static_cast<char*>(staging.data_ptr()), gather, !checked, stream.device_index(),
-                        copy_threads(config), std::make_shared<std::atomic<bool>>(false)};
-    const int64_t row_bytes = std::max<int64_t>(1, first.table.row_bytes);
-    rows_per_chunk = std::max<int64_t>(1, staging_chunk_bytes_for(config, row_bytes) / row_bytes);
+                        nullptr, gather, !checked, stream.device_index(), copy_threads(config),
+                        std::make_shared<std::atomic<bool>>(false)};
   }
 
-  // Enqueues the host function of the chunk starting at `begin` on `stream`; returns its end.
-  int64_t enqueue(int64_t begin, cudaStream_t stream) const {
+  int64_t count() const { return first.count; }
+  int64_t end_of(int64_t begin) const { return std::min(count(), begin + rows_per_chunk); }
+  int slot_of(int64_t begin) const { return static_cast<int>((begin / rows_per_chunk) % StagingRing::kChunks); }
+  char* staging(int64_t begin) const { return ring->chunk(slot_of(begin)); }
+
+  // `stream` waits until the slot of the chunk at `begin` is free (its last user is done with it).
+  void wait_for_slot(int64_t begin, cudaStream_t stream) const {
+    C10_CUDA_CHECK(cudaStreamWaitEvent(stream, ring->chunk_event(slot_of(begin)), 0));
+  }
+  // The slot of the chunk at `begin` is free once `stream` is past this point.
+  void release_slot(int64_t begin, cudaStream_t stream) const {
+    C10_CUDA_CHECK(cudaEventRecord(ring->chunk_event(slot_of(begin)), stream));
+  }
+
+  // Enqueues the host function of the chunk starting at `begin` on `stream`.
+  void enqueue(int64_t begin, cudaStream_t stream) const {
     HostRowCopy chunk = first;
     chunk.begin = begin;
-    chunk.end = std::min(first.count, begin + rows_per_chunk);
+    chunk.end = end_of(begin);
+    chunk.staging = staging(begin);
     chunk.check = first.check && begin == 0;
     enqueue_host_row_copy(chunk, stream);
-    return chunk.end;
   }
 };
 
@@ -153,52 +167,48 @@ struct ChunkedCopy {
 
 void gather_pinned_in_stream_order(const at::Tensor& table, const at::Tensor& indices, at::Tensor& out,
                                    bool checked, const c10::cuda::CUDAStream& stream) {
-  const int64_t count = indices.numel();
-  if (count == 0) return;
-  const int64_t row_bytes = table.size(1) * table.element_size();
+  if (indices.numel() == 0) return;
   const at::Tensor idx = host_indices(indices, stream);
-  const at::Tensor staging = pinned_bytes(count * row_bytes);
-  const ChunkedCopy chunks(table, idx, staging, /*gather=*/true, checked, stream);
-  // The copy engine on a stream of its own moves each chunk once its host function is done, while the next runs.
+  const ChunkedCopy chunks(table, idx, /*gather=*/true, checked, stream);
+  // The host functions fill the chunks in order on the caller's stream; the copy engine moves each, on a stream of
+  // its own, while the next is filled.
   const c10::cuda::CUDAStream copy = c10::cuda::getStreamFromPool(false, stream.device_index());
   wait_for(copy.stream(), stream.stream());  // `out` may still be in use by the caller's earlier work
-  for (int64_t begin = 0; begin < count;) {
-    const int64_t end = chunks.enqueue(begin, stream.stream());
+  for (int64_t begin = 0; begin < chunks.count(); begin = chunks.end_of(begin)) {
+    chunks.wait_for_slot(begin, stream.stream());
+    chunks.enqueue(begin, stream.stream());
     wait_for(copy.stream(), stream.stream());
-    C10_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.data_ptr()) + begin * row_bytes,
-                                   staging.const_data_ptr<uint8_t>() + begin * row_bytes, (end - begin) * row_bytes,
+    C10_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.data_ptr()) + begin * chunks.row_bytes,
+                                   chunks.staging(begin), (chunks.end_of(begin) - begin) * chunks.row_bytes,
                                    cudaMemcpyHostToDevice, copy.stream()));
-    begin = end;
+    chunks.release_slot(begin, copy.stream());
   }
   wait_for(stream.stream(), copy.stream());
   note_uva_use(table, UvaAccess::kRead, stream);
   note_uva_use(idx, UvaAccess::kRead, stream);
-  note_uva_use(staging, UvaAccess::kRead, stream);
 }
 
 void scatter_pinned_in_stream_order(const at::Tensor& table, const at::Tensor& indices, const at::Tensor& src,
                                     bool checked, const c10::cuda::CUDAStream& stream) {
-  const int64_t count = indices.numel();
-  if (count == 0) return;
-  const int64_t row_bytes = table.size(1) * table.element_size();
+  if (indices.numel() == 0) return;
   const at::Tensor idx = host_indices(indices, stream);
-  const at::Tensor staging = pinned_bytes(count * row_bytes);
-  const ChunkedCopy chunks(table, idx, staging, /*gather=*/false, checked, stream);
+  const ChunkedCopy chunks(table, idx, /*gather=*/false, checked, stream);
   // The copy engine brings each chunk down on a stream of its own; the host functions, in order on the caller's
-  // stream (so a later duplicate still lands last), write each once it has arrived.
+  // stream (so a later duplicate still lands last), write each into the table once it has arrived.
   const c10::cuda::CUDAStream copy = c10::cuda::getStreamFromPool(false, stream.device_index());
   wait_for(copy.stream(), stream.stream());  // what made `src`
-  for (int64_t begin = 0; begin < count;) {
-    const int64_t end = std::min(count, begin + chunks.rows_per_chunk);
-    C10_CUDA_CHECK(cudaMemcpyAsync(staging.data_ptr<uint8_t>() + begin * row_bytes,
-                                   static_cast<const char*>(src.const_data_ptr()) + begin * row_bytes,
-                                   (end - begin) * row_bytes, cudaMemcpyDeviceToHost, copy.stream()));
+  for (int64_t begin = 0; begin < chunks.count(); begin = chunks.end_of(begin)) {
+    chunks.wait_for_slot(begin, copy.stream());
+    C10_CUDA_CHECK(cudaMemcpyAsync(chunks.staging(begin),
+                                   static_cast<const char*>(src.const_data_ptr()) + begin * chunks.row_bytes,
+                                   (chunks.end_of(begin) - begin) * chunks.row_bytes, cudaMemcpyDeviceToHost,
+                                   copy.stream()));
     wait_for(stream.stream(), copy.stream());
-    begin = chunks.enqueue(begin, stream.stream());
+    chunks.enqueue(begin, stream.stream());
+    chunks.release_slot(begin, stream.stream());
   }
   note_uva_use(table, UvaAccess::kWrite, stream);
   note_uva_use(idx, UvaAccess::kRead, stream);
-  note_uva_use(staging, UvaAccess::kRead, stream);
 }
 
 }  // namespace speedtorch

@@ -10,12 +10,14 @@
 // only enqueues, and later work on the stream sees the rows as after any other transfer.
 //
 // A gather enqueues: the indices to pinned host memory (CUDA indices: a copy), then for each chunk of rows
-// (staging_chunk_bytes) a host function gathering them into a pinned staging buffer, whose copy to `out` runs on a
-// pooled copy stream while the next chunk is gathered. A scatter: the chunks of `src` come down on the copy stream,
-// and a host function on the caller's stream writes each into the table once it has arrived (in order, so the last
-// occurrence of a duplicate index lands last). The staging and index buffers come from
-// PyTorch's pinned allocator, which keeps each block until the stream is past its use; the table's accesses are
-// recorded for the host access tracker like a UVA kernel's, so CPU access and freeing the table wait for them.
+// (staging_chunk_bytes) a host function gathering them into a chunk of a pooled staging ring (transfer/
+// staging_ring.h), whose copy to `out` runs on a pooled copy stream while the next chunk is gathered. A scatter: the
+// chunks of `src` come down on the copy stream, and a host function on the caller's stream writes each into the table
+// once it has arrived (in order, so the last occurrence of a duplicate index lands last). A ring's chunk is reused
+// once the stream that last used it is past that use (its event, waited for on a stream): the pinned memory is a
+// ring's, whatever the transfer's size. The index copy comes from PyTorch's pinned allocator, which keeps the block
+// until the stream is past its use; the table's accesses are recorded for the host access tracker like a UVA
+// kernel's, so CPU access and freeing the table wait for them.
 //
 // Limit: the CUDA driver runs every host function of a process on one thread, one at a time (bench/experiments/
 // host_function_concurrency.py: four streams' 0.2 s host functions took 0.8 s), so two stream-ordered transfers on
