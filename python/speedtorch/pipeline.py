@@ -88,7 +88,7 @@ class TrainPipeline:
 
     def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
                  device=None, sparse_inputs: Optional[Callable[[Any], list]] = None, step_host_tables: bool = True,
-                 max_sms: Union[int, str, None] = "auto", prefetch: bool = True, copy_engines: bool = False):
+                 max_sms: Union[int, str, None] = "auto", prefetch: bool = True, copy_engines: bool = True):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
