@@ -79,11 +79,12 @@ class TrainPipeline:
         prefetch: False runs the same loop without gathering ahead (copies still overlap): the reference.
         copy_engines: on a GPU, move the host tables' rows read ahead and written back by CPU threads in stream order
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
-            step the rows read ahead where they are, writing the table only. False (the default): UVA row kernels
-            bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.10-1.17x the all-GPU step with copy
-            engines in four runs, but 1.39x, 1.86x and 2.15x in three others, against 1.18-1.22x with UVA row kernels
-            in every one (bench/RESULTS.md): the CPU copies of a step's write-back and of the next gather (10 ms a
-            step, in host functions the CUDA driver runs one at a time) only just fit in a step, and do not always.
+            step the rows read ahead where they are, writing the table only (True, the default). False: UVA row
+            kernels bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.07-1.11x the all-GPU step with
+            copy engines against 1.19-1.20x with UVA row kernels in the same two runs (bench/RESULTS.md, runs 11-12;
+            before the staging went through pooled rings it varied from 1.10x to 2.15x). The CPU copies of a
+            step's write-back and of the next gather (about 9 ms a step, in host functions, which the CUDA driver
+            runs one at a time) run beside the model on torch's CPU threads.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
