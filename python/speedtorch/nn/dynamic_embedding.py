@@ -327,9 +327,9 @@ class DynamicHostEmbedding(HostEmbedding):
         slots = _to_device(slots.view(-1), self.device)
         old_at = torch.cat([old_at, old_at.new_full((1,), n + a)])
         new_at = torch.cat([new_at, new_at.new_full((1,), n + a)])
+        moved = old_at[inverse.reshape(-1)]
         admitted_at = new_at[torch.searchsorted(added, slots).clamp_(max=a)]
-        is_new = (slots >= 0) & (old_at[inverse.view(-1)] == n + a)
-        merged_inverse = torch.where(is_new, admitted_at, old_at[inverse.view(-1)]).view(inverse.shape)
+        merged_inverse = torch.where((slots >= 0) & (moved == n + a), admitted_at, moved).view(inverse.shape)
         return merged, merged_inverse, placed
 
     # --- what is not yet supported ------------------------------------------------------------------------------
