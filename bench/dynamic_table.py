@@ -285,7 +285,8 @@ def training_section(args, generator) -> None:
     }
     ms = time_in_turns(ways, args.warmup, args.rounds, args.turn, device)
     print(f"Training on {device} ({torch.get_num_threads()} threads): the recommender step, batch {batch:,} raw user "
-          f"ids (power law over {rows:,} known, 10% new), dim {args.dim}, {args.optimizer}, {args.items:,} items (Adam); "
+          f"ids (power law over {rows:,} known, 10% new), dim {args.dim}, {args.optimizer}, {args.items:,} items "
+          f"(Adam); "
           f"capacity {capacity:,} ({args.train_capacity}); {args.rounds} rounds of {args.turn} steps a way")
     table = []
     for label, value in ms.items():
