@@ -4,11 +4,16 @@ CPU section (runs anywhere): a batch of power-law raw ids, 90% already in the ta
 speedtorch's IdIndex (find: lookup only; assign: with counts, recency, admission and eviction), beside a Python dict
 and a torch-only remap (torch.unique of the batch, then searchsorted into the sorted known keys). Target: >= 10x.
 
-GPU section (needs CUDA; for the GPU machine): the lookup of 65,536 raw ids (power law, 90% present) as mapping +
-gather against the gather of the same rows with slot ids given (target >= 0.80), the rows per second against
-HierarchicalKV's published host-tier rate for 256-byte values (0.069-0.12 billion/s on an A100; target >= 2x), and
-one training step (forward, backward, fused row-wise Adagrad step) of a DynamicHostEmbedding against a fixed-range
-HostEmbedding of the same rows (target <= 1.15x).
+Lookup section (needs CUDA; for the GPU machine): the lookup of 65,536 raw ids (power law, 90% present) as mapping +
+gather against the gather of the same rows with slot ids given (target >= 0.80), and the rows per second against
+HierarchicalKV's published host-tier rate for 256-byte values (0.069-0.12 billion/s on an A100; target >= 2x).
+
+Training section (on the GPU if there is one, else the CPU with small sizes): bench/train.py's recommender step
+(user table, item table, dot product, BCE) over a DynamicHostEmbedding of raw user ids (90% known, power law; 10%
+new, admitted as they come) against the same step over a fixed-range HostEmbedding given the slots the growing table
+assigns (the same rows), each as the plain loop and through speedtorch.TrainPipeline (batch t+1's ids mapped and its
+rows read while step t computes): four ways trained in turns in one process, ratios dynamic / fixed for each loop
+(target <= 1.15x).
 
 Memory section (--memory, runs anywhere): an IdIndex filled with --keys raw ids (10M by default; capacity = keys),
 its resident bytes per key (RSS growth, and the index's own count of its allocations) beside the issue's target of
@@ -21,7 +26,9 @@ table's rows and state as laid out, and 16 bytes a key; target: RSS <= 1.15x) an
 --keys 10000000.
 
     python bench/dynamic_table.py [--rows 1000000] [--batch 65536] [--dim 64] [--reps 10] [--cpu-only]
-                                  [--threads N]
+                                  [--threads N] [--sections mapping,lookup,training]
+    python bench/dynamic_table.py --sections training [--train-device cpu] [--train-rows N] [--train-batch N]
+                                  [--train-capacity grow|full] [--rounds 7] [--turn 8]
     python bench/dynamic_table.py --memory [--keys 10000000] [--policy lru]
     python bench/dynamic_table.py --billion [--keys 1000000000] [--steps 300]
 """
@@ -29,6 +36,7 @@ table's rows and state as laid out, and 16 bytes a key; target: RSS <= 1.15x) an
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -41,6 +49,7 @@ import speedtorch  # noqa: E402
 from speedtorch.cli.benchmarking import format_table, median_seconds, positive_int  # noqa: E402
 from speedtorch.nn.dynamic_embedding import IdIndex  # noqa: E402
 from speedtorch.nn import HostEmbedding  # noqa: E402
+from speedtorch.pipeline import move_batch  # noqa: E402
 
 HKV_HOST_TIER_VALUES_PER_S = (0.069e9, 0.12e9)  # A100-80GB, 256-byte values, keys in HBM, values in HBM + host
 
@@ -148,26 +157,148 @@ def gpu_section(args, generator) -> None:
           f"billion/s -> {rate / HKV_HOST_TIER_VALUES_PER_S[1]:.2f}x-{rate / HKV_HOST_TIER_VALUES_PER_S[0]:.2f}x "
           f"(target >= 0.80 of the gather, >= 2x HKV)\n")
 
-    # Training step: the dynamic table against the fixed-range one (slot ids given), the same rows.
-    fixed = HostEmbedding(args.rows, args.dim, optimizer="rowwise_adagrad", device=device, seed=0)
-    batches = [power_law_batch(keys, args.batch, 0.9, generator) for _ in range(args.reps + 3)]
-    fixed_batches = [dynamic.index.find(b).clamp(min=0).to(device) for b in batches]
 
-    def stepper(module, inputs):
-        turn = iter(range(10**9))
+# --- training: the recommender step over a growing table against a fixed-range one, plain and pipelined ----------
 
-        def step():
-            module(inputs[next(turn) % len(inputs)]).square().mean().backward()
-            module.step()
-        return step
 
-    fixed_time = median_seconds(stepper(fixed, fixed_batches), args.reps)
-    dynamic_time = median_seconds(stepper(dynamic, [b.to(device) for b in batches]), args.reps)
-    rows = [{"table": "HostEmbedding, ids in [0, N)", "ms/step": fixed_time * 1e3, "x fixed": 1.0},
-            {"table": "DynamicHostEmbedding, raw ids (admits 10% new)", "ms/step": dynamic_time * 1e3,
-             "x fixed": dynamic_time / fixed_time}]
-    print(f"GPU training step: batch {args.batch:,}, dim {args.dim}, row-wise Adagrad (target <= 1.15x)")
-    print(format_table(rows, ["table", "ms/step", "x fixed"]))
+class RawUserRecommender(torch.nn.Module):
+    """bench/train.py's recommender (speedtorch.models.recommender, its ``speedtorch_both_tables`` way): a user table,
+    an item table (a HostEmbedding in GPU memory, or host RAM on the CPU, fused Adam), a dot product and binary
+    cross-entropy. ``users`` is a fixed-range HostEmbedding (ids in [0, N)) or a DynamicHostEmbedding (raw ids);
+    ``forward(batch)`` returns the loss, and ``sparse_inputs`` names the user table's input, as
+    speedtorch.TrainPipeline wants."""
+
+    def __init__(self, users: HostEmbedding, num_items: int, device: torch.device):
+        super().__init__()
+        self.users = users
+        self.items = HostEmbedding(num_items, users.embedding_dim, optimizer="adam", optimizer_options={"lr": 0.01},
+                                   init_std=0.1, seed=1, device=device,
+                                   placement="gpu" if device.type == "cuda" else "host")
+
+    def forward(self, batch):
+        users, items, labels = batch
+        scores = (self.users(users) * self.items(items)).sum(-1)
+        return torch.nn.functional.binary_cross_entropy_with_logits(scores, labels)
+
+    def sparse_inputs(self, batch) -> list:
+        return [(self.users, batch[0])]
+
+
+class PlainLoop:
+    """The loop a user writes (TrainPipeline's docstring): batch to the device, forward, backward, the tables'
+    steps. One call of step() per batch of ``batches``, in order."""
+
+    def __init__(self, model: RawUserRecommender, batches: list, device: torch.device):
+        self.model, self.device = model, device
+        self._batches = iter(batches)
+
+    def step(self):
+        batch = move_batch(next(self._batches), self.device, non_blocking=True)
+        loss = self.model(batch)
+        loss.backward()
+        self.model.users.step()
+        self.model.items.step()
+        return loss
+
+
+class PipelinedLoop:
+    """The same step through speedtorch.TrainPipeline: batch t+1's ids mapped (a dynamic table) and its rows read
+    while step t computes."""
+
+    def __init__(self, model: RawUserRecommender, batches: list, device: torch.device):
+        self.pipeline = speedtorch.TrainPipeline(model, None, batches, device=device)
+
+    def step(self):
+        return self.pipeline.progress()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_in_turns(ways: dict, warmup: int, rounds: int, turn: int, device: torch.device) -> dict:
+    """Median ms per step of each way: ``turn`` steps in a row per turn (as a user trains: no wait between steps, so
+    a pipeline overlaps them), the ways taking turns for ``rounds`` rounds after ``warmup`` steps each; the machine's
+    drift falls on every way alike."""
+    for way in ways.values():
+        for _ in range(warmup):
+            way.step()
+    times = {label: [] for label in ways}
+    for _ in range(rounds):
+        for label, way in ways.items():
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(turn):
+                way.step()
+            _sync(device)
+            times[label].append((time.perf_counter() - start) / turn)
+    return {label: statistics.median(t) * 1e3 for label, t in times.items()}
+
+
+def training_section(args, generator) -> None:
+    """The recommender step (--train-batch raw user ids, 90% among --train-rows known ones with a power-law skew,
+    10% new) over a DynamicHostEmbedding against the same step over a fixed-range HostEmbedding given the slots the
+    growing table assigns (the same rows read and updated), each as a plain loop and through TrainPipeline; the four
+    ways train in turns in one process. Target: dynamic <= 1.15x fixed."""
+    device = torch.device(args.train_device)
+    cuda = device.type == "cuda"
+    rows = args.train_rows or (1_000_000 if cuda else 100_000)
+    batch = args.train_batch or (65_536 if cuda else 4_096)
+    steps = args.warmup + args.rounds * args.turn + 2  # + the two batches a pipeline stages ahead
+    new_ids = int(batch * 0.1 * steps * 1.2) + 64
+    capacity = rows + new_ids if args.train_capacity == "grow" else rows  # "full": each new id evicts a row
+    keys = raw_keys(rows, generator)
+    index = filled_index(keys, capacity)
+    user_batches = [power_law_batch(keys, batch, 0.9, generator) for _ in range(steps)]
+    # The fixed-range table's ids: the slots the growing table gives these batches, step by step (a replay on a
+    # copy of its index), so both tables read and update the same rows.
+    replay = IdIndex.from_state(index.state())
+    slot_batches = []
+    for ids in user_batches:
+        replay.advance_step()
+        slot_batches.append(replay.assign(ids)[0].clamp(min=0))
+    items = [torch.randint(0, args.items, (batch,), generator=generator) for _ in range(steps)]
+    labels = [torch.randint(0, 2, (batch,), generator=generator).float() for _ in range(steps)]
+
+    def batches(user_ids):
+        out = list(zip(user_ids, items, labels))
+        return [tuple(t.pin_memory() for t in b) for b in out] if cuda else out
+
+    options = {"optimizer": args.optimizer, "optimizer_options": {"lr": 0.01}, "device": device, "seed": 0}
+
+    def model(dynamic: bool) -> RawUserRecommender:
+        torch.manual_seed(0)
+        if dynamic:
+            users = HostEmbedding(None, args.dim, capacity=capacity, index=IdIndex.from_state(index.state()),
+                                  **options)
+        else:
+            users = HostEmbedding(capacity, args.dim, **options)
+        return RawUserRecommender(users, args.items, device)
+
+    fixed_batches, raw_batches = batches(slot_batches), batches(user_batches)
+    ways = {
+        "fixed, plain loop": PlainLoop(model(False), fixed_batches, device),
+        "dynamic, plain loop": PlainLoop(model(True), raw_batches, device),
+        "fixed, TrainPipeline": PipelinedLoop(model(False), fixed_batches, device),
+        "dynamic, TrainPipeline": PipelinedLoop(model(True), raw_batches, device),
+    }
+    ms = time_in_turns(ways, args.warmup, args.rounds, args.turn, device)
+    print(f"Training on {device} ({torch.get_num_threads()} threads): the recommender step, batch {batch:,} raw user "
+          f"ids (power law over {rows:,} known, 10% new), dim {args.dim}, {args.optimizer}, {args.items:,} items "
+          f"(Adam); "
+          f"capacity {capacity:,} ({args.train_capacity}); {args.rounds} rounds of {args.turn} steps a way")
+    table = []
+    for label, value in ms.items():
+        kind = label.split(",")[1]
+        fixed = ms["fixed," + kind]
+        table.append({"way": label, "ms/step": value, "x fixed (same loop)": value / fixed})
+    print(format_table(table, ["way", "ms/step", "x fixed (same loop)"]))
+    plain = ms["dynamic, plain loop"] / ms["fixed, plain loop"]
+    piped = ms["dynamic, TrainPipeline"] / ms["fixed, TrainPipeline"]
+    print(f"dynamic / fixed: plain loop {plain:.3f}x, TrainPipeline {piped:.3f}x (target <= 1.15x); TrainPipeline / "
+          f"plain: fixed {ms['fixed, TrainPipeline'] / ms['fixed, plain loop']:.3f}, dynamic "
+          f"{ms['dynamic, TrainPipeline'] / ms['dynamic, plain loop']:.3f}\n")
 
 
 def resident_bytes() -> int:
@@ -292,7 +423,23 @@ def main() -> None:
     parser.add_argument("--batch", type=positive_int, default=65_536)
     parser.add_argument("--dim", type=positive_int, default=64, help="row width (64 float32: 256-byte rows)")
     parser.add_argument("--reps", type=positive_int, default=10)
-    parser.add_argument("--cpu-only", action="store_true", help="skip the GPU section")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="no GPU: the mapping section, and the training section on the CPU")
+    parser.add_argument("--sections", default="mapping,lookup,training",
+                        help="comma-separated: mapping (CPU), lookup (GPU), training (--train-device)")
+    parser.add_argument("--train-device", default=None,
+                        help="where the training section computes (default: cuda if there is one, else cpu)")
+    parser.add_argument("--train-rows", type=positive_int, default=None,
+                        help="training: ids already in the table (default 1,000,000 on a GPU, 100,000 on the CPU)")
+    parser.add_argument("--train-batch", type=positive_int, default=None,
+                        help="training: ids a batch (default 65,536 on a GPU, 4,096 on the CPU)")
+    parser.add_argument("--train-capacity", choices=("grow", "full"), default="grow",
+                        help="training: grow (room for every new id) or full (each new id evicts a row, LRU)")
+    parser.add_argument("--optimizer", default="rowwise_adagrad", help="training: the user table's optimizer")
+    parser.add_argument("--items", type=positive_int, default=100_000, help="training: rows of the item table")
+    parser.add_argument("--warmup", type=positive_int, default=5, help="training: untimed steps of each way first")
+    parser.add_argument("--rounds", type=positive_int, default=7, help="training: turns of each way")
+    parser.add_argument("--turn", type=positive_int, default=8, help="training: steps in a row a turn")
     parser.add_argument("--memory", action="store_true", help="only the memory section: bytes a key of --keys ids")
     parser.add_argument("--billion", action="store_true",
                         help="only the billion section: build and train a table of --keys (default 1e9) ids")
@@ -316,13 +463,21 @@ def main() -> None:
         args.keys = args.keys or 1_000_000_000
         billion_section(args)
         return
-    cpu_section(args, generator)
-    if args.cpu_only:
-        return
-    if not torch.cuda.is_available():
-        print("GPU section skipped: no CUDA device")
-        return
-    gpu_section(args, generator)
+    sections = set(args.sections.split(","))
+    unknown = sections - {"mapping", "lookup", "training"}
+    if unknown:
+        parser.error(f"--sections: unknown {sorted(unknown)}; mapping, lookup, training")
+    cuda = torch.cuda.is_available() and not args.cpu_only
+    args.train_device = args.train_device or ("cuda" if cuda else "cpu")
+    if "mapping" in sections:
+        cpu_section(args, generator)
+    if "lookup" in sections:
+        if cuda:
+            gpu_section(args, generator)
+        else:
+            print("GPU lookup section skipped: no CUDA device (or --cpu-only)\n")
+    if "training" in sections:
+        training_section(args, generator)
 
 
 if __name__ == "__main__":

@@ -480,9 +480,88 @@ def test_prefetched_rows_are_used_and_new_ids_admitted_at_forward():
     module.table = Counting()
     out = module(ids)
     module.table = table
-    assert gathers == [1]  # only the admitted row (3) is read at forward; 1 and 2 were read ahead
+    assert gathers == []  # 1 and 2 were read ahead; the admitted row (3) is placed as drawn, not read back
     assert module.slots(torch.tensor([1, 2, 3])).tolist() == [0, 1, 2]
     torch.testing.assert_close(out, table.table()[torch.tensor([[1, 2], [2, 0]])])
+
+
+class _CountingIndex:
+    """An IdIndex that counts the calls of each method (the module calls its index from Python only)."""
+
+    def __init__(self, index):
+        self.index, self.calls = index, collections.Counter()
+
+    def __getattr__(self, name):
+        self.calls[name] += 1
+        return getattr(self.index, name)
+
+
+def test_a_prefetched_forward_only_admits_and_trains_alike():
+    # TrainPipeline over a dynamic table: each batch's ids are mapped once, by the prefetch (touch), and its forward
+    # only admits the new ones (admit): no assign, touch or find at the forward, no second pass over the batch.
+    batches = _user_batches(12)
+    model = _RawUsers("cpu", "lru", 2)
+    counting = _CountingIndex(model.users.index)
+    model.users.index = counting
+    pipeline = speedtorch.TrainPipeline(model, None, batches, device="cpu")
+    next(iter(pipeline))  # the first batch has no prefetch: its forward maps it (assign); batch 2 is prefetched
+    counting.calls.clear()
+    steps = sum(1 for _ in pipeline)
+    assert steps == len(batches) - 1
+    assert counting.calls["touch"] == steps - 1 and counting.calls["admit"] == steps  # the last batch: no next one
+    assert counting.calls["assign"] == 0 and counting.calls["find"] == 0
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_ids_without_a_row_get_a_zero_row_and_no_slot_in_the_gradient(prefetch):
+    # admit_after=2: a first sighting gets no row. Its lookup reads zeros (a row past the distinct rows), and the
+    # gradient names only the slots that exist: no -1 for the update to skip.
+    module = HostEmbedding(None, 3, capacity=8, admit_after=2, optimizer="sgd", update="step", device="cpu", seed=0)
+    module(torch.tensor([5, 6, 5])).sum().backward()  # 5 is admitted (two sightings), 6 is not
+    module.step()
+    ids = torch.tensor([[5, 7], [8, 5]])  # 7 and 8: first sightings
+    if prefetch:
+        module.prefetch(ids)
+    out = module(ids)
+    assert torch.equal(out[0, 1], torch.zeros(3)) and torch.equal(out[1, 0], torch.zeros(3))
+    assert not torch.equal(out[0, 0], torch.zeros(3)) and torch.equal(out[0, 0], out[1, 1])
+    out.sum().backward()
+    grad = module._table_param.grad
+    assert grad._indices().tolist() == [[0]]  # 5's slot only
+    torch.testing.assert_close(grad._values(), torch.full((1, 3), 2.0))
+
+
+@pytest.mark.gpu
+def test_a_prefetched_forward_on_the_gpu_does_not_wait_for_it():
+    # The forward of a prefetched batch (admission, the new rows' write, their merge with the rows read ahead) queues
+    # its work without a synchronising torch call; the plain loop's results stay those of the CPU.
+    generator = torch.Generator().manual_seed(9)
+    universe = raw_universe(generator, 200)
+    batches = [skewed_ids(generator, 64, universe) for _ in range(8)]
+    results = []
+    for device in ("cpu", "cuda"):
+        module = HostEmbedding(None, 8, capacity=150, admit_after=1, optimizer="adagrad", seed=4, device=device)
+        module(batches[0].to(device)).square().sum().backward()
+        outputs = []
+        for t in range(1, len(batches)):
+            ids = batches[t].to(device)
+            module.prefetch(ids)
+            module.step()
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                out = module(ids)
+            finally:
+                if device == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
+            out.square().sum().backward()
+            outputs.append(out.detach().cpu())
+        module.step()
+        results.append((torch.cat(outputs), module.table.table().cpu(), module.index.state()))
+    (cpu_out, cpu_rows, cpu_index), (gpu_out, gpu_rows, gpu_index) = results
+    torch.testing.assert_close(gpu_out, cpu_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gpu_rows, cpu_rows, rtol=1e-5, atol=1e-6)
+    assert torch.equal(gpu_index, cpu_index)
 
 
 def test_prefetch_during_gradient_accumulation_evicts_no_row_with_a_pending_gradient():

@@ -10,13 +10,14 @@ the last optimizer update is evicted. A lookup of an id without a row returns a 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional
 
 import torch
 
 from .._library import PinnedEmbedding
 from ..data import load_npy, save_npy
-from ..ops import unique_indices
+from ..ops import deferred_index_checks, transfers_without_the_host, unique_indices
 from ._prefetched_rows import PrefetchedRows
 from .embedding import _UNSET, HostEmbedding, _options
 
@@ -120,6 +121,8 @@ class DynamicHostEmbedding(HostEmbedding):
         # The index step of the oldest lookup whose gradient the optimizer has not applied yet (None: none): rows
         # seen since then keep their ids until it has, and the next training lookup stays in that step.
         self._pending_step: Optional[int] = None
+        # Whether the last lookup had ids without a row (they point at a zero row past the distinct rows; _lookup).
+        self._missing = False
 
     def extra_repr(self) -> str:
         """The sizes and options printed in the module's repr."""
@@ -144,11 +147,13 @@ class DynamicHostEmbedding(HostEmbedding):
             mapped = self.index.assign(ids)
         else:  # a prefetch opened a later step while older gradients are pending: their rows stay too
             mapped = self.index.admit(ids, self.index.touch(ids), self._pending_step)
-        return self._admitted(*mapped)
+        self._admitted(*mapped)
+        return mapped[0]
 
-    def _admitted(self, slots, admitted, evicted_keys, evicted_slots) -> torch.Tensor:
+    def _admitted(self, slots, admitted, evicted_keys, evicted_slots) -> Optional[torch.Tensor]:
         """After the index admitted and evicted: hands the evicted rows to ``on_evict``, initialises the admitted
-        ones, and notes the step's pending gradient. Returns ``slots``."""
+        ones, and notes the step's pending gradient. Returns the admitted rows as written (on :attr:`device`, in
+        admission order), or None when none was admitted."""
         if self.trains and torch.is_grad_enabled() and self._pending_step is None:
             self._pending_step = self.index.step()
         if evicted_slots.numel() and self.on_evict is not None:
@@ -157,42 +162,63 @@ class DynamicHostEmbedding(HostEmbedding):
             state = self.table.state()[evicted_slots].clone() if self.table.optimizer() else None
             self.on_evict(evicted_keys, rows, state)
         if admitted.numel():
-            self._initialise_rows(admitted)
-        return slots
+            return self._initialise_rows(admitted)
+        return None
 
     @torch.no_grad()
-    def _initialise_rows(self, slots: torch.Tensor) -> None:
+    def _initialise_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """Draws the rows of newly admitted ``slots`` (CPU, admission order) and writes them with zero optimizer
+        state. On a GPU the write is a kernel on the current stream after the module's last write (an evicted row's
+        update may still be running): the host does not wait for the GPU. Returns the rows (on :attr:`device`)."""
         rows = torch.randn(slots.numel(), self.embedding_dim, generator=self._init_generator) * self.init_std
-        self.table.scatter_(slots, rows.to(self._table_param.dtype))  # waits for GPU work on these rows itself
-        if self.table.optimizer():
-            # Written through the state tensor, which the table does not order after GPU updates still running on
-            # these rows (an evicted row's last step): wait for them first. (A state scatter in C++ would not.)
-            self._sync_for_host_access()
-            self.table.state()[slots] = 0
+        rows = rows.to(self._table_param.dtype)
+        if self.device.type == "cuda":
+            slots, rows = _to_device(slots, self.device), _to_device(rows, self.device)
+            self._wait_for_writes()
+        with self._without_host_waits():
+            if self.table.optimizer():
+                state = self.table.state()
+                zeros = torch.zeros(slots.numel(), state.shape[1], dtype=state.dtype, device=rows.device)
+                del state
+                # One call for rows and state: a CPU write waits for the GPU work on the table itself (the host
+                # access tracker), a GPU one is ordered by its stream; the table's step count stays.
+                self.table.scatter_with_state_(slots, rows, zeros, self.table.step_count())
+            else:
+                self.table.scatter_(slots, rows)
+        self._note_write()
+        return rows
+
+    def _lookup(self, input: torch.Tensor):
+        # Ids without a row point one past the distinct rows (_rows_for sets _missing): a zero row, appended after the
+        # rows that take a gradient, so it gets none and no id of the gradient is -1 (no mask, no wait for the GPU).
+        self._missing = False
+        unique, inverse, rows = super()._lookup(input)
+        if self._missing:
+            rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
+        return unique, inverse, rows
 
     def _rows_for(self, input: torch.Tensor):
         pending, self._prefetched = self._prefetched, None  # a prefetch is for the next forward only
         if pending is not None and pending.key is input and (pending.mapping is not None or not self.training):
             return self._take_prefetched(pending)
-        ids = torch.as_tensor(input)
-        slots = self._assign(ids) if self.training else self.index.find(ids)
-        unique, inverse = unique_indices(slots.to(self.device))  # -1 (no row), if any, comes first
+        host_ids = torch.as_tensor(input).to("cpu", torch.int64)  # CUDA ids: a synchronising copy
+        slots = self._assign(host_ids) if self.training else self.index.find(host_ids)
+        self._missing = bool((slots < 0).any())
+        unique, inverse = _present(*unique_indices(_to_device(slots, self.device)), self._missing)
         self._wait_for_writes()
-        return unique, inverse, self._rows_of(unique)
+        with self._without_host_waits():
+            return unique, inverse, self.table.gather(unique, self.device)
 
-    def _rows_of(self, unique: torch.Tensor) -> torch.Tensor:
-        """The rows of sorted distinct slots, a zero row for -1 (ids without a row)."""
-        rows = self.table.gather(unique.clamp(min=0), self.device)
-        if unique.numel():
-            # Only the first distinct slot can be -1 (sorted); a where over one row needs no wait for the GPU.
-            rows[:1] = torch.where(unique[:1].unsqueeze(1) >= 0, rows[:1], 0)
-        return rows
-
-    def _receive_gradient(self, unique: torch.Tensor, grad_rows: torch.Tensor) -> None:
-        keep = unique >= 0  # ids without a row get no update
-        if not bool(keep.all()):
-            unique, grad_rows = unique[keep], grad_rows[keep]
-        super()._receive_gradient(unique, grad_rows)
+    def _without_host_waits(self):
+        """On a GPU, the row transfers of slots the index made (in range by construction): their kernels check the
+        slots (no host wait for a check kernel) and move every row (no share copied by the calling thread, which
+        waits for the stream first). Elsewhere nothing."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(deferred_index_checks())
+        stack.enter_context(transfers_without_the_host())
+        return stack
 
     def _apply_gradients(self, unique, grad_rows, sorted_unique: bool = False) -> None:
         super()._apply_gradients(unique, grad_rows, sorted_unique)
@@ -221,7 +247,11 @@ class DynamicHostEmbedding(HostEmbedding):
         between the two forwards (as :class:`speedtorch.TrainPipeline` does). With gradients still pending at the
         next forward (accumulation), their rows are kept too, and the prefetched batch stays in its own step.
         A prefetch the next forward does not take (other ids, :meth:`drop_prefetch`) has still counted its ids that
-        were in the table. In ``eval()`` mode the mapping only reads (``find``)."""
+        were in the table. In ``eval()`` mode the mapping only reads (``find``).
+
+        The next forward then only admits the new ids and places their rows among those read ahead (no second
+        mapping, no pass over the batch on the host); on a GPU nothing in either waits for the GPU but the copy of
+        CUDA ids to the host here (on the current stream: TrainPipeline's waits only for the batch's copy)."""
         self._prefetched = None
         host_ids = torch.as_tensor(next_input).to("cpu", torch.int64)  # CUDA ids: a synchronising copy
         mapping = None
@@ -236,50 +266,71 @@ class DynamicHostEmbedding(HostEmbedding):
         self._prefetched = pending
 
     def _read_ahead(self, key, slots: torch.Tensor) -> PrefetchedRows:
-        """The distinct rows of ``slots`` (CPU), read after the module's last write: on a GPU on the gather stream,
-        which waits for the current stream's work so far and that write, nothing else."""
-        unique, inverse = unique_indices(slots)
+        """The distinct rows of ``slots`` (CPU; -1 for ids without a row, which point one past them), read after the
+        module's last write: on a GPU on the gather stream, which waits for the current stream's work so far and
+        that write, nothing else. The distinct slots are found on the GPU's counting stream (the host waits for
+        its few kernels only)."""
+        missing = bool((slots < 0).any())
         if self.device.type != "cuda":
-            state = torch.ops.speedtorch.gather(self.table.state(), unique.clamp(min=0), None) \
-                if self._updates_ahead() else None
-            return PrefetchedRows(key, unique, inverse, self._rows_of(unique), None, state)
-        side = self._gather_stream()
-        side.wait_stream(torch.cuda.current_stream(self.device))
+            unique, inverse = _present(*unique_indices(slots), missing)
+            state = torch.ops.speedtorch.gather(self.table.state(), unique, None) if self._updates_ahead() else None
+            pending = PrefetchedRows(key, unique, inverse, self.table.gather(unique, self.device), None, state)
+            pending.missing = missing
+            return pending
+        current = torch.cuda.current_stream(self.device)
+        counting, side = self.side_stream(), self._gather_stream()
+        counting.wait_stream(current)
+        with torch.cuda.stream(counting):
+            unique, inverse = _present(*unique_indices(_to_device(slots, self.device)), missing)
+        side.wait_stream(counting)
         if self._written is not None:
             side.wait_event(self._written)
-        with torch.cuda.stream(side):
-            unique = unique.to(self.device, non_blocking=True)
-            inverse = inverse.to(self.device, non_blocking=True)
-            rows = self._rows_of(unique)
-            state = torch.ops.speedtorch.gather(self.table.state(), unique.clamp(min=0), self.device) \
+        for t in (unique, inverse):
+            t.record_stream(side)
+        with torch.cuda.stream(side), self._without_host_waits():
+            rows = self.table.gather(unique, self.device)
+            state = torch.ops.speedtorch.gather(self.table.state(), unique, self.device) \
                 if self._updates_ahead() else None
             ready = torch.cuda.Event()
             ready.record(side)
-        return PrefetchedRows(key, unique, inverse, rows, ready, state)
+        pending = PrefetchedRows(key, unique, inverse, rows, ready, state)
+        pending.missing = missing
+        return pending
 
     def _take_prefetched(self, pending: PrefetchedRows):
         """forward's (unique, inverse, rows) from a prefetch: the rows read ahead (kept exact through this step's
-        update by PrefetchedRows), and in training the admission of the batch's new ids, whose new rows join them."""
+        update by PrefetchedRows), and in training the admission of the batch's new ids, whose rows (just drawn, on
+        the device already) are placed among them: every size is known on the host, so nothing waits for the GPU."""
         unique, inverse, rows = pending.take()
+        self._missing = pending.missing
         if pending.mapping is None or not self.training:
             return unique, inverse, rows
         host_ids, touched = pending.mapping
         slots, admitted, evicted_keys, evicted_slots = self.index.admit(host_ids, touched, self._pending_step)
-        self._admitted(slots, admitted, evicted_keys, evicted_slots)
-        if not admitted.numel():
+        new_rows = self._admitted(slots, admitted, evicted_keys, evicted_slots)
+        if new_rows is None:
             return unique, inverse, rows
         # The admitted slots were -1 (no row) when the rows were read ahead; none of them is among the slots read
-        # (those were seen in this step: not evicted). Their rows, new, are read now and placed among the others.
-        self._wait_for_writes()
-        new_unique, new_inverse = unique_indices(slots)
-        new_unique, new_inverse = new_unique.to(self.device), new_inverse.to(self.device)
-        n = new_unique.numel()
-        placed = rows.new_empty(n + 1, rows.shape[1])  # the last row: a spare for the read-ahead -1, if it went
-        at = torch.searchsorted(new_unique, unique).clamp_(max=n - 1)
-        placed.index_copy_(0, torch.where(new_unique[at] == unique, at, n), rows)
-        admitted = torch.sort(admitted).values.to(self.device)
-        placed.index_copy_(0, torch.searchsorted(new_unique, admitted), self.table.gather(admitted, self.device))
-        return new_unique, new_inverse.view(inverse.shape), placed[:n]
+        # (those were seen in this step: not evicted). Sorted, they merge with the read-ahead ones: each list's
+        # place in the merged one is its own index plus how many of the other list come before it.
+        self._missing = bool((slots < 0).any())  # ids still without a row (not admitted yet)
+        order = torch.argsort(admitted)
+        added = _to_device(admitted[order], self.device)
+        new_rows = new_rows[_to_device(order, self.device)].to(rows.dtype)
+        n, a = unique.numel(), added.numel()
+        old_at = torch.arange(n, device=unique.device) + torch.searchsorted(added, unique)
+        new_at = torch.arange(a, device=unique.device) + torch.searchsorted(unique, added)
+        merged = unique.new_empty(n + a).index_copy_(0, old_at, unique).index_copy_(0, new_at, added)
+        placed = rows.new_empty(n + a, rows.shape[1]).index_copy_(0, old_at, rows).index_copy_(0, new_at, new_rows)
+        # Each id's place: an id read ahead moves with its row (old_at; those without a row pointed at n); a new id
+        # goes to its slot's place among the admitted ones, or one past all rows if it is still without one.
+        slots = _to_device(slots.view(-1), self.device)
+        old_at = torch.cat([old_at, old_at.new_full((1,), n + a)])
+        new_at = torch.cat([new_at, new_at.new_full((1,), n + a)])
+        moved = old_at[inverse.reshape(-1)]
+        admitted_at = new_at[torch.searchsorted(added, slots).clamp_(max=a)]
+        merged_inverse = torch.where((slots >= 0) & (moved == n + a), admitted_at, moved).view(inverse.shape)
+        return merged, merged_inverse, placed
 
     # --- what is not yet supported ------------------------------------------------------------------------------
 
@@ -355,6 +406,25 @@ class DynamicHostEmbedding(HostEmbedding):
         generator.set_state(state.pop("_init_generator"))
         state.pop("_step_open", None)  # pickled by an earlier version
         state.setdefault("_pending_step", None)
+        state.setdefault("_missing", False)
         super().__setstate__(state)
         self.index = index
         self._init_generator = generator
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` (CPU) on ``device``; to a GPU through pinned memory, so the copy is queued on the current stream and the
+    host does not wait for it (a copy from pageable memory may wait for the stream)."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _present(unique: torch.Tensor, inverse: torch.Tensor, missing: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(unique, inverse)`` of slots (unique_indices') without the slot -1 that ids without a row share (sorted
+    first, when ``missing``, a host-known flag): those ids point one past the remaining distinct slots. No wait for
+    the GPU: only sizes known on the host are used."""
+    if not missing:
+        return unique, inverse
+    unique = unique[1:]
+    return unique, torch.where(inverse == 0, unique.numel(), inverse - 1)
