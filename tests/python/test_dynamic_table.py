@@ -461,6 +461,38 @@ def test_prefetch_is_bit_identical_to_the_plain_loop(policy, admit_after, ahead,
         assert torch.equal(k1, k2) and torch.equal(r1, r2) and torch.equal(s1, s2)
 
 
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_steps_on_rows_read_ahead_write_the_table_with_the_same_bits(optimizer, monkeypatch):
+    # With stream-ordered staging, a batch that admitted no new id is stepped on its rows read ahead and only written
+    # back (the GPU's way on the CPU by the test switch); batches that admit ids take the table's own update.
+    from speedtorch.nn._prefetched_rows import PrefetchedRows
+
+    monkeypatch.setattr(HostEmbedding, "_advance_on_cpu", True)
+    stepped = []
+    step = PrefetchedRows.step
+    monkeypatch.setattr(PrefetchedRows, "step", lambda self, *a: (stepped.append(1), step(self, *a))[1])
+    generator = torch.Generator().manual_seed(5)
+    universe = raw_universe(generator, 16)  # within the capacity: after the first batches, nothing new
+    batches = [skewed_ids(generator, 12, universe).reshape(3, 4) for _ in range(12)]
+    results = []
+    with speedtorch.transfer_config_override(stream_ordered_staging=1):
+        for prefetch in (False, True):
+            module = _dynamic("cpu", "lru", 1, optimizer=optimizer)
+            outputs = []
+            for t, ids in enumerate(batches):
+                out = module(ids)
+                if prefetch and t + 1 < len(batches):
+                    module.prefetch(batches[t + 1])
+                (out * out).sum().backward()
+                module.step()
+                outputs.append(out.detach())
+            results.append((torch.stack(outputs), _everything(module)))
+    assert torch.equal(results[0][0], results[1][0])
+    for key in results[0][1]:
+        assert torch.equal(results[0][1][key], results[1][1][key]), key
+    assert stepped  # some steps took the write-back way
+
+
 def test_prefetched_rows_are_used_and_new_ids_admitted_at_forward():
     module = _dynamic("cpu", "lru", 1, optimizer="sgd")
     module(torch.tensor([1, 2])).sum().backward()
