@@ -49,7 +49,7 @@ template <typename Index>
 void copy_rows(const HostRowCopy& c, const Index* indices) {
   if (c.check) {
     const IndexRangeViolation bad = find_index_out_of_range(indices, c.count, c.table.num_rows);
-    if (bad.found) {  // a gather's rows stay unwritten, a scatter writes none
+    if (bad.found) {  // no row is read from the table or written to it
       flag_index_error_from_host(c.device, bad.value, bad.position, c.table.num_rows);
       c.bad->store(true);
     }

@@ -25,8 +25,9 @@
 //
 // Indices are validated by the caller before anything is enqueued, as for every route; in deferred mode the host
 // function checks them itself and flags a bad one for speedtorch.check_index_errors (cuda/device_index_error.h):
-// a gather then leaves `out` unwritten, a scatter writes nothing. Not for CUDA graph capture (a host function in a
-// graph would replay a copy of buffers freed since) nor pageable tables: the caller routes those elsewhere.
+// a gather then reads no row (`out` gets whatever the staging chunks held), a scatter writes nothing. Not for CUDA
+// graph capture (a host function in a graph would replay a copy of buffers freed since) nor pageable tables: the
+// caller routes those elsewhere.
 #pragma once
 
 #include <ATen/core/Tensor.h>
