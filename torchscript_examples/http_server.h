@@ -56,11 +56,20 @@ struct HttpServerOptions {
   double write_timeout_s = 60;
 };
 
-class HttpServer;
+// Where a Responder's answer goes: the server holding the request's connection (HttpServer; issue 34's measurement
+// prototype on Boost.Beast, bench/experiments/http_beast/, is one too). post() is called from any thread.
+class ResponseSink {
+ public:
+  virtual void post(uint64_t id, HttpResponse response) = 0;
+
+ protected:
+  ~ResponseSink() = default;
+};
 
 // The way back to the connection a request came on. Move-only; answer once, from any thread.
 class Responder {
  public:
+  Responder(ResponseSink* server, uint64_t id) : server_(server), id_(id) {}
   Responder(Responder&& other) noexcept : server_(std::exchange(other.server_, nullptr)), id_(other.id_) {}
   Responder& operator=(Responder&&) = delete;
   Responder(const Responder&) = delete;
@@ -69,13 +78,11 @@ class Responder {
   void respond(HttpResponse response);
 
  private:
-  friend class HttpServer;
-  Responder(HttpServer* server, uint64_t id) : server_(server), id_(id) {}
-  HttpServer* server_;
+  ResponseSink* server_;
   uint64_t id_;
 };
 
-class HttpServer {
+class HttpServer : private ResponseSink {
  public:
   using Handler = std::function<void(HttpRequest&& request, Responder responder)>;
   // Called on the event-loop thread for every answer written (or refused request): the method and path ("" when
@@ -98,9 +105,8 @@ class HttpServer {
  private:
   using Clock = std::chrono::steady_clock;
   struct Connection;
-  friend class Responder;
 
-  void post(uint64_t id, HttpResponse response);  // from Responder, any thread
+  void post(uint64_t id, HttpResponse response) override;  // from Responder, any thread
   void wake();
   void accept_all();
   void on_readable(Connection& c);
