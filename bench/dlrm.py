@@ -66,7 +66,8 @@ def tables_of(rows, dim):
 
 def host_tables(rows, args, device, optimizer, placement="host", lr=None):
     return HostEmbeddingBagCollection(tables_of(rows, args.dim), optimizer=optimizer,
-                                      optimizer_options={"lr": lr or args.lr}, device=device, placement=placement,
+                                      optimizer_options={"lr": lr or args.lr, "eps": args.eps}, device=device,
+                                      placement=placement,
                                       hot_fraction=args.hot_fraction, init_std=0.01, seed=0,
                                       state_beside_rows=not args.state_apart)
 
@@ -155,10 +156,14 @@ class WithTransferOptions:
 
 def time_ways(ways: dict, steps: int, rounds: int, warmup: int, device) -> dict:
     """Median ms per step of each way over ``rounds`` turns of ``steps // rounds`` steps (the ways alternating; a
-    turn is timed whole, so the pipeline's overlap across steps counts)."""
+    turn is timed whole, so the pipeline's overlap across steps counts), with the loss of each way's first step and
+    of its last. The first step of a new model has a loss near 0.69 (its logits start near 0); a way that shares its
+    model with one before it (not pipelined, copy engines) starts where that one stopped."""
     losses = {}
     for label, way in ways.items():
-        losses[label] = [way.run(warmup)]
+        losses[label] = [way.run(1)]  # the first step's loss, before the way has changed anything
+        if warmup > 1:
+            way.run(warmup - 1)
     times = {label: [] for label in ways}
     per_round = max(1, steps // rounds)
     for _ in range(rounds):
@@ -340,7 +345,7 @@ def section_gpu(args, device) -> dict:
         model = dlrm(host_tables(rows, args, device, args.optimizer, placement), args, device, FULL_MLPS)
         print(f"  {time.perf_counter() - start:.1f} s", flush=True)
         # The yardstick runs unbounded: its rows are in GPU memory and its step is on the main stream.
-        ways[label] = Way(model, torch.optim.Adagrad(dense_params(model), lr=args.lr), batches, device,
+        ways[label] = Way(model, torch.optim.Adagrad(dense_params(model), lr=args.lr, eps=args.eps), batches, device,
                           max_sms=None if placement == "gpu" else args.max_sms)
         if placement == "host" and device.type == "cuda":
             # The same model with its rows moved by CPU threads in stream order and the copy engines: no SM.
@@ -353,8 +358,8 @@ def section_gpu(args, device) -> dict:
         torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim), sparse=True, device=device)
         model = dlrm(torch_tables, args, device, FULL_MLPS)
         ways["GPU memory (nn.EmbeddingBag + sparse Adagrad)"] = Way(
-            model, [torch.optim.Adagrad(torch_tables.parameters(), lr=args.lr),
-                    torch.optim.Adagrad(dense_params(model), lr=args.lr)], batches, device)
+            model, [torch.optim.Adagrad(torch_tables.parameters(), lr=args.lr, eps=args.eps),
+                    torch.optim.Adagrad(dense_params(model), lr=args.lr, eps=args.eps)], batches, device)
     timed = time_ways(ways, args.steps, args.rounds, args.warmup, device)
     gpu = timed["GPU memory (speedtorch placement='gpu'), pipelined"][0]
     results = [{"way": label, "ms/step": ms, "samples/s": args.batch / ms * 1e3, "vs all on GPU": ms / gpu,
@@ -426,7 +431,7 @@ def section_criteo1tb(args, device) -> dict:
     print(f"init: {init_s:.1f} s for {nbytes / 1e9:.1f} GB ({nbytes / 1e9 / init_s:.2f} GB/s: map, pin, fill); "
           f"host RSS +{rss_gb() - rss0:.1f} GB", flush=True)
     model = dlrm(tables, args, device, FULL_MLPS)
-    dense = torch.optim.Adagrad(dense_params(model), lr=args.lr)
+    dense = torch.optim.Adagrad(dense_params(model), lr=args.lr, eps=args.eps)
     ways = {"host RAM, pipelined": Way(model, dense, batches, device, max_sms=args.max_sms),
             "host RAM, not pipelined": Way(model, dense, batches, device, prefetch=False)}
     timed = time_ways(ways, args.steps, args.rounds, args.warmup, device)
@@ -477,6 +482,16 @@ def kernel_kind(name: str) -> str:
     return "other: elementwise, reductions, optimizer of the MLPs"
 
 
+def training_defaults(args) -> None:
+    """The tables' optimizer and the learning rate left unset: with DCN, MLPerf's DLRM-DCNv2 reference's (exact
+    Adagrad on tables and MLPs, lr 0.005, no warmup or decay); row-wise Adagrad let the model memorise the cycled
+    batches within ~10 steps, its losses then swinging to 10-30 (bench/RESULTS.md, issue 30 item 6)."""
+    if args.optimizer is None:
+        args.optimizer = "adagrad" if args.interaction == "dcn" else "rowwise_adagrad"
+    if args.lr is None:
+        args.lr = 0.005 if args.interaction == "dcn" else 0.01
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", type=lambda s: s.split(","), default=None,
@@ -488,11 +503,15 @@ def main() -> int:
     parser.add_argument("--exponent", type=float, default=1.1, help="power law of the ids (larger: more skewed)")
     parser.add_argument("--multi-hot", action="store_true",
                         help="bags of ids as MLPerf's multi-hot Criteo (214 ids a sample; cpu, gpu, criteo1tb)")
-    parser.add_argument("--optimizer", default="rowwise_adagrad", help="the tables' optimizer (gpu, criteo1tb)")
+    parser.add_argument("--optimizer", default=None,
+                        help="the tables' optimizer (gpu, criteo1tb; default rowwise_adagrad, with --interaction dcn "
+                             "adagrad: MLPerf's DLRM-DCNv2 reference trains its tables by exact Adagrad)")
     parser.add_argument("--lr", type=float, default=None,
-                        help="Adagrad's learning rate, tables and MLPs (default 0.01; 0.004 with --interaction dcn, "
-                             "where 0.01 diverges at once: losses 0.70, 232, 18, 24, 54, 2707 over the first steps on "
-                             "MLPerf's multi-hot batches, bench/RESULTS.md)")
+                        help="Adagrad's learning rate, tables and MLPs (default 0.01; 0.005 with --interaction dcn, "
+                             "MLPerf's reference, with no warmup or decay; 0.01 diverges at once there: losses 0.70, "
+                             "232, 18, 24, 54, 2707 over the first steps on MLPerf's multi-hot batches)")
+    parser.add_argument("--eps", type=float, default=1e-8,
+                        help="Adagrad's eps, tables and MLPs (MLPerf's reference: 1e-8)")
     parser.add_argument("--interaction", default="dot", choices=("dot", "dcn"))
     parser.add_argument("--no-amp", dest="amp", action="store_false", help="fp32 MLPs (default: bf16 autocast on GPU)")
     parser.add_argument("--hot-fraction", type=float, default=0.2, help="hybrid: the GPU cache's share of the rows")
@@ -523,8 +542,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if args.lr is None:
-        args.lr = 0.004 if args.interaction == "dcn" else 0.01
+    training_defaults(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     has_gpu = torch.cuda.is_available() and "cuda=none" not in speedtorch.build_info()

@@ -57,6 +57,14 @@ class CrossNet(nn.Module):
         super().__init__()
         self.down = nn.ModuleList(nn.Linear(width, rank, bias=False) for _ in range(layers))
         self.up = nn.ModuleList(nn.Linear(rank, width) for _ in range(layers))
+        # As TorchRec's LowRankCrossNet (MLPerf's reference) starts: both kernels Xavier-normal, the bias zero, so a
+        # layer starts as x0 * (U V x) + x. nn.Linear's default would start the down kernel at half that scale and
+        # the bias at +-1/sqrt(rank), each layer then scaling x0 by up to 4% before any step.
+        with torch.no_grad():
+            for down, up in zip(self.down, self.up):
+                nn.init.xavier_normal_(down.weight)
+                nn.init.xavier_normal_(up.weight)
+                nn.init.zeros_(up.bias)
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
         x = x0
