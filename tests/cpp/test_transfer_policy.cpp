@@ -165,7 +165,7 @@ TEST(TransferPolicy, OptionTableNamesEachSettingOnceWithItsEnvironmentVariable) 
     EXPECT_EQ(std::string(env), expected_env);
     names.emplace_back(name);
   });
-  EXPECT_EQ(names.size(), 15u);
+  EXPECT_EQ(names.size(), 17u);
   std::vector<std::string> sorted = names;
   std::sort(sorted.begin(), sorted.end());
   EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end());
