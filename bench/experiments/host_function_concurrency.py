@@ -21,7 +21,8 @@ import torch
 
 def cudart() -> ctypes.CDLL:
     here = os.path.dirname(torch.__file__)
-    for pattern in ("../nvidia/cu13/lib/libcudart.so*", "../nvidia/cuda_runtime/lib/libcudart.so*", "lib/libcudart*.so*"):
+    patterns = ("../nvidia/cu13/lib/libcudart.so*", "../nvidia/cuda_runtime/lib/libcudart.so*", "lib/libcudart*.so*")
+    for pattern in patterns:
         found = sorted(glob.glob(os.path.join(here, pattern)))
         if found:
             return ctypes.CDLL(found[0])

@@ -41,7 +41,7 @@ struct HostRowCopy {
   bool gather;          // table -> staging; else staging -> table
   bool check;           // the first chunk of a transfer whose indices were not validated: check them all first
   int device;
-  int threads;  // the option stream_ordered_threads where the copy was asked for (the host function's thread has its own)
+  int threads;          // stream_ordered_threads where the copy was asked for (the host function's thread has its own)
   std::shared_ptr<std::atomic<bool>> bad;  // the check failed: no chunk copies anything
 };
 
