@@ -1,9 +1,12 @@
-"""Shared test helpers: random data (never zeros) and sequential references."""
+"""Shared test helpers: random data (never zeros), sequential references, and the benchmark scripts as modules."""
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import math
+import sys
+from pathlib import Path
 
 import numpy
 import torch
@@ -96,3 +99,18 @@ class RowwiseAdam(torch.optim.Optimizer):
                 state["v"].mul_(beta2).add_((1 - beta2) * g.pow(2).mean(1))
                 denom = state["v"].sqrt() / math.sqrt(1 - beta2**k) + group["eps"]
                 p -= (group["lr"] / (1 - beta1**k)) * (state["m"] / denom.unsqueeze(1))
+
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def bench_module(name: str):
+    """bench/<name>.py imported as a module (the scripts import their siblings: bench/ is on the path meanwhile)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))

@@ -6,29 +6,18 @@ memorise the few cycled batches, then swing). Not a timing test."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import bench_module
 
 from speedtorch.models import MLPERF_POOLING_FACTORS, criteo_rows, synthetic_batches
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench_dlrm():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_dlrm", ROOT / "bench" / "dlrm.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    return bench_module("dlrm")
 
 
 def test_dcn_losses_stay_sane_with_the_benchmarks_settings(bench_dlrm):

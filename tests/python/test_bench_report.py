@@ -5,22 +5,19 @@ cache.py are read from JSON shaped as those scripts write it on a GPU; reports o
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _report_module():
-    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("report")
 
 
 @pytest.fixture(scope="module")

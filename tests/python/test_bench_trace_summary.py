@@ -3,20 +3,13 @@ checked on a hand-made trace whose answers are known (the profiler itself needs 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import bench_module
 
 
 @pytest.fixture(scope="module")
 def trace_summary():
-    spec = importlib.util.spec_from_file_location("bench_trace_summary", ROOT / "bench" / "trace_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("trace_summary")
 
 
 def kernel(name, start, duration, stream):

@@ -3,25 +3,13 @@ script records them on a GPU: which rows are compared, and when a line says FAIL
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import bench_module
 
 
 @pytest.fixture(scope="module")
 def transfer():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_transfer", ROOT / "bench" / "transfer.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    return bench_module("transfer")
 
 
 def row(way, ms, threads=16, dtype="float32", direction="h2d", rows="spread"):
