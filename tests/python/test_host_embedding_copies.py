@@ -75,14 +75,19 @@ def test_ctrl_c_stops_a_long_save_and_keeps_the_old_files(tmp_path):
     small = HostEmbedding(10, 4, device="cpu", seed=1, optimizer=None)
     small.save(path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    # Three 64 MiB chunks and 7 rows: the watcher below must see the temporary while the save is still writing, also
-    # on a loaded machine (with one chunk it sometimes saw nothing before the commit, and no Ctrl-C was sent).
+    # Three 64 MiB chunks and 7 rows: Ctrl-C comes once the save's worker thread runs or its temporary appears, well
+    # before the last chunk. (Watching for the temporary alone missed it on a loaded CI machine: the save committed
+    # before the watcher looked, and no Ctrl-C was sent.)
     big = HostEmbedding(3 * (1 << 17) + 7, 128, device="cpu", optimizer=None, init_std=0.0)
     stop = threading.Event()
 
+    def writing() -> bool:
+        return any(t.name == "speedtorch-write" for t in threading.enumerate()) or \
+            any(p.name not in before for p in tmp_path.iterdir())
+
     def interrupt_when_writing():
         while not stop.is_set():
-            if any(p.name not in before for p in tmp_path.iterdir()):  # a temporary appeared: the save is writing
+            if writing():
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C
                 return
             time.sleep(0.0005)
