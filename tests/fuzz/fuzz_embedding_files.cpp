@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -109,7 +111,11 @@ void check_loaded(const PinnedEmbedding& e, const io::EmbeddingMeta& meta) {
   if (!meta.has_meta_file) return;
   const at::Tensor rows = e.table().contiguous();
   if (io::content_hash_of(rows) != meta.table_hash) inconsistent("the rows do not hash to the meta's table_hash");
-  if (e.optimizer() != meta.optimizer || e.step_count() != meta.step) inconsistent("optimizer or step differ");
+  // Optimizer names are read whatever their case ("adaM" is Adam); the table holds the canonical lower-case one.
+  std::string optimizer = meta.optimizer;
+  std::transform(optimizer.begin(), optimizer.end(), optimizer.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (e.optimizer() != optimizer || e.step_count() != meta.step) inconsistent("optimizer or step differ");
   if (!meta.optimizer.empty() && io::content_hash_of(e.state().contiguous()) != meta.state_hash) {
     inconsistent("the state does not hash to the meta's state_hash");
   }
