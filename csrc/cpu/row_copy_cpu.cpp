@@ -3,7 +3,6 @@
 
 #include "cpu/helped_parallel_for.h"
 
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>

@@ -1,8 +1,9 @@
 // Pinned staging buffers for the staged transfer path: a ring of chunks per transfer, so CPU threads fill (or
 // drain) one chunk while the copy engine moves another.
 //
-// Rings are pooled per device and handed to one transfer at a time; each chunk carries the event of the last copy
-// that used it, and is waited for before the chunk is touched again, also by the next transfer that takes the ring.
+// Rings are pooled per device and handed to one transfer at a time; each chunk carries the event of its last use,
+// and is waited for before the chunk is touched again, also by the next transfer that takes the ring: by the host
+// on the staged path, by a stream on the stream-ordered one (transfer/stream_ordered_staging.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,7 +28,7 @@ class StagingRing {
   int device() const { return device_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }
   char* chunk(int i) const { return static_cast<char*>(buffer_->data()) + i * chunk_bytes_; }
-  // Recorded after the copy that uses chunk i; synchronise on it before the CPU touches the chunk.
+  // Recorded after the last use of chunk i (a copy, or a host function); wait for it before touching the chunk.
   cudaEvent_t chunk_event(int i) const { return events_[i]; }
   // Spare events for ordering the copy stream with the caller's stream.
   cudaEvent_t start_event() const { return start_; }
