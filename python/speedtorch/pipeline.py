@@ -137,11 +137,14 @@ class TrainPipeline:
         batch = self._take()
         output = self.model(batch)
         loss = output[0] if isinstance(output, (tuple, list)) else output
-        # Forward has taken this batch's prefetched rows: each module's prefetch slot is free for the next batch.
-        if self.prefetch and self.sparse_inputs is not None and self._staged:
-            self._start_gathers(self._staged[0])
         self._stage(2)  # batch t+2's copies run beside this step
         loss.backward()
+        # Forward has taken this batch's prefetched rows: each module's prefetch slot is free for the next batch.
+        # Started once the backward is queued: the prefetch's host work (counting the distinct ids, which waits for
+        # the GPU, and queueing the gather) then runs while the GPU computes the backward; started before it, it held
+        # the backward's launch and left the GPU idle 2-2.6 ms a DLRM step (bench/RESULTS.md, fourteenth session).
+        if self.prefetch and self.sparse_inputs is not None and self._staged:
+            self._start_gathers(self._staged[0])
         if self.step_host_tables:
             with self._sm_bound():  # the updates a prefetch lets run beside the next forward share the GPU with it
                 for table in self._tables_to_step:

@@ -664,10 +664,12 @@ class HostEmbedding(torch.nn.Module):
 
     def _checked_on_the_gpu(self, unique: torch.Tensor, sorted_unique: bool):
         """For a step on distinct ids this module made on a GPU (torch.unique's, or a coalesced gradient's) over a
-        pinned host table: deferred index checks, so the kernels check the ids (range, order; a failure is flagged
-        for speedtorch.check_index_errors and its row left alone) instead of the host reading them back: the step
-        never waits for the GPU. Anything else: the usual checks."""
-        if sorted_unique and unique.is_cuda and self._hands_back_updated_rows():
+        pinned host table or a table in GPU memory: deferred index checks, so the kernels check the ids (range,
+        order; a failure is flagged for speedtorch.check_index_errors and its row left alone) instead of the host
+        reading them back: the step never waits for the GPU (with ``placement="gpu"`` that wait was 3.7 ms of a
+        DLRM step on an H200, the GPU idle meanwhile). Anything else: the usual checks."""
+        on_the_gpu = self._hands_back_updated_rows() or isinstance(self.table, DeviceTable)
+        if sorted_unique and unique.is_cuda and on_the_gpu:
             return deferred_index_checks()
         return contextlib.nullcontext()
 
