@@ -180,3 +180,51 @@ def test_an_update_the_rows_read_ahead_are_refreshed_for_leaves_their_state_unus
         module._apply_gradients(ids.to(device), grads.to(device) * 2, sorted_unique=True)
     assert torch.equal(ahead(ids), plain(ids))
     assert torch.equal(ahead.weight.cpu(), plain.weight.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("write_back", [True, False])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_a_prefetch_after_a_forward_of_rows_read_ahead_reads_only_the_rows_that_forward_did_not_take(
+        device, write_back, accumulate, monkeypatch):
+    # The pipeline's order: forward t (rows read ahead with their state), backward, prefetch t+1, step. Batch t+1's
+    # rows in common with batch t come from batch t's rows (after their step in GPU memory with write_back, before
+    # the update, then advanced, without); only the others are read from the table. accumulate: two backward passes
+    # a step, so one prefetch is taken by a forward with no update in between. Bit-identical to the plain loop.
+    from speedtorch.nn._prefetched_rows import PrefetchedRows
+
+    monkeypatch.setattr(HostEmbedding, "_advance_on_cpu", True)
+    ahead, plain = trained_pair(device, "adam", 8)
+    batches = [torch.tensor([1, 5, 9, 5]), torch.tensor([5, 9, 11, 40]), torch.tensor([40, 9, 2]),
+               torch.tensor([2, 3, 11, 1])]
+    read = []
+    rows_ahead = ahead._rows_ahead
+    monkeypatch.setattr(ahead, "_rows_ahead", lambda ids: (read.append(ids.tolist()), rows_ahead(ids))[1])
+    completed = []
+    complete = PrefetchedRows.complete
+    monkeypatch.setattr(PrefetchedRows, "complete",
+                        lambda self: (completed.append(self.source is not None), complete(self))[1])
+    options = {"stream_ordered_staging": 1} if write_back else {}
+    with speedtorch.transfer_config_override(**options):
+        outputs = {}
+        for module, prefetch in ((ahead, True), (plain, False)):
+            if prefetch:
+                module.prefetch(batches[0])
+            got = []
+            for t, ids in enumerate(batches):
+                out = module(ids)
+                got.append(out.detach().cpu())
+                (out * torch.arange(out.numel(), device=out.device).view_as(out)).sum().backward()
+                if prefetch and t + 1 < len(batches):
+                    module.prefetch(batches[t + 1])
+                if not accumulate or t % 2 == 1:
+                    module.step()
+            outputs[prefetch] = torch.cat(got)
+    assert torch.equal(outputs[True], outputs[False])
+    assert torch.equal(ahead.weight.cpu(), plain.weight.cpu())
+    # The first prefetch read all its rows; each later one only those the forward before it did not take. With two
+    # backward passes a step, the step's gradient is not coalesced: the rows read ahead are read again (refresh)
+    # without their state, so the forward after it holds no rows to share.
+    assert read[0] == [1, 5, 9]
+    assert read[1:] == ([[11, 40], [2], [1, 2, 3, 11]] if accumulate else [[11, 40], [2], [1, 3, 11]])
+    assert sum(completed) == (2 if accumulate else 3)
