@@ -18,29 +18,13 @@ in one of three ways:
   a ``searchsorted`` and an ``index_copy_``.
 - :meth:`PrefetchedRows.refresh`: tables that cannot hand rows back (a GPU row cache, a frequency-chosen HybridTable,
   unsorted ids) read the rows in common again from the table.
-
-A prefetch with state made while the last forward's rows read ahead with their state are still held (the usual
-pipeline: batch t+1's prefetch after step t's backward) reads only the rows that batch does not hold
-(:meth:`PrefetchedRows.shared_with`); the rows in common are taken from it (:meth:`PrefetchedRows.complete`), as they
-are after its step when that step runs on them in GPU memory, else before any update. In a DLRM step a third of a
-batch's distinct rows were the last batch's: a third fewer rows over PCIe, and no update to advance.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import torch
-
-
-@dataclasses.dataclass
-class SharedRows:
-    """Where a prefetch's rows come from: ``read`` (increasing positions among its distinct ids) from the table,
-    the rows at ``at`` from the rows at ``src`` of the batch it shares them with."""
-    read: torch.Tensor
-    at: torch.Tensor
-    src: torch.Tensor
 
 
 class PrefetchedRows:
@@ -49,63 +33,14 @@ class PrefetchedRows:
     they may be read (the gather, then each patch)."""
 
     def __init__(self, key, unique: torch.Tensor, inverse: torch.Tensor, rows: torch.Tensor,
-                 ready: Optional[torch.cuda.Event], state: Optional[torch.Tensor] = None,
-                 source: Optional["PrefetchedRows"] = None, shared: Optional[SharedRows] = None):
+                 ready: Optional[torch.cuda.Event], state: Optional[torch.Tensor] = None):
         self.key = key
         self.unique, self.inverse, self.rows = unique, inverse, rows
         self.state = state  # the rows' optimizer state (advance), or None
         self.ready = ready
-        # The rows at shared.at are still to be taken from `source` (complete); until then they hold nothing.
-        self.source, self.shared = source, shared
 
     def tensors(self) -> tuple:
-        shared = (self.shared.read, self.shared.at, self.shared.src) if self.shared is not None else ()
-        return tuple(t for t in (self.unique, self.inverse, self.rows, self.state, *shared) if t is not None)
-
-    @staticmethod
-    def shared_with(source: "PrefetchedRows", unique: torch.Tensor) -> Optional[SharedRows]:
-        """Which of the sorted distinct ``unique`` ``source`` (rows read ahead with their state) holds, on the current
-        stream; None when it holds none of them. The host waits for the count of the others (the rows to read)."""
-        held = source.unique.numel()
-        if held == 0 or unique.numel() == 0 or source.state is None or source.unique.device != unique.device:
-            return None
-        if unique.is_cuda:
-            current = torch.cuda.current_stream(unique.device)
-            if source.ready is not None:
-                current.wait_event(source.ready)
-            source.unique.record_stream(current)
-        pos = torch.searchsorted(source.unique, unique).clamp_(max=held - 1)
-        found = source.unique[pos] == unique
-        to_read = unique.numel() - int(found.sum())
-        if to_read == unique.numel():
-            return None
-        order = torch.sort(found.to(torch.uint8), stable=True).indices  # the rows to read first, each part in order
-        at = order[to_read:]
-        return SharedRows(order[:to_read], at, pos[at])
-
-    @staticmethod
-    def placed(read: tuple, positions: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(rows, state)`` of ``count`` rows, the rows and state ``read`` at ``positions``, the rest unset."""
-        rows, state = read
-        out_rows = rows.new_empty(count, rows.shape[1]).index_copy_(0, positions, rows)
-        out_state = state.new_empty(count, state.shape[1]).index_copy_(0, positions, state)
-        return out_rows, out_state
-
-    def complete(self) -> None:
-        """Takes the rows (and state) shared with the batch this prefetch followed from it, as they are now: before
-        anything else reads, advances or patches these rows. A no-op for a prefetch that read all its rows."""
-        source, self.source = self.source, None
-        if source is None:
-            return
-        stream = self._wait_here()
-        if stream is not None and source.ready is not None:
-            stream.wait_event(source.ready)
-            for t in source.tensors():
-                t.record_stream(stream)
-        shared, self.shared = self.shared, None
-        self.rows.index_copy_(0, shared.at, source.rows.index_select(0, shared.src))
-        self.state.index_copy_(0, shared.at, source.state.index_select(0, shared.src))
-        self._done_here(stream)
+        return tuple(t for t in (self.unique, self.inverse, self.rows, self.state) if t is not None)
 
     def _wait_here(self) -> Optional[torch.cuda.Stream]:
         """On a GPU: the current stream waits until the rows may be read (and keeps them alive); returns it."""
@@ -125,7 +60,6 @@ class PrefetchedRows:
     def patch(self, ids: torch.Tensor, new_rows: torch.Tensor) -> None:
         """``ids`` (sorted, distinct) now hold ``new_rows``: the rows among them this batch holds take those values.
         No host wait: the rows not held go to a spare row past the end, dropped."""
-        self.complete()
         n = self.unique.numel()
         if n == 0 or ids.numel() == 0:
             return
@@ -143,7 +77,6 @@ class PrefetchedRows:
         the table's step count after it) to the rows and state this batch holds. The ids it does not hold go to rows
         of their own past the end, which are dropped: every row the kernel writes is distinct, as the fused step
         requires, and the host waits only for that step's own check of the ids."""
-        self.complete()
         n, k = self.unique.numel(), ids.numel()
         if n == 0 or k == 0:
             return
@@ -168,7 +101,6 @@ class PrefetchedRows:
         """Applies the table's update of every row this batch holds (``grads``: their summed float32 gradients, in
         ``unique``'s order; ``step`` the table's step count after it) to the rows and state, in place, where they are:
         what the table's own update would write for them (``PinnedEmbedding.scatter_with_state_`` then writes it)."""
-        self.complete()
         n = self.unique.numel()
         if n == 0:
             return
@@ -182,7 +114,6 @@ class PrefetchedRows:
         """``ids`` were updated in ``table`` without their new rows at hand: the rows among them this batch holds are
         read again from the table (after the update, in stream order). Their optimizer state is not read again, so
         the state held is dropped: a later update must not advance the rows with it."""
-        self.complete()
         if ids.numel():
             self.state = None
         if self.unique.numel() == 0 or ids.numel() == 0:
@@ -195,7 +126,6 @@ class PrefetchedRows:
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(unique, inverse, rows)`` for the forward, on the current stream."""
-        self.complete()
         stream = self._wait_here()
         if stream is not None and isinstance(self.key, torch.Tensor) and self.key.is_cuda:
             self.key.record_stream(stream)  # made on the side stream, used by the forward from here

@@ -625,14 +625,9 @@ class HostEmbedding(torch.nn.Module):
         # prefetch with their state runs on them where they are, by the same kernel, and the host table is only
         # written (one copy down by the copy engine, CPU threads writing the records): no row is read twice.
         pending = self._prefetched
+        ahead = pending is not None and pending.state is not None and sorted_unique
         taken, self._taken = self._taken, None
         here = taken is not None and sorted_unique and taken.holds(unique) and self._writes_rows_back()
-        # A prefetch that shares rows with the rows stepped here takes them once stepped; its other rows are not
-        # among this update's. Any other prefetch that shares rows takes them now, before the update changes them.
-        follows = here and pending is not None and pending.source is taken
-        if pending is not None and not follows:
-            pending.complete()
-        ahead = pending is not None and pending.state is not None and sorted_unique and not follows
         step = self.table.step_count() + 1
         if ahead:
             with self._checked_on_the_gpu(unique, sorted_unique):
@@ -640,9 +635,7 @@ class HostEmbedding(torch.nn.Module):
         if here:
             with self._checked_on_the_gpu(unique, sorted_unique):  # its positions are in range by construction
                 taken.step(grad_rows, self.table.optimizer(), self.table.optimizer_options(), step)
-            if follows:
-                pending.complete()
-            elif pending is not None and not ahead:
+            if pending is not None and not ahead:
                 pending.patch(unique, taken.rows)
         on_its_stream = ahead or here or self.async_update
         stream = self.update_stream() if self.device.type == "cuda" and on_its_stream else None
@@ -792,19 +785,8 @@ class HostEmbedding(torch.nn.Module):
         if self.placement == "gpu":
             return
         if self.device.type != "cuda":
-            source, link = (self._taken if self._updates_ahead() else None), {}
-
-            def read(unique):  # as on a GPU below: the rows shared with the last forward's are taken from them
-                shared = PrefetchedRows.shared_with(source, unique) if source is not None else None
-                if shared is None:
-                    return self._rows_ahead(unique)
-                link["shared"] = shared
-                return PrefetchedRows.placed(self._rows_ahead(unique[shared.read]), shared.read, unique.numel())
-
-            unique, inverse, (rows, state) = self._rows_for(next_input, read)
-            shared = link.get("shared")
-            self._prefetched = PrefetchedRows(next_input, unique, inverse, rows, None, state,
-                                              source=source if shared is not None else None, shared=shared)
+            unique, inverse, (rows, state) = self._rows_for(next_input, self._rows_ahead)
+            self._prefetched = PrefetchedRows(next_input, unique, inverse, rows, None, state)
             return
         current = torch.cuda.current_stream(self.device)
         counting, side = self.side_stream(), self._gather_stream()
@@ -824,10 +806,6 @@ class HostEmbedding(torch.nn.Module):
                     if named is None:
                         raise
                     raise named from None
-            # The rows it shares with the last forward's rows read ahead with their state are taken from those (after
-            # their step, or as they are if no step comes first), not read over PCIe again: only the others are read.
-            source = self._taken if self._updates_ahead() else None
-            shared = PrefetchedRows.shared_with(source, unique) if source is not None else None
         side.wait_stream(counting)
         if self._written is not None:
             side.wait_event(self._written)
@@ -835,15 +813,10 @@ class HostEmbedding(torch.nn.Module):
             t.record_stream(side)
         with torch.cuda.stream(side), transfers_without_the_host():
             with deferred_index_checks() if checked else contextlib.nullcontext():
-                if shared is None:
-                    rows, state = self._rows_ahead(unique)
-                else:
-                    rows, state = PrefetchedRows.placed(self._rows_ahead(unique[shared.read]), shared.read,
-                                                        unique.numel())
+                rows, state = self._rows_ahead(unique)
             ready = torch.cuda.Event()  # after everything the prefetch queued
             ready.record(side)
-        pending = PrefetchedRows(next_input, unique, inverse, rows, ready, state,
-                                 source=source if shared is not None else None, shared=shared)
+        pending = PrefetchedRows(next_input, unique, inverse, rows, ready, state)
         # The side stream may still be reading the table's device tensors (a hybrid table's hot rows) after this
         # returns, and may have made new ones there (_refresh_hot_rows) that the current stream then uses: whichever
         # stream frees them, the caching allocator must reuse their memory only once both streams are done.
