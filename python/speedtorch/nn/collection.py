@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .._library import PinnedEmbedding
+from .._phases import phase
 from ..ops import _first_out_of_range, check_indices
 from ..sparse_features import SparseFeatures
 from ._table_state import adopt_options, checked_extra_state, entry_error, entry_shapes, table_extra_state
@@ -186,20 +187,23 @@ class HostEmbeddingBagCollection(torch.nn.Module):
 
     def forward(self, features: Union[torch.Tensor, SparseFeatures]) -> torch.Tensor:
         """``(batch, sum of feature dims)``: each feature's pooled rows, in :attr:`feature_names` order."""
-        plan = self._take_prefetched(features)
-        if plan is None:
-            plan = self._plan(features)
-        pieces = [self._pool(group, lookup) for group, lookup in zip(self._groups, plan)]
-        if len(pieces) == 1:
-            return pieces[0]
-        return self._interleave(pieces)
+        with phase("ids"):
+            plan = self._take_prefetched(features)
+            if plan is None:
+                plan = self._plan(features)
+        with phase("pooling"):  # around each group's lookup (its own phases: de-duplication, gather)
+            pieces = [self._pool(group, lookup) for group, lookup in zip(self._groups, plan)]
+            if len(pieces) == 1:
+                return pieces[0]
+            return self._interleave(pieces)
 
     def prefetch(self, next_features: Union[torch.Tensor, SparseFeatures]) -> None:
         """Starts gathering the rows of the next batch (on a side stream on a GPU; :meth:`HostEmbedding.prefetch`)
         while this step computes. Pass the same object to the next forward, which takes them; the updates in between
         hand the prefetch the rows they change, so nothing stale is used. A forward with other features drops it."""
         self._prefetched = None
-        plan = self._plan(next_features)
+        with phase("ids"):
+            plan = self._plan(next_features)
         for group, lookup in zip(self._groups, plan):
             group.module.prefetch(lookup.ids)
         self._prefetched = (next_features, plan)
