@@ -11,6 +11,9 @@ Sections (``--sections``, comma-separated; the default: ``cpu,loop`` without a G
 - ``gpu``: at a size every way fits (``--cap``, default 5M rows a table: 29.2M rows, 15 GB at dim 128), the tables in
   host RAM (pipelined and not), hybrid (a GPU row cache of ``--hot-fraction`` of the rows, pipelined), all on the GPU
   (speedtorch's placement="gpu", and torch's nn.EmbeddingBag + sparse Adagrad); same model, same batches.
+  ``--phases``: each way's step cut into phases (ids, de-duplication, gather, pooling, interaction, MLPs, loss,
+  backward, table update, dense optimizer, copies, other) from a trace of ``--trace-steps`` steps, with samples/s
+  against MLPerf's per-GPU rate and the largest phase (bench/trace_summary.py's summarize_phases; on the CPU too).
 - ``criteo1tb``: the Criteo 1TB tables capped at 40M rows (MLPerf's: 204,184,588 rows; 108 GB of host RAM with
   row-wise Adagrad at dim 128), host RAM, pipelined and not, samples/s, init time, host RSS, and a profile of a few
   steps (where the GPU time goes).
@@ -19,6 +22,11 @@ Sections (``--sections``, comma-separated; the default: ``cpu,loop`` without a G
     python bench/dlrm.py --sections gpu                  # GPU: the all-on-GPU comparison (~3 min)
     python bench/dlrm.py --sections criteo1tb --state-apart   # GPU: the 104 GB configuration (~5 min with its init)
     python bench/dlrm.py --sections gpu --json out.json  # results as JSON too (bench/report.py reads it)
+    python bench/dlrm.py --sections gpu --multi-hot --interaction dcn --no-torch --batch 16384 --phases
+                                                         # GPU: MLPerf's model, each way's step by phase
+
+With ``--interaction dcn`` the tables start as MLPerf's DLRM-DCNv2 reference's, each U(-sqrt(1/rows), +sqrt(1/rows))
+(TableConfig.init_range); with ``dot`` N(0, 0.01^2).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import argparse
 import gc
 import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -43,11 +52,14 @@ from speedtorch.cli.benchmarking import format_table  # noqa: E402
 from speedtorch.models import (DLRM, MLPERF_POOLING_FACTORS, DLRMTrain, TorchEmbeddingBags, criteo_rows,  # noqa: E402
                                synthetic_batches)
 from speedtorch.nn import HostEmbedding  # noqa: E402
-from trace_summary import format_summary, profile_summary  # noqa: E402  (bench/trace_summary.py)
+from trace_summary import (format_phases, format_summary, profile_trace, summarize_phases,  # noqa: E402
+                           summarize_trace)  # (bench/trace_summary.py)
 
 # The DLRM MLPs (MLPerf's), and the CPU size's: those of the DLRM reference's Criteo Kaggle run (dim 16).
 FULL_MLPS = dict(bottom=(512, 256, 128), top=(1024, 1024, 512, 256, 1))
 CPU_MLPS = dict(bottom=(512, 256, 64, 16), top=(512, 256, 1))
+# MLPerf Training's DLRM-DCNv2 rate per GPU (H100, FBGEMM, every table in HBM; issue 30), the yardstick of --phases.
+MLPERF_SAMPLES_PER_S_PER_GPU = 1.73e6
 
 
 def sync(device: torch.device) -> None:
@@ -60,12 +72,15 @@ def rss_gb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
-def tables_of(rows, dim):
-    return [TableConfig(f"t{i}", n, dim) for i, n in enumerate(rows)]
+def tables_of(rows, dim, interaction="dot"):
+    """The tables; with DCN each starts U(-sqrt(1/rows), +sqrt(1/rows)) (its rows), as in MLPerf's DLRM-DCNv2
+    reference (TorchRec's default), else the collection's N(0, 0.01^2) (host_tables' init_std)."""
+    return [TableConfig(f"t{i}", n, dim, init_range=math.sqrt(1 / n) if interaction == "dcn" else None)
+            for i, n in enumerate(rows)]
 
 
 def host_tables(rows, args, device, optimizer, placement="host", lr=None):
-    return HostEmbeddingBagCollection(tables_of(rows, args.dim), optimizer=optimizer,
+    return HostEmbeddingBagCollection(tables_of(rows, args.dim, args.interaction), optimizer=optimizer,
                                       optimizer_options={"lr": lr or args.lr, "eps": args.eps}, device=device,
                                       placement=placement,
                                       hot_fraction=args.hot_fraction, init_std=0.01, seed=0,
@@ -217,10 +232,11 @@ def section_cpu(args) -> dict:
         label = f"speedtorch tables, {opt_name}"
         ways[label] = Way(model, dense, batches, device)
         parts[label] = _tables_part(model.model.embeddings, None)
-        torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim), sparse=True)
-        with torch.no_grad():
-            for bag in torch_tables.bags:
-                bag.weight.normal_(0, 0.01)
+        torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim, args.interaction), sparse=True)
+        if args.interaction != "dcn":  # as host_tables' rows start
+            with torch.no_grad():
+                for bag in torch_tables.bags:
+                    bag.weight.normal_(0, 0.01)
         model = dlrm(torch_tables, args, device, CPU_MLPS)
         table_params = list(torch_tables.parameters())
         if opt_name == "adagrad":
@@ -355,7 +371,7 @@ def section_gpu(args, device) -> dict:
                     ways[label], copy_engines=True, stream_ordered_threads=threads)
     if not args.no_torch:
         print("building torch nn.EmbeddingBag on the GPU", flush=True)
-        torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim), sparse=True, device=device)
+        torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim, args.interaction), sparse=True, device=device)
         model = dlrm(torch_tables, args, device, FULL_MLPS)
         ways["GPU memory (nn.EmbeddingBag + sparse Adagrad)"] = Way(
             model, [torch.optim.Adagrad(torch_tables.parameters(), lr=args.lr, eps=args.eps),
@@ -366,7 +382,8 @@ def section_gpu(args, device) -> dict:
                 "first loss": first, "last loss": last} for label, (ms, first, last) in timed.items()]
     if args.sweep_launch and device.type == "cuda":
         sweep_launch(ways, args, device)
-    traces = trace_ways(ways, args.trace_steps, device, args.trace_dir)
+    traces = trace_ways(ways, args.trace_steps, device, args.trace_dir, phases=args.phases,
+                        step_ms={label: ms for label, (ms, _, _) in timed.items()}, batch=args.batch)
     for r in results:
         r["trace"] = traces.get(r["way"])
     print(format_table(results, ["way", "ms/step", "samples/s", "vs all on GPU", "first loss", "last loss"]))
@@ -398,11 +415,14 @@ def sweep_launch(ways: dict, args, device) -> None:
                         timed.items()], ["way", "ms/step", "vs all on GPU"]), flush=True)
 
 
-def trace_ways(ways: dict, steps: int, device, keep_in: str | None = None) -> dict:
+def trace_ways(ways: dict, steps: int, device, keep_in: str | None = None, phases: bool = False,
+               step_ms: dict | None = None, batch: int | None = None) -> dict:
     """Each way's trace summary over ``steps`` steps (bench/trace_summary.py): per stream busy and overlapped time,
     GPU idle time and host waits, printed and returned by way; with ``keep_in``, each way's raw trace is written
-    there too (``<way>.json.gz``)."""
-    if steps <= 0 or device.type != "cuda":
+    there too (``<way>.json.gz``). With ``phases`` (on the CPU too), from the same trace, the table of where a step's
+    time goes by phase (trace_summary.summarize_phases, under the key "phases"), and the way's samples/s (``batch``
+    samples in its timed ``step_ms[label]``) against MLPerf's per-GPU rate."""
+    if steps <= 0 or (device.type != "cuda" and not phases):
         return {}
     out = {}
     for label, way in ways.items():
@@ -411,9 +431,25 @@ def trace_ways(ways: dict, steps: int, device, keep_in: str | None = None) -> di
         if keep_in:
             os.makedirs(keep_in, exist_ok=True)
             keep = os.path.join(keep_in, re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_") + ".json.gz")
-        out[label] = profile_summary(way.run, steps, keep)
-        print(format_summary(label, out[label]), flush=True)
+        events, wall_ms = profile_trace(way.run, steps, keep)
+        out[label] = {}
+        if device.type == "cuda":
+            out[label] = summarize_trace(events, steps)
+            print(format_summary(label, out[label]), flush=True)
+        if phases:
+            out[label]["phases"] = summarize_phases(events, steps, wall_ms)
+            print(format_phases(label, out[label]["phases"]), flush=True)
+            if step_ms and label in step_ms and batch:
+                print(mlperf_line(batch, step_ms[label]), flush=True)
     return out
+
+
+def mlperf_line(batch: int, ms: float) -> str:
+    """Samples/s of a step of ``batch`` samples timed at ``ms``, against MLPerf's DLRM-DCNv2 rate per GPU."""
+    rate = batch / ms * 1e3
+    return (f"samples/s: {rate:,.0f} ({batch:,} samples in {ms:.2f} ms, the timed step) = "
+            f"{rate / MLPERF_SAMPLES_PER_S_PER_GPU:.2f} of MLPerf's {MLPERF_SAMPLES_PER_S_PER_GPU / 1e6:.2f}M a GPU "
+            f"(DLRM-DCNv2, H100, tables in HBM)")
 
 
 def section_criteo1tb(args, device) -> dict:
@@ -537,6 +573,11 @@ def main() -> int:
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--trace-steps", type=int, default=5,
                         help="gpu: steps each way is traced for its per-stream summary (0: none)")
+    parser.add_argument("--phases", action="store_true",
+                        help="gpu: from each way's trace (--trace-steps steps), where a step's time goes by phase "
+                             "(ids, de-duplication, gather, pooling, interaction, MLPs, loss, backward, table update, "
+                             "dense optimizer, copies, other; bench/trace_summary.py says the rules), its idle share, "
+                             "samples/s against MLPerf's 1.73M a GPU and what bounds it; on the CPU too")
     parser.add_argument("--trace-dir", default=None,
                         help="gpu: also write each way's raw trace there (<way>.json.gz, for Perfetto)")
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (default: torch's)")

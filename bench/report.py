@@ -140,7 +140,7 @@ def dlrm_figures(data: dict) -> list:
                                   f"{w['samples/s']:,.0f} samples/s"))
         for label, w in ways.items():  # the overlap, not only the step time (bench/trace_summary.py)
             t = w.get("trace")
-            if t:
+            if t and "streams" in t:  # a CPU run's trace has the phases only (--phases)
                 beside = sum(s["overlapped_ms"] for s in t["streams"])
                 out.append(figure("dlrm-trace", f"{label}: GPU idle / window, a step", t["gpu_idle_ms"], "ms", "window",
                                   t["window_ms"], t["gpu_idle_ms"] / t["window_ms"] if t["window_ms"] else None, "",

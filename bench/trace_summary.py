@@ -13,6 +13,24 @@ union of its kernels and copies), ``overlapped`` (the part of busy during which 
 top kernels; for the GPU ``busy`` (any stream) and ``idle`` (window - busy); for the host the time spent in CUDA
 calls that wait for the device (synchronize, blocking copies, event/stream waits), with their count, and which
 operators they wait in (``waits_in``: the outermost and innermost CPU operator around each wait, summed).
+
+Where a step's time goes, by phase (:func:`summarize_phases`, from the same trace): each kernel, copy and memset is
+charged to the phase whose range (``speedtorch._phases``: ``speedtorch.phase: <name>``, which the collection, the
+tables, DLRM and TrainPipeline open around their parts) was open around the CPU call that launched it (the innermost
+range, on the launching thread). By these rules, in order, innermost first:
+
+- a ``speedtorch.phase: <name>`` range: that phase (``ids``, ``dedup``, ``gather``, ``pooling``, ``interaction``,
+  ``mlp``, ``loss``, ``update``, ``dense optimizer``, ``copies``);
+- torch's ``Optimizer.step#...`` / ``Optimizer.zero_grad#...`` ranges: ``dense optimizer``;
+- a backward node (``autograd::engine::evaluate_function: ...``): the phase of the forward operator with the node's
+  sequence number (so a layer's backward counts with its forward), ``backward`` when none has a phase
+  (``AccumulateGrad``, ...); the part in backward is counted apart too;
+- else a copy or memset is ``copies`` and anything else ``other``.
+
+Streams overlap: an instant during which k kernels run is charged 1/k to each one's phase, so the phases add up to the
+GPU's busy time, and with ``idle`` to the window. Without GPU activity (a run on the CPU) the host is the device: each
+instant of the thread that ran the steps is charged to the innermost operator or range around it, by the same rules,
+and the window is the steps' range.
 """
 
 from __future__ import annotations
@@ -21,10 +39,14 @@ import gzip
 import json
 import os
 import tempfile
+import time
 from collections import defaultdict
 from typing import Callable
 
 import torch
+
+from speedtorch._phases import PREFIX
+from speedtorch.cli.benchmarking import format_table
 
 # CUDA runtime / driver calls in which the host waits for the device.
 _HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
@@ -121,16 +143,23 @@ def _waits_by_operator(waits: list[dict], ops: list[dict], steps: int) -> list[d
     return sorted(rows, key=lambda r: -r["ms"])[:5]
 
 
-def profile_summary(run_steps: Callable[[int], object], steps: int = 5, keep: str | None = None) -> dict:
-    """Profiles ``run_steps(steps)`` (CPU and CUDA activity) and summarizes its trace (:func:`summarize_trace`);
-    ``keep``: a path where the raw Chrome trace is also written, gzipped (for a timeline in chrome://tracing or
+def profile_trace(run_steps: Callable[[int], object], steps: int = 5, keep: str | None = None) -> tuple[list, float]:
+    """The Chrome trace's events of ``run_steps(steps)`` (CPU activity, and CUDA's where there is a GPU) inside one
+    ``speedtorch.phase: steps`` range, and the wall time of those steps (ms a step, measured around them under the
+    profiler); ``keep``: a path where the raw trace is also written, gzipped (for a timeline in chrome://tracing or
     Perfetto)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run_steps(steps)
+    cuda = torch.cuda.is_available()
+    if cuda:
         torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        start = time.perf_counter()
+        with record_function(PREFIX + "steps"):
+            run_steps(steps)
+            if cuda:
+                torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) * 1e3 / steps
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "trace.json")
         prof.export_chrome_trace(path)
@@ -139,7 +168,12 @@ def profile_summary(run_steps: Callable[[int], object], steps: int = 5, keep: st
     if keep:
         with gzip.open(keep, "wt") as f:
             f.write(raw)
-    return summarize_trace(json.loads(raw).get("traceEvents", []), steps)
+    return json.loads(raw).get("traceEvents", []), wall_ms
+
+
+def profile_summary(run_steps: Callable[[int], object], steps: int = 5, keep: str | None = None) -> dict:
+    """Profiles ``run_steps(steps)`` (:func:`profile_trace`) and summarizes its trace (:func:`summarize_trace`)."""
+    return summarize_trace(profile_trace(run_steps, steps, keep)[0], steps)
 
 
 def format_summary(label: str, s: dict) -> str:
@@ -153,3 +187,156 @@ def format_summary(label: str, s: dict) -> str:
         lines.append(f"  stream {st['stream']}: busy {st['busy_ms']:.2f} ms, {st['overlapped_ms']:.2f} of it beside "
                      f"another stream; top: {top}")
     return "\n".join(lines)
+
+
+# --- phases --------------------------------------------------------------------------------------------------------
+
+# The rows of the phase table, in order: (phase, what it is). Phases a trace names otherwise follow them.
+PHASES = (("ids", "ids: offsets, range checks"), ("dedup", "de-duplication (unique)"),
+          ("gather", "row gather / lookup"), ("pooling", "pooling (embedding bags)"),
+          ("interaction", "interaction (DCN cross layers / dot)"), ("mlp", "MLPs (bottom, top)"),
+          ("loss", "loss (BCE)"), ("backward", "backward, other nodes"), ("update", "fused table update"),
+          ("dense optimizer", "dense optimizer"), ("copies", "copies (batches; memcpy, memset)"), ("other", "other"))
+_BACKWARD_NODE = "autograd::engine::evaluate_function: "
+_DENSE_OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
+_STEPS = PREFIX + "steps"
+
+
+def _end(event: dict) -> float:
+    return float(event["ts"]) + float(event["dur"])
+
+
+def _own_phase(event: dict):
+    """The phase an operator or range names itself (None: its surroundings decide), or ("node", sequence number)
+    for a backward node."""
+    name = event.get("name", "")
+    if name.startswith(PREFIX):
+        return None if name == _STEPS else name[len(PREFIX):]
+    if name.startswith(_DENSE_OPTIMIZER):
+        return "dense optimizer"
+    if name.startswith(_BACKWARD_NODE):
+        return ("node", event.get("args", {}).get("Sequence number"))
+    return None
+
+
+def _cpu_phases(events: list[dict]) -> list[dict]:
+    """The CPU events (operators, ranges, CUDA calls), each with its ``phase`` (None: none), ``backward`` (inside a
+    backward node) and ``parent`` (the innermost event around it on its thread, or None)."""
+    cpu = [dict(e) for e in events if e.get("ph") == "X" and "dur" in e and
+           e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")]
+    by_thread: dict = defaultdict(list)
+    for e in cpu:
+        by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    for thread in by_thread.values():
+        stack: list[dict] = []
+        for e in sorted(thread, key=lambda e: (float(e["ts"]), -float(e["dur"]))):
+            while stack and _end(stack[-1]) <= float(e["ts"]):
+                stack.pop()
+            e["parent"] = stack[-1] if stack else None
+            own = _own_phase(e)
+            e["backward"] = isinstance(own, tuple) or bool(e["parent"] and e["parent"]["backward"])
+            e["phase"] = own if own is not None else (e["parent"]["phase"] if e["parent"] else None)
+            stack.append(e)
+    # A backward node takes the phase of its forward operator: of the operators that carry the node's sequence number
+    # (each records the number the next node will get), the last to start made the node. Nodes inside a node too.
+    in_order = sorted(cpu, key=lambda e: (float(e["ts"]), -float(e["dur"])))  # parents before children
+    forward: dict = {}
+    for e in in_order:
+        seq = e.get("args", {}).get("Sequence number")
+        if seq is not None and not e["backward"] and e["cat"] == "cpu_op":
+            forward[seq] = e["phase"]
+    for e in in_order:
+        if isinstance(e["phase"], tuple):
+            own = _own_phase(e)
+            e["phase"] = (forward.get(own[1]) or "backward") if isinstance(own, tuple) else e["parent"]["phase"]
+    return cpu
+
+
+def _charged(intervals: list[tuple[float, float, str, bool]]) -> dict:
+    """Per (phase, backward): the time of ``intervals`` (start, end, phase, backward), an instant covered by k of
+    them charged 1/k to each."""
+    edges = sorted({t for s, e, _, _ in intervals for t in (s, e)})
+    starts: dict = defaultdict(list)
+    for i, (s, _, _, _) in enumerate(intervals):
+        starts[s].append(i)
+    out: dict = defaultdict(float)
+    active: set = set()
+    for left, right in zip(edges, edges[1:]):
+        active = {i for i in active | set(starts.get(left, ())) if intervals[i][1] > left}
+        if active:
+            share = (right - left) / len(active)
+            for i in active:
+                out[intervals[i][2:]] += share
+    return out
+
+
+def summarize_phases(events: list[dict], steps: int, wall_ms: float | None = None) -> dict:
+    """Where ``steps`` steps' time goes by phase (the rules in this module's docstring), from a Chrome trace's
+    events: per phase ``ms`` (its share of the window, overlaps split), ``backward_ms`` (the part in backward nodes),
+    ``busy_ms`` (its kernels' time, overlaps counted in full: on the CPU the same as ``ms``); ``window_ms``, the GPU's
+    ``busy_ms`` and ``idle_ms``, all a step, and ``wall_ms`` as given (the steps timed around the profile)."""
+    cpu = _cpu_phases(events)
+    launches = {e["args"]["correlation"]: e for e in cpu
+                if e["cat"] in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    roots = [e for e in cpu if e.get("name") == _STEPS]
+    intervals, busy_full = [], defaultdict(float)
+    gpu = [e for e in events if e.get("ph") == "X" and "dur" in e and e.get("cat") in _GPU_CATEGORIES]
+    for e in gpu:
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        phase = launch["phase"] if launch is not None else None
+        if phase is None:
+            phase = "copies" if e["cat"] in ("gpu_memcpy", "gpu_memset") else "other"
+        intervals.append((float(e["ts"]), _end(e), phase, bool(launch and launch["backward"])))
+        busy_full[phase] += float(e["dur"])
+    if not gpu:  # the host is the device: each instant of the steps' thread, to the innermost event around it
+        mine = [e for r in roots for e in cpu if (e.get("pid"), e.get("tid")) == (r.get("pid"), r.get("tid"))
+                and _end(r) >= _end(e) and float(e["ts"]) >= float(r["ts"])]
+        inner: dict = defaultdict(list)
+        for e in mine:
+            if e["parent"] is not None:
+                inner[id(e["parent"])].append((float(e["ts"]), _end(e)))
+        for e in mine:  # its time outside the events inside it
+            cursor = float(e["ts"])
+            for s, t in _union(inner[id(e)]) + [(_end(e), _end(e))]:
+                if s > cursor:
+                    intervals.append((cursor, s, e["phase"] or "other", e["backward"]))
+                    busy_full[e["phase"] or "other"] += s - cursor
+                cursor = max(cursor, t)
+    scale = 1e3 * steps
+    spans = [(s, e) for s, e, _, _ in intervals] + [(float(r["ts"]), _end(r)) for r in roots]
+    window = (max(e for _, e in spans) - min(s for s, _ in spans)) if spans else 0.0
+    busy = _length(_union([(s, e) for s, e, _, _ in intervals]))
+    phases: dict = {}
+    for (phase, backward), t in _charged(intervals).items():
+        row = phases.setdefault(phase, {"ms": 0.0, "backward_ms": 0.0, "busy_ms": busy_full[phase] / scale})
+        row["ms"] += t / scale
+        if backward:
+            row["backward_ms"] += t / scale
+    return {"steps": steps, "window_ms": window / scale, "busy_ms": busy / scale, "idle_ms": (window - busy) / scale,
+            "wall_ms": wall_ms, "phases": phases, "device": "gpu" if gpu else "cpu"}
+
+
+def format_phases(label: str, s: dict) -> str:
+    """The phase table (every phase of :data:`PHASES`, then any other a trace named, then the device's idle time):
+    ms a step, share of the window, the part in backward, the kernels' time with overlaps counted in full; then the
+    window, the wall time, and the largest phase."""
+    device = "GPU" if s["device"] == "gpu" else "CPU"
+    names = [p for p, _ in PHASES] + sorted(set(s["phases"]) - {p for p, _ in PHASES})
+    words = dict(PHASES)
+    window = s["window_ms"] or float("nan")
+    rows = []
+    for name in names:
+        p = s["phases"].get(name, {"ms": 0.0, "backward_ms": 0.0, "busy_ms": 0.0})
+        rows.append({"phase": words.get(name, name), "ms a step": p["ms"], "share": f"{p['ms'] / window:.1%}",
+                     "of it in backward": p["backward_ms"], f"{device} busy (overlaps in full)": p["busy_ms"]})
+    rows.append({"phase": f"{device} idle", "ms a step": s["idle_ms"], "share": f"{s['idle_ms'] / window:.1%}"})
+    rows.append({"phase": "total (the window)", "ms a step": s["window_ms"], "share": "100.0%"})
+    largest = max(s["phases"].items(), key=lambda kv: kv[1]["ms"], default=("none", {"ms": 0.0}))
+    wall = "" if s["wall_ms"] is None else f"; wall {s['wall_ms']:.2f} ms a step under the profiler"
+    return "\n".join([
+        f"phases [{label}]: {s['window_ms']:.2f} ms a step (the window: the steps' range, to their last {device} "
+        f"activity){wall}; "
+        f"{device} idle {s['idle_ms'] / window:.1%}",
+        format_table(rows, ["phase", "ms a step", "share", "of it in backward", f"{device} busy (overlaps in full)"]),
+        f"bound by: {words.get(largest[0], largest[0])} ({largest[1]['ms']:.2f} ms a step, "
+        f"{largest[1]['ms'] / window:.1%})"])

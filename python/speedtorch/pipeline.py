@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
+from ._phases import phase
 from .nn import HostEmbedding, HostEmbeddingBagCollection
 from .ops import transfer_config_override
 from .optim import host_embeddings_stepped_by
@@ -149,9 +150,10 @@ class TrainPipeline:
             with self._sm_bound():  # the updates a prefetch lets run beside the next forward share the GPU with it
                 for table in self._tables_to_step:
                     table.step()
-        for optimizer in self.optimizers:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        with phase("dense optimizer"):  # a HostEmbeddingOptimizer's tables: their own phase, the update
+            for optimizer in self.optimizers:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return output
 
@@ -166,11 +168,12 @@ class TrainPipeline:
                 self._exhausted = True
                 return
             if self._copy_stream is None:
-                self._staged.append(_Staged(move_batch(batch, self.device), None))
+                with phase("copies"):
+                    self._staged.append(_Staged(move_batch(batch, self.device), None))
                 continue
             # No wait for the main stream: earlier batches' memory returns to the copy stream's pool only once the
             # main stream is done with it (record_stream in _wait).
-            with torch.cuda.stream(self._copy_stream):
+            with torch.cuda.stream(self._copy_stream), phase("copies"):
                 moved = move_batch(batch, self.device, non_blocking=True)
                 ready = torch.cuda.Event()
                 ready.record(self._copy_stream)

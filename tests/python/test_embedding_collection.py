@@ -397,3 +397,53 @@ def test_host_embedding_optimizer_drives_the_groups_as_step_does():
         reference.step()
     for config in tables:
         assert torch.equal(model[0].weight(config.name), reference.weight(config.name)), config.name
+
+
+@pytest.mark.parametrize("placement", ["host", "gpu", pytest.param("hybrid", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("mixed", [False, True], ids=["every table ranged", "beside a table without"])
+def test_init_range_starts_each_tables_rows_uniform_in_its_range(placement, mixed):
+    """TableConfig.init_range: each table's rows U(-r, +r), as TorchRec's tables start with r = sqrt(1 / rows)
+    (MLPerf's DLRM-DCNv2 reference), in a group of such tables (one fill of the group, then scaled per table) and in
+    a group with a table without one, whose rows keep the collection's N(0, init_std^2)."""
+    device = "cuda" if placement == "hybrid" else "cpu"
+    sizes = {"small": 40, "large": 900}
+    tables = [TableConfig(name, n, 8, init_range=(1 / n) ** 0.5) for name, n in sizes.items()]
+    if mixed:
+        tables.append(TableConfig("plain", 500, 8))
+    collection = HostEmbeddingBagCollection(tables, optimizer="adagrad", device=device, placement=placement,
+                                            hot_fraction=0.5 if placement == "hybrid" else None, init_std=0.01,
+                                            seed=0)
+    for name, n in sizes.items():
+        rows, bound = collection.weight(name).cpu(), (1 / n) ** 0.5
+        assert rows.abs().max() <= bound and rows.abs().max() > 0.9 * bound, name
+        assert rows.std() == pytest.approx(bound / 3 ** 0.5, rel=0.1), name  # U(-r, r): std r / sqrt(3)
+        assert torch.unique(rows, dim=0).shape[0] == n, name  # no two rows equal
+    if mixed:
+        assert collection.weight("plain").std() == pytest.approx(0.01, rel=0.1)
+    again = HostEmbeddingBagCollection(tables, optimizer="adagrad", device=device, placement=placement,
+                                       hot_fraction=0.5 if placement == "hybrid" else None, init_std=0.01, seed=0)
+    assert torch.equal(again.weight("large").cpu(), collection.weight("large").cpu())  # seeded
+
+
+def test_without_init_range_the_rows_start_as_before():
+    """No init_range: a group's rows are HostEmbedding's N(0, init_std^2) fill with the group's seed (seed + group)."""
+    tables = [TableConfig("a", 40, 8), TableConfig("b", 60, 8), TableConfig("c", 30, 4)]
+    collection = HostEmbeddingBagCollection(tables, optimizer="adagrad", device="cpu", init_std=0.01, seed=3)
+    for g, (rows, dim) in enumerate(((100, 8), (30, 4))):
+        before = speedtorch.nn.HostEmbedding(rows, dim, optimizer="adagrad", device="cpu", init_std=0.01, seed=3 + g)
+        assert torch.equal(collection.groups[g].weight, before.weight)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, float("inf"), float("nan"), "0.1"])
+def test_a_bad_init_range_names_the_table(bad):
+    with pytest.raises(ValueError, match=r"table 'b': init_range must be a float > 0 .* got"):
+        HostEmbeddingBagCollection([TableConfig("a", 4, 2), TableConfig("b", 4, 2, init_range=bad)], device="cpu")
+
+
+def test_the_distributed_collection_refuses_init_range():
+    """Every rank would fill the shared rows: refused before any collective."""
+    from speedtorch.distributed import DistributedHostEmbeddingBagCollection
+
+    with pytest.raises(ValueError, match=r"init_range is not supported \(tables \['b'\]\)"):
+        DistributedHostEmbeddingBagCollection([TableConfig("a", 4, 2), TableConfig("b", 4, 2, init_range=0.5)],
+                                              device="cpu")

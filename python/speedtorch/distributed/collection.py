@@ -48,7 +48,8 @@ class DistributedHostEmbeddingBagCollection(HostEmbeddingBagCollection):
     :class:`speedtorch.HostEmbeddingBagCollection` pools them.
 
     Args are HostEmbeddingBagCollection's (``placement`` and ``update`` take their one distributed value, ``"host"``
-    and ``"step"``; frozen tables are refused, as by :class:`DistributedHostEmbedding`) and the sharded table's
+    and ``"step"``; frozen tables are refused, as by :class:`DistributedHostEmbedding`, and so is a TableConfig's
+    ``init_range``: every rank would fill the shared rows) and the sharded table's
     (``reduction``, ``local_world_size``, ``shm_dir``). Every rank builds it with the same tables, in the same order
     (a collective). Every rank calls :meth:`step` once per training step; with several hosts every forward and
     :meth:`prefetch` is a collective too (a rank without a batch forwards an empty one).
@@ -64,6 +65,10 @@ class DistributedHostEmbeddingBagCollection(HostEmbeddingBagCollection):
                  placement: str = "host", hot_fraction: Optional[float] = None, state_beside_rows: bool = True,
                  init_std: float = 1.0, seed: Optional[int] = None, reduction: str = "mean",
                  local_world_size: Optional[int] = None, shm_dir: str = "/dev/shm"):
+        ranged = [config.name for config in tables if isinstance(config, TableConfig) and config.init_range is not None]
+        if ranged:  # every rank would write the shared rows
+            raise ValueError(f"DistributedHostEmbeddingBagCollection: TableConfig.init_range is not supported (tables "
+                             f"{ranged}); the rows start N(0, init_std^2)")
         # Read by _group_module, which the parent's __init__ calls once per group.
         object.__setattr__(self, "_sharded_options",
                            dict(reduction=reduction, local_world_size=local_world_size, shm_dir=shm_dir))

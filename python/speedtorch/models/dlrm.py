@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._phases import phase
 from ..nn import HostEmbedding, HostEmbeddingBagCollection
 
 __all__ = ["DLRM", "DLRMTrain", "mlp"]
@@ -113,12 +114,15 @@ class DLRM(nn.Module):
         pooled = self.embeddings(sparse)
         batch = dense.shape[0]
         with torch.autocast(dense.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            bottom = self.bottom(dense)
-            if self.interaction_kind == "dot":
-                features = self.interaction(bottom, pooled.view(batch, self.num_features, self.dim))
-            else:
-                features = self.interaction(torch.cat([bottom, pooled.to(bottom.dtype)], dim=1))
-            return self.top(features).float().squeeze(1)
+            with phase("mlp"):
+                bottom = self.bottom(dense)
+            with phase("interaction"):
+                if self.interaction_kind == "dot":
+                    features = self.interaction(bottom, pooled.view(batch, self.num_features, self.dim))
+                else:
+                    features = self.interaction(torch.cat([bottom, pooled.to(bottom.dtype)], dim=1))
+            with phase("mlp"):
+                return self.top(features).float().squeeze(1)
 
 
 class DLRMTrain(nn.Module):
@@ -133,7 +137,8 @@ class DLRMTrain(nn.Module):
         """``(loss, logits)`` of a :class:`speedtorch.models.CriteoBatch`: binary cross-entropy with the batch's
         labels."""
         logits = self.model(batch.dense, batch.sparse)
-        return F.binary_cross_entropy_with_logits(logits, batch.labels), logits
+        with phase("loss"):
+            return F.binary_cross_entropy_with_logits(logits, batch.labels), logits
 
     def sparse_inputs(self, batch) -> list:
         """``[(host module, its input)]``: the embeddings if they are one, else what their own ``sparse_inputs``

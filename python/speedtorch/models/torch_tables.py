@@ -16,7 +16,8 @@ __all__ = ["TorchEmbeddingBags"]
 
 
 class TorchEmbeddingBags(nn.Module):
-    """One ``nn.EmbeddingBag`` per table (one feature each), on ``device``; forward as the collection's."""
+    """One ``nn.EmbeddingBag`` per table (one feature each), on ``device``; forward as the collection's. A table
+    starts as ``nn.EmbeddingBag``'s (N(0, 1)), or U(-init_range, +init_range) where its TableConfig has one."""
 
     def __init__(self, tables: Sequence[TableConfig], *, sparse: bool = True, device=None,
                  dtype: torch.dtype = torch.float32):
@@ -27,6 +28,10 @@ class TorchEmbeddingBags(nn.Module):
         self.feature_names = [config.name for config in tables]
         self.bags = nn.ModuleList(nn.EmbeddingBag(config.num_embeddings, config.embedding_dim, mode=config.pooling,
                                                   sparse=sparse, device=device, dtype=dtype) for config in tables)
+        with torch.no_grad():  # a table's init_range as the collection's: U(-init_range, +init_range)
+            for config, bag in zip(tables, self.bags):
+                if config.init_range is not None:
+                    bag.weight.uniform_(-config.init_range, config.init_range)
 
     def forward(self, features: Union[torch.Tensor, SparseFeatures]) -> torch.Tensor:
         """``(batch, sum of the tables' dims)``: each table's pooled bags, concatenated in table order. ``features`` is

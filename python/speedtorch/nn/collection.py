@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .._library import PinnedEmbedding
+from .._phases import phase
 from ..ops import _first_out_of_range, check_indices
 from ..sparse_features import SparseFeatures
 from ._table_state import adopt_options, checked_extra_state, entry_error, entry_shapes, table_extra_state
@@ -46,6 +47,9 @@ class TableConfig:
     bag's rows combine, ``"sum"`` or ``"mean"``. ``hot_fraction``: for ``placement="hybrid"``, the share of this
     table's rows the group's GPU row cache holds room for. ``frozen``: no optimizer (no state, never updated; e.g.
     pretrained rows), as ``HostEmbedding(optimizer=None)``; frozen tables form groups of their own.
+    ``init_range``: the table's rows start U(-init_range, +init_range) (a float > 0), in place of the collection's
+    N(0, init_std^2); TorchRec's tables start so by default with ``init_range = sqrt(1 / num_embeddings)``, and so do
+    those of MLPerf's DLRM-DCNv2 reference. Tables with other ranges still share a group.
     """
 
     name: str
@@ -59,6 +63,7 @@ class TableConfig:
     placement: Optional[str] = None
     hot_fraction: Optional[float] = None
     frozen: bool = False
+    init_range: Optional[float] = None
 
 
 @dataclass
@@ -77,7 +82,8 @@ class HostEmbeddingBagCollection(torch.nn.Module):
     Args:
         tables: the tables (:class:`TableConfig`); names distinct, feature names distinct over all tables.
         optimizer, optimizer_options, update, device, dtype, state_beside_rows, init_std, seed: as
-            :class:`speedtorch.nn.HostEmbedding`'s (the defaults of tables that leave theirs ``None``). The tables of
+            :class:`speedtorch.nn.HostEmbedding`'s (the defaults of tables that leave theirs ``None``; ``init_std``
+            for the tables without an ``init_range``, ``seed`` for every table's rows). The tables of
             a group share one step count (Adam's bias correction counts the group's steps). ``optimizer=None``:
             every table frozen (``TableConfig.frozen`` freezes one).
         placement: ``"host"``, ``"gpu"`` or ``"hybrid"`` (every row in pinned host RAM, a GPU row cache in front).
@@ -131,6 +137,7 @@ class HostEmbeddingBagCollection(torch.nn.Module):
                                         state_beside_rows=state_beside_rows, init_std=init_std,
                                         seed=None if seed is None else seed + g, placement=where,
                                         cache_rows=cache_rows)
+            _fill_uniform_tables(module, stacked, None if seed is None else seed + g)
             features = [f for f, t in enumerate(feature_table) if t in members]
             self._groups.append(_Group(module, stacked, features))
 
@@ -180,20 +187,23 @@ class HostEmbeddingBagCollection(torch.nn.Module):
 
     def forward(self, features: Union[torch.Tensor, SparseFeatures]) -> torch.Tensor:
         """``(batch, sum of feature dims)``: each feature's pooled rows, in :attr:`feature_names` order."""
-        plan = self._take_prefetched(features)
-        if plan is None:
-            plan = self._plan(features)
-        pieces = [self._pool(group, lookup) for group, lookup in zip(self._groups, plan)]
-        if len(pieces) == 1:
-            return pieces[0]
-        return self._interleave(pieces)
+        with phase("ids"):
+            plan = self._take_prefetched(features)
+            if plan is None:
+                plan = self._plan(features)
+        with phase("pooling"):  # around each group's lookup (its own phases: de-duplication, gather)
+            pieces = [self._pool(group, lookup) for group, lookup in zip(self._groups, plan)]
+            if len(pieces) == 1:
+                return pieces[0]
+            return self._interleave(pieces)
 
     def prefetch(self, next_features: Union[torch.Tensor, SparseFeatures]) -> None:
         """Starts gathering the rows of the next batch (on a side stream on a GPU; :meth:`HostEmbedding.prefetch`)
         while this step computes. Pass the same object to the next forward, which takes them; the updates in between
         hand the prefetch the rows they change, so nothing stale is used. A forward with other features drops it."""
         self._prefetched = None
-        plan = self._plan(next_features)
+        with phase("ids"):
+            plan = self._plan(next_features)
         for group, lookup in zip(self._groups, plan):
             group.module.prefetch(lookup.ids)
         self._prefetched = (next_features, plan)
@@ -527,6 +537,34 @@ def _extremes_on_host(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor,
     return torch.stack([lo, hi], 1).cpu().unbind(0)
 
 
+@torch.no_grad()
+def _fill_uniform_tables(module: HostEmbedding, stacked: list, seed: Optional[int]) -> None:
+    """The rows of the tables of ``stacked`` (TableConfig, row offset) that have an ``init_range``: U(-r, +r) each.
+    A group of such tables only: one U(-1, 1) fill of the group's table (its threads, no temporary), then each table's
+    rows scaled by its r; a group with other tables too: each such table's rows filled by torch."""
+    ranged = [(config, offset) for config, offset in stacked if config.init_range is not None]
+    if not ranged:
+        return
+    whole = len(ranged) == len(stacked) and hasattr(module.table, "uniform_")
+    if whole:
+        module.table.uniform_(-1.0, 1.0, seed)
+    weight = module.weight.detach()
+    generator = None
+    if not whole:
+        generator = torch.Generator(weight.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+    for config, offset in ranged:
+        rows = weight[offset:offset + config.num_embeddings]
+        if whole:
+            rows.mul_(config.init_range)
+        else:
+            rows.uniform_(-config.init_range, config.init_range, generator=generator)
+    del weight, rows  # a hybrid table's row cache stands aside while its rows are held
+
+
 def _group_key(config: TableConfig, defaults: dict) -> tuple:
     pick = lambda name: defaults[name] if getattr(config, name) is None else getattr(config, name)  # noqa: E731
     frozen = config.frozen or pick("optimizer") is None
@@ -556,6 +594,10 @@ def _check_names(tables: list) -> None:
         if config.pooling not in _POOLINGS:
             raise ValueError(f"HostEmbeddingBagCollection: table {config.name!r}: pooling must be 'sum' or 'mean', "
                              f"got {config.pooling!r}")
+        if config.init_range is not None and not (isinstance(config.init_range, (int, float)) and
+                                                  0 < config.init_range < math.inf):
+            raise ValueError(f"HostEmbeddingBagCollection: table {config.name!r}: init_range must be a float > 0 (rows "
+                             f"start U(-init_range, +init_range)) or None, got {config.init_range!r}")
         for name in config.feature_names or (config.name,):
             if name in seen_features:
                 raise ValueError(f"HostEmbeddingBagCollection: feature {name!r} appears twice")

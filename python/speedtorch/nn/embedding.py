@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from .._interrupt import run_interruptible
 from .._library import PinnedEmbedding
+from .._phases import phase
 from ..ops import check_indices, deferred_index_checks, transfers_without_the_host, unique_indices
 from ._prefetched_rows import PrefetchedRows
 from ._table_parameter import HostTableParameter, add_rows_gradient, rows_gradient
@@ -472,9 +473,10 @@ class HostEmbedding(torch.nn.Module):
         self._taken = pending if taken and self.max_norm is None else None
         if self.max_norm is not None:
             rows = self._renormed(unique, rows)
-        if self.trains and torch.is_grad_enabled():
-            rows = _HostRows.apply(self._anchor, self, unique, rows)
-        rows = rows.to(self.output_dtype)  # a no-op unless a conversion (model.half(), ...) chose another dtype
+        with phase("gather"):  # the rows' handing on, and in backward their gradient's
+            if self.trains and torch.is_grad_enabled():
+                rows = _HostRows.apply(self._anchor, self, unique, rows)
+            rows = rows.to(self.output_dtype)  # a no-op unless a conversion (model.half(), ...) chose another dtype
         return unique, inverse, rows
 
     def _bags(self, unique, inverse, rows, offsets, per_sample_weights):
@@ -513,10 +515,12 @@ class HostEmbedding(torch.nn.Module):
         if pending is not None and pending.key is input:
             return pending.take()
         self._wait_for_writes()
-        ids = input.to(self.device, non_blocking=True)
-        unique, inverse = unique_indices(ids)  # torch.unique(sorted=True, return_inverse=True); faster on the CPU
+        with phase("dedup"):
+            ids = input.to(self.device, non_blocking=True)
+            unique, inverse = unique_indices(ids)  # torch.unique(sorted=True, return_inverse=True); faster on the CPU
         try:
-            return unique, inverse, (read or (lambda u: self.table.gather(u, self.device)))(unique)
+            with phase("gather"):
+                return unique, inverse, (read or (lambda u: self.table.gather(u, self.device)))(unique)
         except IndexError:  # it names a position among the distinct ids: name the caller's instead
             named = _out_of_range_in(ids, self.num_embeddings, type(self).__name__)
             if named is None:
@@ -608,7 +612,8 @@ class HostEmbedding(torch.nn.Module):
         if unique.numel() == 0:
             return  # an empty batch: no update, no step counted
         if self.update == "backward":
-            self._apply_gradients(unique, grad_rows, sorted_unique=True)
+            with phase("update"):
+                self._apply_gradients(unique, grad_rows, sorted_unique=True)
             return
         # Float32 (the update computes in float32 anyway): GradScaler unscales float32 gradients only, and several
         # backward passes add up without 16-bit rounding. Contiguous: GradScaler unscales the values in place.
@@ -723,11 +728,12 @@ class HostEmbedding(torch.nn.Module):
         """Applies the gradients of every backward since the last step in one fused update (a row reached by several
         backward passes gets the sum of their gradients). Nothing to do with ``update="backward"``, for a frozen
         table, or when no row got a gradient (an empty batch does not count as a step)."""
-        taken = self._take_gradient()
-        if taken is None:
-            return
-        ids, rows, sorted_unique = taken
-        self._apply_gradients(ids, rows, sorted_unique=sorted_unique)
+        with phase("update"):
+            taken = self._take_gradient()
+            if taken is None:
+                return
+            ids, rows, sorted_unique = taken
+            self._apply_gradients(ids, rows, sorted_unique=sorted_unique)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 (nn.Module's signature)
         """Drops gradients not yet applied (``model.zero_grad()`` does the same through the ``weight`` parameter)."""
@@ -791,7 +797,7 @@ class HostEmbedding(torch.nn.Module):
         current = torch.cuda.current_stream(self.device)
         counting, side = self.side_stream(), self._gather_stream()
         counting.wait_stream(current)
-        with torch.cuda.stream(counting):
+        with torch.cuda.stream(counting), phase("dedup"):
             ids = next_input.to(self.device, non_blocking=True)
             unique, inverse = unique_indices(ids)  # the host waits here, for the counting stream's work only
             # The distinct ids' ends bound them all: one small check before waiting for the table's writes, then a
@@ -811,7 +817,7 @@ class HostEmbedding(torch.nn.Module):
             side.wait_event(self._written)
         for t in (unique, inverse):
             t.record_stream(side)
-        with torch.cuda.stream(side), transfers_without_the_host():
+        with torch.cuda.stream(side), transfers_without_the_host(), phase("gather"):
             with deferred_index_checks() if checked else contextlib.nullcontext():
                 rows, state = self._rows_ahead(unique)
             ready = torch.cuda.Event()  # after everything the prefetch queued

@@ -145,6 +145,15 @@ class DeviceTable:
             generator = torch.Generator(self.device).manual_seed(seed)
         self._table.normal_(mean, std, generator=generator)
 
+    def uniform_(self, low: float, high: float, seed: Optional[int] = None) -> None:
+        """Fills the table with U(low, high) values, in place; ``seed`` makes them reproducible."""
+        if not low <= high:
+            raise ValueError(f"DeviceTable.uniform_: low ({low}) must be <= high ({high})")
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(self.device).manual_seed(seed)
+        self._table.uniform_(low, high, generator=generator)
+
     def record_stream(self, stream) -> None:
         """Marks the table and state as used on ``stream`` (Tensor.record_stream), for work queued there on them."""
         for t in (self._table, self._state):
