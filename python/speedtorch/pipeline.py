@@ -36,8 +36,10 @@ copies still overlap). The input must be the very object forward passes to the m
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
+import weakref
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
@@ -88,6 +90,8 @@ class TrainPipeline:
             runs one at a time) run beside the model on torch's CPU threads.
     """
 
+    _beside_backward_on_cpu = False  # tests: the GPU's prefetch thread on the CPU too
+
     def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
                  device=None, sparse_inputs: Optional[Callable[[Any], list]] = None, step_host_tables: bool = True,
                  max_sms: Union[int, str, None] = "auto", prefetch: bool = True, copy_engines: bool = True):
@@ -121,6 +125,11 @@ class TrainPipeline:
         # High priority: the host waits for its small kernels (the ids' checks and counts), which must not queue
         # behind the model's.
         self._gather_gate = torch.cuda.Stream(self.device, priority=-1) if cuda else None
+        # Plain host tables updated at step(): the next batch's prefetch runs on a thread of its own while this
+        # thread queues the backward (made at first use).
+        on_device = cuda or TrainPipeline._beside_backward_on_cpu
+        self._gathers_beside_backward = on_device and _prefetch_is_local(self.host_modules)
+        self._gather_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
     def __iter__(self):
         while True:
@@ -139,12 +148,19 @@ class TrainPipeline:
         output = self.model(batch)
         loss = output[0] if isinstance(output, (tuple, list)) else output
         self._stage(2)  # batch t+2's copies run beside this step
+        # Forward has taken this batch's prefetched rows: each module's prefetch slot is free for the next batch. The
+        # prefetch's host work (counting the distinct ids, which waits for the GPU, and queueing the gather) must not
+        # hold the backward's launch: on the calling thread it left the GPU idle 2-2.6 ms a DLRM step (bench/
+        # RESULTS.md, fourteenth session). It runs on a thread of its own while this one queues the backward (which
+        # touches neither the tables nor the prefetch slots when every table updates at step()); else after it.
+        gathering = self.prefetch and self.sparse_inputs is not None and bool(self._staged)
+        beside = None
+        if gathering and self._gathers_beside_backward:
+            beside = self._gather_executor().submit(self._start_gathers, self._staged[0])
         loss.backward()
-        # Forward has taken this batch's prefetched rows: each module's prefetch slot is free for the next batch.
-        # Started once the backward is queued: the prefetch's host work (counting the distinct ids, which waits for
-        # the GPU, and queueing the gather) then runs while the GPU computes the backward; started before it, it held
-        # the backward's launch and left the GPU idle 2-2.6 ms a DLRM step (bench/RESULTS.md, fourteenth session).
-        if self.prefetch and self.sparse_inputs is not None and self._staged:
+        if beside is not None:
+            beside.result()
+        elif gathering:
             self._start_gathers(self._staged[0])
         if self.step_host_tables:
             with self._sm_bound():  # the updates a prefetch lets run beside the next forward share the GPU with it
@@ -199,6 +215,15 @@ class TrainPipeline:
             options["stream_ordered_staging"] = 1
         return transfer_config_override(**options) if options else contextlib.nullcontext()
 
+    def _gather_executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._gather_thread is None:
+            device = self.device
+            self._gather_thread = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="speedtorch-prefetch",
+                initializer=(lambda: torch.cuda.set_device(device)) if device.type == "cuda" else None)
+            weakref.finalize(self, self._gather_thread.shutdown, wait=False)
+        return self._gather_thread
+
     def _start_gathers(self, staged: "_Staged") -> None:
         """Starts gathering ``staged``'s rows: each host module's prefetch, called on the gate stream, which has waited
         for the batch's copy only (each module's gather waits for its table's last write itself), so neither the ids'
@@ -230,6 +255,16 @@ def host_modules(model: torch.nn.Module) -> list:
     """The host-table modules ``model`` holds (HostEmbedding, its subclasses, HostEmbeddingBagCollection), in
     ``modules()`` order."""
     return [m for m in model.modules() if isinstance(m, (HostEmbedding, HostEmbeddingBagCollection))]
+
+
+def _prefetch_is_local(modules: list) -> bool:
+    """Whether every host module's prefetch may run beside the backward on another thread: plain HostEmbeddings and
+    collections of them, each updated at step() (a table updated in backward changes the rows a prefetch reads and
+    its prefetch slot; a subclass's prefetch may exchange ids with other ranks, or change an index a backward
+    reads)."""
+    tables = _tables_of(modules)
+    return bool(tables) and all(type(m) in (HostEmbedding, HostEmbeddingBagCollection) for m in modules) and \
+        all(type(t) is HostEmbedding and t.update == "step" for t in tables)
 
 
 def _tables_of(modules: list) -> list:

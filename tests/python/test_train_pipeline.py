@@ -369,3 +369,34 @@ def test_a_bad_id_in_the_next_batch_raises_at_its_own_step_and_this_step_trains(
     assert trained == plain_trained == 4
     assert len(errors) == 1 and errors[0][0] == 2 and "10000" in errors[0][1]  # at the step of batch 2, not 1
     assert_same_bits(expected, everything(model, "cpu"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ids", ["one_hot", "bags"])
+def test_the_next_prefetch_on_its_own_thread_beside_the_backward_is_bit_identical(device, ids, monkeypatch):
+    # On a GPU the next batch's prefetch runs on a thread of its own while the backward is queued (on the CPU by the
+    # test switch), with the rows read ahead advanced as on a GPU.
+    import threading
+
+    monkeypatch.setattr(TrainPipeline, "_beside_backward_on_cpu", True)
+    monkeypatch.setattr(HostEmbedding, "_advance_on_cpu", True)
+    threads = []
+    prefetch = HostEmbedding.prefetch
+    monkeypatch.setattr(HostEmbedding, "prefetch",
+                        lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
+    pooling = None if ids == "one_hot" else [1, 3, 2, 1, 4, 2]
+    batches = synthetic_batches(ROWS, 32, 5, exponent=1.3, pooling_factors=pooling, seed=6,
+                                pin_memory=device == "cuda")
+    _, pipeline = run_both(lambda: tiny_dlrm(device), batches, device)
+    assert pipeline._gathers_beside_backward
+    assert threads and all(name.startswith("speedtorch-prefetch") for name in threads)
+
+
+@pytest.mark.parametrize("placement,update", [("host", "backward"), ("hybrid", "step")])
+def test_a_prefetch_stays_on_the_calling_thread_for_tables_updated_in_backward(placement, update, monkeypatch):
+    # A table updated inside backward changes rows (and its prefetch slot) while the backward runs: its prefetch
+    # waits for the backward, on the calling thread. (A hybrid table is a plain HostEmbedding: it may.)
+    monkeypatch.setattr(TrainPipeline, "_beside_backward_on_cpu", True)
+    batches = synthetic_batches(ROWS, 32, 3, exponent=1.3, seed=7)
+    _, pipeline = run_both(lambda: tiny_dlrm("cpu", placement=placement, update=update), batches, "cpu")
+    assert pipeline._gathers_beside_backward == (update == "step")
