@@ -217,10 +217,12 @@ class TrainPipeline:
 
     def _gather_executor(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._gather_thread is None:
-            device = self.device
+            # The thread's current GPU is this loop's ("cuda" without an index: the current one here).
+            index = None if self.device.type != "cuda" else \
+                self.device.index if self.device.index is not None else torch.cuda.current_device()
             self._gather_thread = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="speedtorch-prefetch",
-                initializer=(lambda: torch.cuda.set_device(device)) if device.type == "cuda" else None)
+                initializer=(lambda: torch.cuda.set_device(index)) if index is not None else None)
             weakref.finalize(self, self._gather_thread.shutdown, wait=False)
         return self._gather_thread
 
