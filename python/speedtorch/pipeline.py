@@ -12,7 +12,9 @@ it changes, from the fused step's own output on the GPU (speedtorch/nn/_prefetch
 re-reads them from GPU memory), so every forward sees the rows the plain loop would: the results are the same bits,
 and no row crosses PCIe twice. The gather of t+1 waits for each table's last write (step t-1's update), not for
 forward t, and the host never waits for step t's work to count t+1's ids. A table placed in GPU memory reads nothing
-ahead (its rows are there already).
+ahead (its rows are there already). The prefetch's own host work (counting t+1's distinct ids, which waits for the
+GPU, and queueing the gather) runs on a thread of its own while this thread queues the backward, when every host
+table is a plain HostEmbedding (or a collection of them) updated at ``step()``; otherwise after the backward.
 
 Errors: a bad batch t+1 (an id out of range) raises at the step that trains t+1, as in the plain loop: its prefetch
 is dropped, step t trains, and the next forward meets the error itself.
@@ -83,8 +85,8 @@ class TrainPipeline:
         copy_engines: on a GPU, move the host tables' rows read ahead and written back by CPU threads in stream order
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
             step the rows read ahead where they are, writing the table only (True, the default). False: UVA row
-            kernels bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.14-1.19x the all-GPU step with
-            copy engines against 1.18-1.20x with UVA row kernels in the same runs (bench/RESULTS.md, fourteenth
+            kernels bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.12-1.19x the all-GPU step with
+            copy engines against 1.15-1.20x with UVA row kernels in the same runs (bench/RESULTS.md, fourteenth
             session: the all-GPU step without its former host wait, 14.4 ms). The CPU copies of a
             step's write-back and of the next gather (about 9 ms a step, in host functions, which the CUDA driver
             runs one at a time) run beside the model on torch's CPU threads.
