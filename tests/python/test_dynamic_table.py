@@ -155,7 +155,7 @@ def test_long_lru_streams_compact_the_queue_of_sightings_in_order():
 
 
 def test_large_batches_look_up_on_several_threads_alike():
-    # Batches above 8,192 ids look the map up on at::parallel_for's threads before the ordered pass.
+    # Batches above 4,096 ids look the map up on several threads (helped_parallel_for) before the ordered pass.
     generator = torch.Generator().manual_seed(9)
     universe = raw_universe(generator, 6000)
     index, reference = IdIndex(10000, 2, "lfu", 10000), ReferenceIndex(10000, 2, "lfu", 10000)
@@ -165,6 +165,36 @@ def test_large_batches_look_up_on_several_threads_alike():
         reference.advance_step()
         assert index.assign(ids)[0].tolist() == reference.assign(ids.tolist())[0]
     assert index.find(universe).tolist() == [reference.slot.get(k, -1) for k in universe.tolist()]
+
+
+@pytest.mark.parametrize("policy,admit_after", [("lru", 1), ("lfu", 2)])
+def test_large_batches_with_evictions_match_the_reference(policy, admit_after):
+    # Batched lookups read the map ahead of their probes, on several threads, and the admissions read ahead of their
+    # inserts, through evictions and a map that grows between batches: the slots stay the reference's, and a
+    # touch/admit split gives what assign gives.
+    generator = torch.Generator().manual_seed(11)
+    universe = raw_universe(generator, 30000)
+    index, reference = IdIndex(9000, admit_after, policy, 20000), ReferenceIndex(9000, admit_after, policy, 20000)
+    for batch in range(5):
+        ids = skewed_ids(generator, 15000, universe)
+        index.advance_step()
+        reference.advance_step()
+        if batch % 2:
+            slots, admitted, evicted_keys, evicted_slots = index.admit(ids, index.touch(ids), None)
+        else:
+            slots, admitted, evicted_keys, evicted_slots = index.assign(ids)
+        want_slots, want_admitted, want_evicted = reference.assign(ids.tolist())
+        assert slots.tolist() == want_slots, f"batch {batch}"
+        assert admitted.tolist() == want_admitted
+        assert list(zip(evicted_keys.tolist(), evicted_slots.tolist())) == want_evicted
+    assert index.find(universe).tolist() == [reference.slot.get(k, -1) for k in universe.tolist()]
+
+
+def test_index_admit_refuses_slots_that_touch_cannot_give():
+    index = IdIndex(8, 1, "lru", 0)
+    with pytest.raises(RuntimeError, match=r"slots must be touch\(ids\)'s .*got -3"):
+        index.admit(torch.tensor([5, 6]), torch.tensor([-1, -3]), None)
+    assert index.size() == 0
 
 
 def test_index_find_changes_nothing_and_keeps_shape():
