@@ -36,6 +36,25 @@ at::Tensor host_ids(const at::Tensor& ids, const char* op) {
   return ids.to(at::kCPU, at::kLong).contiguous().view({-1});
 }
 
+// Reading ahead of a probe of a set of entries whose keys are in `keys` (tsl/robin_hash.h's find_impl), for a key
+// of this hash among `count` buckets from `buckets`: first its buckets are asked for; once they have arrived, the
+// keys the probe will compare (from the ideal bucket on, while an entry's distance from its own ideal bucket is at
+// least the probe's). Prefetches only: they change nothing.
+inline void ask_for_bucket(const EntryBucket* buckets, std::size_t count, std::size_t hash) {
+  const std::size_t at = FastRangeBuckets::bucket_of(hash, count);
+  __builtin_prefetch(buckets + at);
+  __builtin_prefetch(buckets + std::min(at + 4, count - 1));  // a probe's later buckets, when on the next line
+}
+
+inline void ask_for_probe_keys(const EntryBucket* buckets, std::size_t count, const int64_t* keys, std::size_t hash) {
+  constexpr int kProbeReads = 8;  // keys asked for at most (a probe at a load of 0.9 compares about 5)
+  std::size_t at = FastRangeBuckets::bucket_of(hash, count);
+  for (int distance = 0; distance < kProbeReads && buckets[at].dist_from_ideal_bucket() >= distance; ++distance) {
+    __builtin_prefetch(keys + buckets[at].value());
+    at = at + 1 == count ? 0 : at + 1;
+  }
+}
+
 uint32_t saturated(int64_t count) {
   return static_cast<uint32_t>(std::min<int64_t>(count, static_cast<int64_t>(IdIndex::kNone)));
 }
@@ -288,24 +307,6 @@ const EntryBucket* IdIndex::slot_bucket_start() const {
   return inside ? slot_buckets_.start : nullptr;
 }
 
-void IdIndex::ask_for_bucket(const EntryBucket* buckets, std::size_t hash) const {
-  const std::size_t count = slot_buckets_.count, at = FastRangeBuckets::bucket_of(hash, count);
-  __builtin_prefetch(buckets + at);
-  __builtin_prefetch(buckets + std::min(at + 4, count - 1));  // a probe's later buckets, when on the next line
-}
-
-void IdIndex::ask_for_probe_keys(const EntryBucket* buckets, std::size_t hash) const {
-  // The entries robin_set's probe will compare (tsl/robin_hash.h, find_impl): from the key's ideal bucket on, while
-  // their distance from their own ideal bucket is at least the probe's.
-  constexpr int kProbeReads = 8;  // keys asked for at most (a probe at a load of 0.9 compares about 5)
-  const std::size_t count = slot_buckets_.count;
-  std::size_t at = FastRangeBuckets::bucket_of(hash, count);
-  for (int distance = 0; distance < kProbeReads && buckets[at].dist_from_ideal_bucket() >= distance; ++distance) {
-    __builtin_prefetch(keys_.data() + buckets[at].value());
-    at = at + 1 == count ? 0 : at + 1;
-  }
-}
-
 void IdIndex::find_slots(const int64_t* ids, int64_t* slots, int64_t n) const {
   // A probe is two random reads at least: the id's bucket, then the key of each entry it compares, through keys_
   // (about 5 at a load of 0.9). Asked for one at a time, each waits for memory. So the lookups run as a pipeline:
@@ -316,6 +317,7 @@ void IdIndex::find_slots(const int64_t* ids, int64_t* slots, int64_t n) const {
   constexpr int64_t kRing = 32;  // the hashes of ids i .. i + 2 * kReadAhead
   static_assert(2 * kReadAhead < kRing && (kRing & (kRing - 1)) == 0, "the ring holds the ids between the stages");
   const EntryBucket* buckets = slot_bucket_start();
+  const std::size_t count = slot_of_.bucket_count();
   if (buckets == nullptr) {
     for (int64_t i = 0; i < n; ++i) {
       auto found = slot_of_.find(ids[i]);
@@ -328,11 +330,11 @@ void IdIndex::find_slots(const int64_t* ids, int64_t* slots, int64_t n) const {
     if (i < n) {
       const std::size_t hash = static_cast<std::size_t>(mix_id(ids[i]));
       hashes[i & (kRing - 1)] = hash;
-      ask_for_bucket(buckets, hash);
+      ask_for_bucket(buckets, count, hash);
     }
     const int64_t probed = i - kReadAhead, found_now = i - 2 * kReadAhead;
     if (probed >= 0 && probed < n) {
-      ask_for_probe_keys(buckets, hashes[probed & (kRing - 1)]);
+      ask_for_probe_keys(buckets, count, keys_.data(), hashes[probed & (kRing - 1)]);
     }
     if (found_now >= 0) {
       auto found = slot_of_.find(ids[found_now], hashes[found_now & (kRing - 1)]);
@@ -403,10 +405,10 @@ void IdIndex::admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64
   for (int64_t j = 0; j < added; ++j) {
     if (buckets != nullptr) {
       if (j + 2 * kReadAhead < added) {
-        ask_for_bucket(buckets, hash_of(j + 2 * kReadAhead));
+        ask_for_bucket(buckets, bucket_count, hash_of(j + 2 * kReadAhead));
       }
       if (j + kReadAhead < added) {
-        ask_for_probe_keys(buckets, hash_of(j + kReadAhead));
+        ask_for_probe_keys(buckets, bucket_count, keys_.data(), hash_of(j + kReadAhead));
       }
     }
     const int64_t key = new_keys[j];

@@ -271,10 +271,6 @@ class IdIndex : public torch::CustomClassHolder {
   void find_slots(const int64_t* ids, int64_t* slots, int64_t n) const;
   // The start of slot_of_'s buckets when slot_buckets_ is known to be them (nullptr otherwise: no reading ahead).
   const EntryBucket* slot_bucket_start() const;
-  // Reading ahead of a probe of slot_of_ for a key of this hash (prefetches: they change nothing): its buckets, and
-  // once they have arrived, the keys the probe will compare. `buckets`: slot_bucket_start(), not nullptr.
-  void ask_for_bucket(const EntryBucket* buckets, std::size_t hash) const;
-  void ask_for_probe_keys(const EntryBucket* buckets, std::size_t hash) const;
   // How many keys ahead of its probe the keys that probe will compare are asked for (its bucket: twice as many).
   static constexpr int64_t kReadAhead = 12;
   // Rule 1 over a batch whose slots lookup_locked found.

@@ -626,6 +626,40 @@ def test_a_prefetched_forward_on_the_gpu_does_not_wait_for_it():
     assert torch.equal(gpu_index, cpu_index)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("training", [True, False])
+def test_a_lookup_of_cpu_ids_on_the_gpu_does_not_wait_for_it(training):
+    # Without a prefetch, CPU ids are mapped, their distinct slots found on the host and copied through pinned
+    # memory, the new rows written and the rows gathered: no synchronising torch call (the GPU's unique would be
+    # one), so the next batch's mapping can run while these rows move. Results stay those of the CPU.
+    generator = torch.Generator().manual_seed(12)
+    universe = raw_universe(generator, 300)
+    batches = [skewed_ids(generator, 96, universe) for _ in range(6)]
+    results = []
+    for device in ("cpu", "cuda"):
+        module = HostEmbedding(None, 8, capacity=120, admit_after=1, optimizer="adagrad", seed=5, device=device)
+        module.train(training)
+        outputs = []
+        for ids in batches:
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                with torch.set_grad_enabled(training):
+                    out = module(ids)
+            finally:
+                if device == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
+            if training:
+                out.square().sum().backward()
+                module.step()
+            outputs.append(out.detach().cpu())
+        results.append((torch.cat(outputs), module.table.table().cpu(), module.index.state()))
+    (cpu_out, cpu_rows, cpu_index), (gpu_out, gpu_rows, gpu_index) = results
+    torch.testing.assert_close(gpu_out, cpu_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gpu_rows, cpu_rows, rtol=1e-5, atol=1e-6)
+    assert torch.equal(gpu_index, cpu_index)
+
+
 def test_prefetch_during_gradient_accumulation_evicts_no_row_with_a_pending_gradient():
     # Capacity 4: batch 1's two ids, then batch 2's two, accumulated (no step): batch 3, prefetched while batch 2's
     # gradient is pending, cannot take their rows; after the step it can.
