@@ -48,7 +48,8 @@
 // Threads: as PinnedEmbedding (embedding/table_lock.h): find() and the accessors share the lock; assign(), touch(),
 // admit(), advance_step() and load_state() hold it alone, so each call sees the index entirely before or after another.
 // Inside a call, the map lookups of a batch of more than 4,096 ids run on several threads (cpu/helped_parallel_for.h:
-// they only read); counts, recency, admission and eviction run on the calling thread, in the batch's order.
+// they only read), each reading the map ahead of its probes (id_index.cpp, find_slots); counts, recency, admission
+// and eviction run on the calling thread, in the batch's order.
 //
 // CUDA ids are copied to the host, mapped, and their slots copied back to the ids' device (a synchronising copy each
 // way; a mapping on the GPU is not yet written).
