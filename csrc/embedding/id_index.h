@@ -133,7 +133,9 @@ struct EntryKeyEqual {
 };
 
 // A bucket of the sets below (tsl/robin_hash.h's bucket_entry: the distance from the entry's ideal bucket, -1 when
-// empty, and the entry), read by the batched lookups ahead of a probe: which keys it will compare.
+// empty, and the entry), read by the batched lookups ahead of a probe: which keys it will compare. (Were robin_set's
+// buckets of another type, as another version of the library might make them, no block would be written down and
+// the lookups would run without reading ahead, with the same results.)
 using EntryBucket = tsl::detail_robin_hash::bucket_entry<uint32_t, false>;
 
 // Where a set's buckets are: robin_set keeps them in one block of bucket_count() buckets, made by its allocator (a
