@@ -38,8 +38,8 @@ at::Tensor host_ids(const at::Tensor& ids, const char* op) {
 
 // Reading ahead of a probe of a set of entries whose keys are in `keys` (tsl/robin_hash.h's find_impl), for a key
 // of this hash among `count` buckets from `buckets`: first its buckets are asked for; once they have arrived, the
-// keys the probe will compare (from the ideal bucket on, while an entry's distance from its own ideal bucket is at
-// least the probe's). Prefetches only: they change nothing.
+// keys the probe compares first (its ideal bucket's entry, and the next bucket's if the probe reaches it: an entry
+// at least as far from its own ideal bucket). Prefetches only: they change nothing.
 inline void ask_for_bucket(const EntryBucket* buckets, std::size_t count, std::size_t hash) {
   const std::size_t at = FastRangeBuckets::bucket_of(hash, count);
   __builtin_prefetch(buckets + at);
@@ -47,10 +47,15 @@ inline void ask_for_bucket(const EntryBucket* buckets, std::size_t count, std::s
 }
 
 inline void ask_for_probe_keys(const EntryBucket* buckets, std::size_t count, const int64_t* keys, std::size_t hash) {
-  constexpr int kProbeReads = 8;  // keys asked for at most (a probe at a load of 0.9 compares about 5)
+  // Two keys, without a branch: a probe compares about 1.5 keys at a load of 0.45 and 5 at 0.9, but a loop over
+  // the probe's buckets (an unpredictable exit) cost more than the later keys' waits (bench/RESULTS.md, the
+  // fourteenth session). Where the probe ends sooner, keys[0] is asked for: in cache already.
+  constexpr int kProbeReads = 2;
   std::size_t at = FastRangeBuckets::bucket_of(hash, count);
-  for (int distance = 0; distance < kProbeReads && buckets[at].dist_from_ideal_bucket() >= distance; ++distance) {
-    __builtin_prefetch(keys + buckets[at].value());
+  for (int distance = 0; distance < kProbeReads; ++distance) {
+    const EntryBucket& bucket = buckets[at];
+    const std::size_t entry = bucket.dist_from_ideal_bucket() >= distance ? bucket.value() : 0;
+    __builtin_prefetch(keys + entry);
     at = at + 1 == count ? 0 : at + 1;
   }
 }
@@ -309,11 +314,11 @@ const EntryBucket* IdIndex::slot_bucket_start() const {
 
 void IdIndex::find_slots(const int64_t* ids, int64_t* slots, int64_t n) const {
   // A probe is two random reads at least: the id's bucket, then the key of each entry it compares, through keys_
-  // (about 5 at a load of 0.9). Asked for one at a time, each waits for memory. So the lookups run as a pipeline:
-  // id i + 2 * kReadAhead is hashed and its bucket asked for; id i + kReadAhead's bucket (arrived by now) tells
-  // which keys its probe will compare, and those are asked for; id i is found by robin_set's own find, with the
-  // hash computed at the first stage, in what is in cache by then. The reads ahead only prefetch: they change no
-  // result.
+  // (about 1.5 at a load of 0.45, 5 at 0.9). Asked for one at a time, each waits for memory. So the lookups run as
+  // a pipeline: id i + 2 * kReadAhead is hashed and its bucket asked for; id i + kReadAhead's bucket (arrived by
+  // now) tells which keys its probe compares first, and those are asked for; id i is found by robin_set's own find,
+  // with the hash computed at the first stage, in what is in cache by then. The reads ahead only prefetch: they
+  // change no result.
   constexpr int64_t kRing = 32;  // the hashes of ids i .. i + 2 * kReadAhead
   static_assert(2 * kReadAhead < kRing && (kRing & (kRing - 1)) == 0, "the ring holds the ids between the stages");
   const EntryBucket* buckets = slot_bucket_start();

@@ -133,7 +133,7 @@ struct EntryKeyEqual {
 };
 
 // A bucket of the sets below (tsl/robin_hash.h's bucket_entry: the distance from the entry's ideal bucket, -1 when
-// empty, and the entry), read by the batched lookups ahead of a probe: which keys it will compare. (Were robin_set's
+// empty, and the entry), read by the batched lookups ahead of a probe: which keys it compares first. (Were robin_set's
 // buckets of another type, as another version of the library might make them, no block would be written down and
 // the lookups would run without reading ahead, with the same results.)
 using EntryBucket = tsl::detail_robin_hash::bucket_entry<uint32_t, false>;
@@ -274,7 +274,7 @@ class IdIndex : public torch::CustomClassHolder {
   void find_slots(const int64_t* ids, int64_t* slots, int64_t n) const;
   // The start of slot_of_'s buckets when slot_buckets_ is known to be them (nullptr otherwise: no reading ahead).
   const EntryBucket* slot_bucket_start() const;
-  // How many keys ahead of its probe the keys that probe will compare are asked for (its bucket: twice as many).
+  // How many keys ahead of its probe the keys that probe compares first are asked for (its bucket: twice as many).
   static constexpr int64_t kReadAhead = 12;
   // Rule 1 over a batch whose slots lookup_locked found.
   void touch_locked(const int64_t* ids, const int64_t* slots, int64_t n);
