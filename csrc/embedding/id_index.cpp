@@ -20,8 +20,9 @@ namespace {
 
 constexpr int64_t kStateFormat = 1;
 constexpr int64_t kHeaderRows = 3;
-// Ids per task of the parallel lookups: below this a batch is looked up on the calling thread alone.
-constexpr int64_t kLookupGrain = 8192;
+// Ids per task of the parallel lookups (16 tasks for a batch of 65,536): below this a batch is looked up on the
+// calling thread alone.
+constexpr int64_t kLookupGrain = 4096;
 // The maps' load at most (robin_map's limit is 0.95; Robin Hood probing stays short at 0.9).
 constexpr double kMaxLoad = 0.9;
 constexpr int64_t kMaxEntries = static_cast<int64_t>(IdIndex::kNone);  // 32-bit entries, kNone excluded
@@ -33,6 +34,30 @@ at::Tensor host_ids(const at::Tensor& ids, const char* op) {
               ": ids must be int64 (or int32) raw ids, got ", ids.scalar_type(),
               "; convert them with ids.to(torch.int64)");
   return ids.to(at::kCPU, at::kLong).contiguous().view({-1});
+}
+
+// Reading ahead of a probe of a set of entries whose keys are in `keys` (tsl/robin_hash.h's find_impl), for a key
+// of this hash among `count` buckets from `buckets`: first its buckets are asked for; once they have arrived, the
+// keys the probe compares first (its ideal bucket's entry, and the next bucket's if the probe reaches it: an entry
+// at least as far from its own ideal bucket). Prefetches only: they change nothing.
+inline void ask_for_bucket(const EntryBucket* buckets, std::size_t count, std::size_t hash) {
+  const std::size_t at = FastRangeBuckets::bucket_of(hash, count);
+  __builtin_prefetch(buckets + at);
+  __builtin_prefetch(buckets + std::min(at + 4, count - 1));  // a probe's later buckets, when on the next line
+}
+
+inline void ask_for_probe_keys(const EntryBucket* buckets, std::size_t count, const int64_t* keys, std::size_t hash) {
+  // Two keys, without a branch: a probe compares about 1.5 keys at a load of 0.45 and 5 at 0.9, but a loop over
+  // the probe's buckets (an unpredictable exit) cost more than the later keys' waits (bench/RESULTS.md, the
+  // fourteenth session). Where the probe ends sooner, keys[0] is asked for: in cache already.
+  constexpr int kProbeReads = 2;
+  std::size_t at = FastRangeBuckets::bucket_of(hash, count);
+  for (int distance = 0; distance < kProbeReads; ++distance) {
+    const EntryBucket& bucket = buckets[at];
+    const std::size_t entry = bucket.dist_from_ideal_bucket() >= distance ? bucket.value() : 0;
+    __builtin_prefetch(keys + entry);
+    at = at + 1 == count ? 0 : at + 1;
+  }
 }
 
 uint32_t saturated(int64_t count) {
@@ -87,7 +112,7 @@ IdIndex::IdIndex(int64_t capacity, int64_t admit_after, const std::string& polic
     : capacity_(capacity),
       admit_after_(admit_after),
       candidate_capacity_(candidate_capacity),
-      slot_of_(0, EntryKeyHash{&keys_}, EntryKeyEqual{&keys_}),
+      slot_of_(0, EntryKeyHash{&keys_}, EntryKeyEqual{&keys_}, BucketRecordingAllocator<uint32_t>(&slot_buckets_)),
       candidate_of_(0, EntryKeyHash{&candidate_keys_}, EntryKeyEqual{&candidate_keys_}) {
   TORCH_CHECK(capacity >= 1 && capacity <= kMaxEntries, "speedtorch.IdIndex: capacity must be >= 1 (the table's rows) and <= ",
               kMaxEntries, " (slots are 32-bit), got ", capacity);
@@ -267,12 +292,60 @@ void IdIndex::forget_candidate(int64_t key) {
 // --- lookups --------------------------------------------------------------------------------------------------------
 
 void IdIndex::lookup_locked(const int64_t* ids, int64_t* slots, int64_t n) const {
-  helped_parallel_for(n, kLookupGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
+  helped_parallel_for(n, kLookupGrain,
+                      [&](int64_t begin, int64_t end) { find_slots(ids + begin, slots + begin, end - begin); });
+}
+
+const EntryBucket* IdIndex::slot_bucket_start() const {
+  // The block the allocator wrote down is the set's when it has bucket_count() buckets and holds the bucket of a
+  // key in the set (find's iterator refers into it); otherwise (an empty set) nothing is read ahead.
+  if (size_ == 0 || slot_buckets_.count != slot_of_.bucket_count()) {
+    return nullptr;
+  }
+  const auto held = slot_of_.find(keys_[0]);  // slot 0 holds a key once size_ > 0
+  if (held == slot_of_.end()) {
+    return nullptr;
+  }
+  const auto* first = reinterpret_cast<const unsigned char*>(&*held);
+  const auto* start = reinterpret_cast<const unsigned char*>(slot_buckets_.start);
+  const bool inside = first >= start && first < start + slot_buckets_.count * sizeof(EntryBucket);
+  return inside ? slot_buckets_.start : nullptr;
+}
+
+void IdIndex::find_slots(const int64_t* ids, int64_t* slots, int64_t n) const {
+  // A probe is two random reads at least: the id's bucket, then the key of each entry it compares, through keys_
+  // (about 1.5 at a load of 0.45, 5 at 0.9). Asked for one at a time, each waits for memory. So the lookups run as
+  // a pipeline: id i + 2 * kReadAhead is hashed and its bucket asked for; id i + kReadAhead's bucket (arrived by
+  // now) tells which keys its probe compares first, and those are asked for; id i is found by robin_set's own find,
+  // with the hash computed at the first stage, in what is in cache by then. The reads ahead only prefetch: they
+  // change no result.
+  constexpr int64_t kRing = 32;  // the hashes of ids i .. i + 2 * kReadAhead
+  static_assert(2 * kReadAhead < kRing && (kRing & (kRing - 1)) == 0, "the ring holds the ids between the stages");
+  const EntryBucket* buckets = slot_bucket_start();
+  const std::size_t count = slot_of_.bucket_count();
+  if (buckets == nullptr) {
+    for (int64_t i = 0; i < n; ++i) {
       auto found = slot_of_.find(ids[i]);
       slots[i] = found == slot_of_.end() ? -1 : static_cast<int64_t>(*found);
     }
-  });
+    return;
+  }
+  std::size_t hashes[kRing];
+  for (int64_t i = 0; i < n + 2 * kReadAhead; ++i) {
+    if (i < n) {
+      const std::size_t hash = static_cast<std::size_t>(mix_id(ids[i]));
+      hashes[i & (kRing - 1)] = hash;
+      ask_for_bucket(buckets, count, hash);
+    }
+    const int64_t probed = i - kReadAhead, found_now = i - 2 * kReadAhead;
+    if (probed >= 0 && probed < n) {
+      ask_for_probe_keys(buckets, count, keys_.data(), hashes[probed & (kRing - 1)]);
+    }
+    if (found_now >= 0) {
+      auto found = slot_of_.find(ids[found_now], hashes[found_now & (kRing - 1)]);
+      slots[found_now] = found == slot_of_.end() ? -1 : static_cast<int64_t>(*found);
+    }
+  }
 }
 
 void IdIndex::touch_locked(const int64_t* ids, const int64_t* slots, int64_t n) {
@@ -302,7 +375,8 @@ void IdIndex::touch_locked(const int64_t* ids, const int64_t* slots, int64_t n) 
 void IdIndex::admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64_t protect_age, bool recheck,
                            std::vector<int64_t>& admitted, std::vector<int64_t>& evicted_keys,
                            std::vector<int64_t>& evicted_slots) {
-  // 2. The ids touch() did not find, counted in the order of their first occurrence.
+  // 2. The ids touch() did not find, counted in the order of their first occurrence. Until its slot is known, each
+  // of them holds its place among them in slots, as -2 - place: no id is looked up twice.
   const int64_t misses = std::count(slots, slots + n, int64_t{-1});
   if (misses == 0) {
     return;
@@ -321,12 +395,27 @@ void IdIndex::admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64
       outcome.push_back(0);
     }
     outcome[placed.first->second] += 1;
+    slots[i] = -2 - placed.first->second;
   }
+  place = IdMap();
   reserve_entries(slot_of_, std::min(capacity_, size_ + static_cast<int64_t>(new_keys.size())), capacity_, keys_,
                   meta_);
-  // 3. Admissions, evicting where the table is full.
+  // 3. Admissions, evicting where the table is full. Each new key's probe of slot_of_ (the lookup of recheck, the
+  // insert) is read ahead as find_slots' are.
+  const int64_t added = static_cast<int64_t>(new_keys.size());
+  const EntryBucket* buckets = slot_bucket_start();
+  std::size_t bucket_count = slot_of_.bucket_count();
+  auto hash_of = [&](int64_t j) { return static_cast<std::size_t>(mix_id(new_keys[static_cast<size_t>(j)])); };
   bool table_busy = false;  // every row is protected: nothing more is admitted in this batch
-  for (size_t j = 0; j < new_keys.size(); ++j) {
+  for (int64_t j = 0; j < added; ++j) {
+    if (buckets != nullptr) {
+      if (j + 2 * kReadAhead < added) {
+        ask_for_bucket(buckets, bucket_count, hash_of(j + 2 * kReadAhead));
+      }
+      if (j + kReadAhead < added) {
+        ask_for_probe_keys(buckets, bucket_count, keys_.data(), hash_of(j + kReadAhead));
+      }
+    }
     const int64_t key = new_keys[j];
     if (recheck) {
       auto found = slot_of_.find(key);
@@ -368,15 +457,17 @@ void IdIndex::admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64
     forget_candidate(key);
     meta_[slot] = SlotMeta{saturated(sightings), static_cast<uint32_t>(step_), kNone, kNone};
     slot_of_.insert(slot);
+    if (slot_of_.bucket_count() != bucket_count) {  // the set grew by itself: its buckets moved
+      bucket_count = slot_of_.bucket_count();
+      buckets = slot_bucket_start();
+    }
     link_slot(slot);
     admitted.push_back(slot);
     outcome[j] = slot;
   }
-  if (!admitted.empty() || recheck) {
-    for (int64_t i = 0; i < n; ++i) {
-      if (slots[i] == -1) {
-        slots[i] = outcome[place.find(ids[i])->second];
-      }
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] <= -2) {
+      slots[i] = outcome[static_cast<size_t>(-2 - slots[i])];
     }
   }
 }
@@ -431,6 +522,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> IdIndex::admit(const 
               given_slots.defined() ? c10::toString(given_slots.scalar_type()) : "undefined");
   const int64_t n = host.numel();
   at::Tensor slots = given_slots.to(at::kCPU).contiguous().view({-1}).clone();
+  TORCH_CHECK(n == 0 || slots.min().item<int64_t>() >= -1, "speedtorch.IdIndex.admit: slots must be touch(ids)'s "
+              "(-1 for an id not in the table, else its slot), got ", slots.min().item<int64_t>());
   std::vector<int64_t> admitted, evicted_keys, evicted_slots;
   {
     std::unique_lock<TableLock> guard(lock_);

@@ -47,8 +47,9 @@
 //
 // Threads: as PinnedEmbedding (embedding/table_lock.h): find() and the accessors share the lock; assign(), touch(),
 // admit(), advance_step() and load_state() hold it alone, so each call sees the index entirely before or after another.
-// Inside a call, the map lookups of a batch of more than 8,192 ids run on several threads (cpu/helped_parallel_for.h:
-// they only read); counts, recency, admission and eviction run on the calling thread, in the batch's order.
+// Inside a call, the map lookups of a batch of more than 4,096 ids run on several threads (cpu/helped_parallel_for.h:
+// they only read), each reading the map ahead of its probes (id_index.cpp, find_slots); counts, recency, admission
+// and eviction run on the calling thread, in the batch's order.
 //
 // CUDA ids are copied to the host, mapped, and their slots copied back to the ids' device (a synchronising copy each
 // way; a mapping on the GPU is not yet written).
@@ -66,6 +67,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/id_mix.h"
@@ -91,8 +93,10 @@ class FastRangeBuckets {
     }
     count_ = min_bucket_count_in_out;
   }
-  std::size_t bucket_for_hash(std::size_t hash) const noexcept {
-    return static_cast<std::size_t>((static_cast<unsigned __int128>(hash) * count_) >> 64);
+  std::size_t bucket_for_hash(std::size_t hash) const noexcept { return bucket_of(hash, count_); }
+  // The bucket of a hash among `count` buckets (the batched lookups compute it to read a bucket ahead of its probe).
+  static std::size_t bucket_of(std::size_t hash, std::size_t count) noexcept {
+    return static_cast<std::size_t>((static_cast<unsigned __int128>(hash) * count) >> 64);
   }
   std::size_t next_bucket_count() const {
     if (count_ > max_bucket_count() / 2) {
@@ -127,7 +131,41 @@ struct EntryKeyEqual {
   bool operator()(uint32_t entry, int64_t key) const { return (*keys)[entry] == key; }
   bool operator()(int64_t key, uint32_t entry) const { return (*keys)[entry] == key; }
 };
-using EntrySet = tsl::robin_set<uint32_t, EntryKeyHash, EntryKeyEqual, HugePageAllocator<uint32_t>, false,
+
+// A bucket of the sets below (tsl/robin_hash.h's bucket_entry: the distance from the entry's ideal bucket, -1 when
+// empty, and the entry), read by the batched lookups ahead of a probe: which keys it compares first. (Were robin_set's
+// buckets of another type, as another version of the library might make them, no block would be written down and
+// the lookups would run without reading ahead, with the same results.)
+using EntryBucket = tsl::detail_robin_hash::bucket_entry<uint32_t, false>;
+
+// Where a set's buckets are: robin_set keeps them in one block of bucket_count() buckets, made by its allocator (a
+// rehash makes the new block before it frees the old one), so the allocator that makes a block of EntryBuckets
+// writes down where it is.
+struct BucketBlock {
+  const EntryBucket* start = nullptr;
+  std::size_t count = 0;
+};
+template <typename T>
+struct BucketRecordingAllocator : HugePageAllocator<T> {
+  using value_type = T;
+  BucketRecordingAllocator() = default;
+  explicit BucketRecordingAllocator(BucketBlock* block) noexcept : block(block) {}
+  template <typename U>
+  BucketRecordingAllocator(const BucketRecordingAllocator<U>& other) noexcept  // NOLINT(google-explicit-constructor)
+      : block(other.block) {}
+  T* allocate(std::size_t n) {
+    T* start = HugePageAllocator<T>::allocate(n);
+    if constexpr (std::is_same_v<T, EntryBucket>) {
+      if (block != nullptr) {
+        *block = BucketBlock{start, n};
+      }
+    }
+    return start;
+  }
+  BucketBlock* block = nullptr;
+};
+
+using EntrySet = tsl::robin_set<uint32_t, EntryKeyHash, EntryKeyEqual, BucketRecordingAllocator<uint32_t>, false,
                                 FastRangeBuckets>;
 
 class IdIndex : public torch::CustomClassHolder {
@@ -232,6 +270,12 @@ class IdIndex : public torch::CustomClassHolder {
   // The private helpers expect the caller to hold lock_ (exclusively for the ones that change anything).
   // slots[i] = the slot of ids[i] or -1, for n ids, on several threads (helped_parallel_for) for large batches.
   void lookup_locked(const int64_t* ids, int64_t* slots, int64_t n) const;
+  // The same for one share of a batch, on the calling thread, reading ahead (id_index.cpp).
+  void find_slots(const int64_t* ids, int64_t* slots, int64_t n) const;
+  // The start of slot_of_'s buckets when slot_buckets_ is known to be them (nullptr otherwise: no reading ahead).
+  const EntryBucket* slot_bucket_start() const;
+  // How many keys ahead of its probe the keys that probe compares first are asked for (its bucket: twice as many).
+  static constexpr int64_t kReadAhead = 12;
   // Rule 1 over a batch whose slots lookup_locked found.
   void touch_locked(const int64_t* ids, const int64_t* slots, int64_t n);
   // Rules 2-4: the -1 entries of slots (of ids) are counted, admitted and evicted; slots is filled in; rows not
@@ -268,6 +312,7 @@ class IdIndex : public torch::CustomClassHolder {
 
   KeyArray keys_;                // per used slot: its key (the only copy)
   HugeVector<SlotMeta> meta_;    // per used slot
+  BucketBlock slot_buckets_;     // where slot_of_'s buckets are (its allocator writes it; before slot_of_)
   EntrySet slot_of_;             // the used slots, found by key through keys_
   List lru_;                     // LRU: every used slot, least recently seen first
   std::vector<Bucket> buckets_;  // LFU: bucket storage (free ones reused through free_buckets_)

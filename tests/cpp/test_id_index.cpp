@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -236,6 +237,27 @@ TEST_P(IdIndexStreams, MatchTheReferenceThroughAdmissionEvictionAndRestore) {
 INSTANTIATE_TEST_SUITE_P(Configs, IdIndexStreams,
                          ::testing::Values(Config{16, 1, "lru", 0}, Config{16, 1, "lfu", 0}, Config{24, 2, "lru", 40},
                                            Config{24, 3, "lfu", 8}, Config{64, 2, "lfu", 200}));
+
+TEST(IdIndex, LargeBatchesReadAheadAlikeThroughGrowthAndEviction) {
+  // Batches of thousands of ids: the lookups run on several threads and read the map ahead of their probes, the
+  // admissions read ahead of their inserts; the map grows by itself (nothing reserved), then rows are evicted.
+  for (const char* policy : {"lru", "lfu"}) {
+    Stream stream(21, 20000);
+    IdIndex index(6000, 1, policy, 0);
+    Reference reference(6000, 1, std::string(policy) == "lfu", 0);
+    for (int batch = 0; batch < 4; ++batch) {
+      const std::vector<int64_t> ids = stream.batch(9000);
+      index.advance_step();
+      reference.advance_step();
+      expect_same(index.assign(to_tensor(ids)), reference.assign(ids), batch);
+    }
+    std::vector<int64_t> want;
+    for (const int64_t key : stream.keys) {
+      want.push_back(reference.slot_of(key));
+    }
+    EXPECT_EQ(to_vector(index.find(to_tensor(stream.keys))), want) << policy;
+  }
+}
 
 TEST(IdIndex, InsertsAndFinds) {
   IdIndex index(8, 1, "lru", 0);

@@ -155,7 +155,7 @@ def test_long_lru_streams_compact_the_queue_of_sightings_in_order():
 
 
 def test_large_batches_look_up_on_several_threads_alike():
-    # Batches above 8,192 ids look the map up on at::parallel_for's threads before the ordered pass.
+    # Batches above 4,096 ids look the map up on several threads (helped_parallel_for) before the ordered pass.
     generator = torch.Generator().manual_seed(9)
     universe = raw_universe(generator, 6000)
     index, reference = IdIndex(10000, 2, "lfu", 10000), ReferenceIndex(10000, 2, "lfu", 10000)
@@ -165,6 +165,36 @@ def test_large_batches_look_up_on_several_threads_alike():
         reference.advance_step()
         assert index.assign(ids)[0].tolist() == reference.assign(ids.tolist())[0]
     assert index.find(universe).tolist() == [reference.slot.get(k, -1) for k in universe.tolist()]
+
+
+@pytest.mark.parametrize("policy,admit_after", [("lru", 1), ("lfu", 2)])
+def test_large_batches_with_evictions_match_the_reference(policy, admit_after):
+    # Batched lookups read the map ahead of their probes, on several threads, and the admissions read ahead of their
+    # inserts, through evictions and a map that grows between batches: the slots stay the reference's, and a
+    # touch/admit split gives what assign gives.
+    generator = torch.Generator().manual_seed(11)
+    universe = raw_universe(generator, 30000)
+    index, reference = IdIndex(9000, admit_after, policy, 20000), ReferenceIndex(9000, admit_after, policy, 20000)
+    for batch in range(5):
+        ids = skewed_ids(generator, 15000, universe)
+        index.advance_step()
+        reference.advance_step()
+        if batch % 2:
+            slots, admitted, evicted_keys, evicted_slots = index.admit(ids, index.touch(ids), None)
+        else:
+            slots, admitted, evicted_keys, evicted_slots = index.assign(ids)
+        want_slots, want_admitted, want_evicted = reference.assign(ids.tolist())
+        assert slots.tolist() == want_slots, f"batch {batch}"
+        assert admitted.tolist() == want_admitted
+        assert list(zip(evicted_keys.tolist(), evicted_slots.tolist())) == want_evicted
+    assert index.find(universe).tolist() == [reference.slot.get(k, -1) for k in universe.tolist()]
+
+
+def test_index_admit_refuses_slots_that_touch_cannot_give():
+    index = IdIndex(8, 1, "lru", 0)
+    with pytest.raises(RuntimeError, match=r"slots must be touch\(ids\)'s .*got -3"):
+        index.admit(torch.tensor([5, 6]), torch.tensor([-1, -3]), None)
+    assert index.size() == 0
 
 
 def test_index_find_changes_nothing_and_keeps_shape():
@@ -589,6 +619,42 @@ def test_a_prefetched_forward_on_the_gpu_does_not_wait_for_it():
             out.square().sum().backward()
             outputs.append(out.detach().cpu())
         module.step()
+        results.append((torch.cat(outputs), module.table.table().cpu(), module.index.state()))
+    (cpu_out, cpu_rows, cpu_index), (gpu_out, gpu_rows, gpu_index) = results
+    torch.testing.assert_close(gpu_out, cpu_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gpu_rows, cpu_rows, rtol=1e-5, atol=1e-6)
+    assert torch.equal(gpu_index, cpu_index)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("training", [True, False])
+def test_a_lookup_of_cpu_ids_on_the_gpu_does_not_wait_for_it(training):
+    # Without a prefetch, CPU ids are mapped, their distinct slots found on the host and copied through pinned
+    # memory, the new rows written and the rows gathered: no synchronising torch call (the GPU's unique would be
+    # one), so the next batch's mapping can run while these rows move. Results stay those of the CPU.
+    generator = torch.Generator().manual_seed(12)
+    universe = raw_universe(generator, 300)
+    batches = [skewed_ids(generator, 96, universe) for _ in range(6)]
+    results = []
+    for device in ("cpu", "cuda"):
+        module = HostEmbedding(None, 8, capacity=120, admit_after=1, optimizer="adagrad", seed=5, device=device)
+        module(batches[0]).square().sum().backward()  # rows for the lookups to read, in eval() too
+        module.step()
+        module.train(training)
+        outputs = []
+        for ids in batches[1:]:
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                with torch.set_grad_enabled(training):
+                    out = module(ids)
+            finally:
+                if device == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
+            if training:
+                out.square().sum().backward()
+                module.step()
+            outputs.append(out.detach().cpu())
         results.append((torch.cat(outputs), module.table.table().cpu(), module.index.state()))
     (cpu_out, cpu_rows, cpu_index), (gpu_out, gpu_rows, gpu_index) = results
     torch.testing.assert_close(gpu_out, cpu_out, rtol=1e-5, atol=1e-6)

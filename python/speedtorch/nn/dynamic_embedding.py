@@ -203,8 +203,7 @@ class DynamicHostEmbedding(HostEmbedding):
             return self._take_prefetched(pending)
         host_ids = torch.as_tensor(input).to("cpu", torch.int64)  # CUDA ids: a synchronising copy
         slots = self._assign(host_ids) if self.training else self.index.find(host_ids)
-        self._missing = bool((slots < 0).any())
-        unique, inverse = _present(*unique_indices(_to_device(slots, self.device)), self._missing)
+        unique, inverse, self._missing = _distinct(slots, self.device)
         self._wait_for_writes()
         with self._without_host_waits():
             return unique, inverse, self.table.gather(unique, self.device)
@@ -268,21 +267,17 @@ class DynamicHostEmbedding(HostEmbedding):
     def _read_ahead(self, key, slots: torch.Tensor) -> PrefetchedRows:
         """The distinct rows of ``slots`` (CPU; -1 for ids without a row, which point one past them), read after the
         module's last write: on a GPU on the gather stream, which waits for the current stream's work so far and
-        that write, nothing else. The distinct slots are found on the GPU's counting stream (the host waits for
-        its few kernels only)."""
-        missing = bool((slots < 0).any())
+        that write, nothing else. The distinct slots are found on the host (:func:`_distinct`: the host waits for
+        nothing on the GPU)."""
+        unique, inverse, missing = _distinct(slots, self.device)
         if self.device.type != "cuda":
-            unique, inverse = _present(*unique_indices(slots), missing)
             state = torch.ops.speedtorch.gather(self.table.state(), unique, None) if self._updates_ahead() else None
             pending = PrefetchedRows(key, unique, inverse, self.table.gather(unique, self.device), None, state)
             pending.missing = missing
             return pending
         current = torch.cuda.current_stream(self.device)
-        counting, side = self.side_stream(), self._gather_stream()
-        counting.wait_stream(current)
-        with torch.cuda.stream(counting):
-            unique, inverse = _present(*unique_indices(_to_device(slots, self.device)), missing)
-        side.wait_stream(counting)
+        side = self._gather_stream()
+        side.wait_stream(current)  # the copies of unique and inverse, queued on the current stream
         if self._written is not None:
             side.wait_event(self._written)
         for t in (unique, inverse):
@@ -418,6 +413,19 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def _distinct(slots: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``(unique, inverse, missing)`` of host ``slots`` (-1 for ids without a row): the distinct slots ascending
+    without -1 and each id's place among them (ids without a row: one past them, :func:`_present`), on ``device``,
+    and whether there were such ids. Found on the host (speedtorch's unique_indices: one hash pass over the batch,
+    a sort of its distinct slots) and copied through pinned memory: on a GPU nothing waits for the device (its
+    unique would wait for the copy of the slots and for all the work queued before it, so the mapping of the next
+    batch could not run while this batch's rows move)."""
+    unique, inverse = unique_indices(slots)
+    missing = unique.numel() > 0 and int(unique[0]) < 0
+    unique, inverse = _present(unique, inverse, missing)
+    return _to_device(unique, device), _to_device(inverse, device), missing
 
 
 def _present(unique: torch.Tensor, inverse: torch.Tensor, missing: bool) -> tuple[torch.Tensor, torch.Tensor]:
