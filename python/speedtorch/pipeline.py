@@ -159,10 +159,12 @@ class TrainPipeline:
         beside = None
         if gathering and self._gathers_beside_backward:
             beside = self._gather_executor().submit(self._start_gathers, self._staged[0])
-        loss.backward()
-        if beside is not None:
-            beside.result()
-        elif gathering:
+        try:
+            loss.backward()
+        finally:  # a backward that raises leaves no prefetch running behind the caller's back
+            if beside is not None:
+                beside.result()
+        if gathering and beside is None:
             self._start_gathers(self._staged[0])
         if self.step_host_tables:
             with self._sm_bound():  # the updates a prefetch lets run beside the next forward share the GPU with it
