@@ -222,8 +222,8 @@ class PipelinedLoop:
     """The same step through speedtorch.TrainPipeline: batch t+1's ids mapped (a dynamic table) and its rows read
     while step t computes."""
 
-    def __init__(self, model: RawUserRecommender, batches: list, device: torch.device):
-        self.pipeline = speedtorch.TrainPipeline(model, None, batches, device=device)
+    def __init__(self, model: RawUserRecommender, batches: list, device: torch.device, **pipeline_args):
+        self.pipeline = speedtorch.TrainPipeline(model, None, batches, device=device, **pipeline_args)
 
     def step(self):
         return self.pipeline.progress()
@@ -300,6 +300,10 @@ def training_section(args, generator) -> None:
         "fixed, TrainPipeline": PipelinedLoop(model(False), fixed_batches, device),
         "dynamic, TrainPipeline": PipelinedLoop(model(True), raw_batches, device),
     }
+    if device.type == "cuda":  # what the pipeline's parts cost on the fixed table: its UVA way, and no prefetch
+        ways["fixed, TrainPipeline, UVA row kernels (copy_engines=False)"] = PipelinedLoop(
+            model(False), fixed_batches, device, copy_engines=False)
+        ways["fixed, TrainPipeline, no prefetch"] = PipelinedLoop(model(False), fixed_batches, device, prefetch=False)
     ms = time_in_turns(ways, args.warmup, args.rounds, args.turn, device)
     print(f"Training on {device} ({torch.get_num_threads()} threads): the recommender step, batch {batch:,} raw user "
           f"ids (power law over {rows:,} known, 10% new), dim {args.dim}, {args.optimizer}, {args.items:,} items "
