@@ -157,7 +157,9 @@ class TrainPipeline:
         # touches neither the tables nor the prefetch slots when every table updates at step()); else after it.
         gathering = self.prefetch and self.sparse_inputs is not None and bool(self._staged)
         beside = None
-        if gathering and self._gathers_beside_backward:
+        # Not while a profiler records: it sees this thread's operators and ranges only, and a trace must name the
+        # phase of every kernel (bench/dlrm.py --phases); the prefetch then follows the backward.
+        if gathering and self._gathers_beside_backward and not torch.autograd._profiler_enabled():
             beside = self._gather_executor().submit(self._start_gathers, self._staged[0])
         try:
             loss.backward()

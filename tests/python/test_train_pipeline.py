@@ -400,3 +400,21 @@ def test_a_prefetch_stays_on_the_calling_thread_for_tables_updated_in_backward(p
     batches = synthetic_batches(ROWS, 32, 3, exponent=1.3, seed=7)
     _, pipeline = run_both(lambda: tiny_dlrm("cpu", placement=placement, update=update), batches, "cpu")
     assert pipeline._gathers_beside_backward == (update == "step")
+
+
+def test_under_a_profiler_the_prefetch_runs_on_the_calling_thread(monkeypatch):
+    # A profiler records the calling thread's operators and ranges only: every kernel of a trace must find its phase.
+    import threading
+
+    monkeypatch.setattr(TrainPipeline, "_beside_backward_on_cpu", True)
+    threads = []
+    prefetch = HostEmbedding.prefetch
+    monkeypatch.setattr(HostEmbedding, "prefetch",
+                        lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
+    model, opt = tiny_dlrm("cpu")
+    pipeline = TrainPipeline(model, opt, synthetic_batches(ROWS, 16, 4, exponent=1.3, seed=9), device="cpu")
+    pipeline.progress()
+    assert threads[-1].startswith("speedtorch-prefetch")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        pipeline.progress()
+    assert threads[-1] == threading.current_thread().name
