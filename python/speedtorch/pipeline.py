@@ -81,7 +81,11 @@ class TrainPipeline:
             (``placement="gpu"``: nothing runs beside the model, the steps are on its stream) or when the process
             has a bound of its own (``set_transfer_config(max_sms=...)``, ``SPEEDTORCH_MAX_SMS``); None keeps the
             process's setting.
-        prefetch: False runs the same loop without gathering ahead (copies still overlap): the reference.
+        prefetch: False runs the same loop without gathering ahead (copies still overlap): the reference. A prefetch
+            has fixed costs (counting the next batch's distinct ids, a write-back and a gather in stream order) that
+            only a long enough step hides: on an H200 a DLRM step of 14-17 ms gained 1.28-1.33x from it, but the
+            3.5 ms step of bench/dynamic_table.py's recommender ran 1.59-1.78x slower with it than the plain loop
+            (1.12x without it; bench/RESULTS.md, fourteenth session). Time both on your model.
         copy_engines: on a GPU, move the host tables' rows read ahead and written back by CPU threads in stream order
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
             step the rows read ahead where they are, writing the table only (True, the default). False: UVA row
