@@ -13,8 +13,9 @@ re-reads them from GPU memory), so every forward sees the rows the plain loop wo
 and no row crosses PCIe twice. The gather of t+1 waits for each table's last write (step t-1's update), not for
 forward t, and the host never waits for step t's work to count t+1's ids. A table placed in GPU memory reads nothing
 ahead (its rows are there already). The prefetch's own host work (counting t+1's distinct ids, which waits for the
-GPU, and queueing the gather) runs on a thread of its own while this thread queues the backward, when every host
-table is a plain HostEmbedding (or a collection of them) updated at ``step()``; otherwise after the backward.
+GPU, and queueing the gather) runs on a thread of its own while this thread queues the backward, on a GPU, when
+every host table is a plain HostEmbedding (or a collection of them) updated at ``step()`` and no profiler records
+(it would see this thread's ranges only), with this thread's speedtorch settings; otherwise after the backward.
 
 Errors: a bad batch t+1 (an id out of range) raises at the step that trains t+1, as in the plain loop: its prefetch
 is dropped, step t trains, and the next forward meets the error itself.
@@ -48,7 +49,7 @@ import torch
 
 from ._phases import phase
 from .nn import HostEmbedding, HostEmbeddingBagCollection
-from .ops import transfer_config_override
+from .ops import deferred_index_checks, transfer_config, transfer_config_override
 from .optim import host_embeddings_stepped_by
 
 __all__ = ["TrainPipeline", "move_batch"]
@@ -135,6 +136,7 @@ class TrainPipeline:
         # thread queues the backward (made at first use).
         on_device = cuda or TrainPipeline._beside_backward_on_cpu
         self._gathers_beside_backward = on_device and _prefetch_is_local(self.host_modules)
+        self._vetted = {id(m) for m in self.host_modules}
         self._gather_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
     def __iter__(self):
@@ -149,6 +151,9 @@ class TrainPipeline:
         batches are done."""
         self._stage(2)  # this batch and the next: copied, or being copied
         if not self._staged:
+            if self._gather_thread is not None:  # idle: no thread left behind (a fork after the loop copies none)
+                self._gather_thread.shutdown(wait=True)
+                self._gather_thread = None
             raise StopIteration
         batch = self._take()
         output = self.model(batch)
@@ -160,18 +165,21 @@ class TrainPipeline:
         # RESULTS.md, fourteenth session). It runs on a thread of its own while this one queues the backward (which
         # touches neither the tables nor the prefetch slots when every table updates at step()); else after it.
         gathering = self.prefetch and self.sparse_inputs is not None and bool(self._staged)
-        beside = None
+        beside, inputs = None, None
         # Not while a profiler records: it sees this thread's operators and ranges only, and a trace must name the
         # phase of every kernel (bench/dlrm.py --phases); the prefetch then follows the backward.
         if gathering and self._gathers_beside_backward and not torch.autograd._profiler_enabled():
-            beside = self._gather_executor().submit(self._start_gathers, self._staged[0])
+            inputs = self._inputs_beside_backward(self._staged[0])
+            if inputs is not None:  # with this thread's speedtorch settings (its blocks are its own)
+                beside = self._gather_executor().submit(_with_settings, _thread_settings(), self._start_gathers,
+                                                        self._staged[0], inputs)
         try:
             loss.backward()
-        finally:  # a backward that raises leaves no prefetch running behind the caller's back
+        finally:  # a backward that raises (or a Ctrl-C) leaves no prefetch running behind the caller's back
             if beside is not None:
-                beside.result()
+                _wait_for(beside)
         if gathering and beside is None:
-            self._start_gathers(self._staged[0])
+            self._start_gathers(self._staged[0], inputs)
         if self.step_host_tables:
             with self._sm_bound():  # the updates a prefetch lets run beside the next forward share the GPU with it
                 for table in self._tables_to_step:
@@ -225,6 +233,16 @@ class TrainPipeline:
             options["stream_ordered_staging"] = 1
         return transfer_config_override(**options) if options else contextlib.nullcontext()
 
+    def _inputs_beside_backward(self, staged: "_Staged") -> Optional[list]:
+        """``sparse_inputs`` of ``staged``'s batch when every module in it is one the model holds and may prefetch
+        beside the backward (a module it does not hold was not vetted: it prefetches after the backward); None
+        otherwise, also when ``sparse_inputs`` raises (the prefetch after the backward meets the error)."""
+        try:
+            inputs = list(self.sparse_inputs(staged.batch))
+        except Exception:  # noqa: BLE001 (raised again, and handled, by _start_gathers after the backward)
+            return None
+        return inputs if all(id(module) in self._vetted for module, _ in inputs) else None
+
     def _gather_executor(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._gather_thread is None:
             # The thread's current GPU is this loop's ("cuda" without an index: the current one here).
@@ -236,7 +254,7 @@ class TrainPipeline:
             weakref.finalize(self, self._gather_thread.shutdown, wait=False)
         return self._gather_thread
 
-    def _start_gathers(self, staged: "_Staged") -> None:
+    def _start_gathers(self, staged: "_Staged", inputs: Optional[list] = None) -> None:
         """Starts gathering ``staged``'s rows: each host module's prefetch, called on the gate stream, which has waited
         for the batch's copy only (each module's gather waits for its table's last write itself), so neither the ids'
         work nor the host waits for this step's forward. A batch whose ids a prefetch refuses is left to its own
@@ -250,7 +268,7 @@ class TrainPipeline:
             gate = torch.cuda.stream(self._gather_gate)
         try:
             with gate, bound:
-                for module, features in self.sparse_inputs(staged.batch):
+                for module, features in self.sparse_inputs(staged.batch) if inputs is None else inputs:
                     module.prefetch(features)
         except Exception:  # noqa: BLE001 (raised again by that batch's own forward)
             for module in self.host_modules:
@@ -267,6 +285,32 @@ def host_modules(model: torch.nn.Module) -> list:
     """The host-table modules ``model`` holds (HostEmbedding, its subclasses, HostEmbeddingBagCollection), in
     ``modules()`` order."""
     return [m for m in model.modules() if isinstance(m, (HostEmbedding, HostEmbeddingBagCollection))]
+
+
+def _thread_settings() -> tuple[dict, bool]:
+    """The calling thread's speedtorch settings: its transfer settings and deferred-check mode in force."""
+    return transfer_config(), bool(torch.ops.speedtorch.deferred_index_checks())
+
+
+def _with_settings(settings: tuple[dict, bool], fn: Callable, *args) -> None:
+    """``fn(*args)`` under ``settings`` (another thread's :func:`_thread_settings`)."""
+    config, deferred = settings
+    with transfer_config_override(**config), deferred_index_checks(deferred):
+        fn(*args)
+
+
+def _wait_for(future: concurrent.futures.Future) -> None:
+    """Waits for ``future`` to finish, a Ctrl-C included (the prefetch must not run on behind the caller's back),
+    then raises the first KeyboardInterrupt, or what the work raised."""
+    interrupted = None
+    while not future.done():
+        try:
+            concurrent.futures.wait([future])
+        except KeyboardInterrupt as e:
+            interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted
+    future.result()
 
 
 def _prefetch_is_local(modules: list) -> bool:

@@ -396,10 +396,49 @@ def test_the_next_prefetch_on_its_own_thread_beside_the_backward_is_bit_identica
 def test_a_prefetch_stays_on_the_calling_thread_for_tables_updated_in_backward(placement, update, monkeypatch):
     # A table updated inside backward changes rows (and its prefetch slot) while the backward runs: its prefetch
     # waits for the backward, on the calling thread. (A hybrid table is a plain HostEmbedding: it may.)
+    import threading
+
     monkeypatch.setattr(TrainPipeline, "_beside_backward_on_cpu", True)
+    threads = []
+    prefetch = HostEmbedding.prefetch
+    monkeypatch.setattr(HostEmbedding, "prefetch",
+                        lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
     batches = synthetic_batches(ROWS, 32, 3, exponent=1.3, seed=7)
     _, pipeline = run_both(lambda: tiny_dlrm("cpu", placement=placement, update=update), batches, "cpu")
     assert pipeline._gathers_beside_backward == (update == "step")
+    assert threads and all(name.startswith("speedtorch-prefetch") == (update == "step") for name in threads)
+
+
+def test_the_prefetch_thread_runs_under_the_callers_settings_and_only_for_modules_the_model_holds(monkeypatch):
+    # transfer_config_override and deferred_index_checks blocks are the calling thread's: the prefetch thread runs
+    # under the caller's. A module sparse_inputs names but the model does not hold prefetches after the backward.
+    import threading
+
+    monkeypatch.setattr(TrainPipeline, "_beside_backward_on_cpu", True)
+    seen = []
+    prefetch = HostEmbedding.prefetch
+
+    def recording(self, ids):
+        seen.append((threading.current_thread().name, speedtorch.transfer_config()["staging_chunk_bytes"],
+                     bool(torch.ops.speedtorch.deferred_index_checks())))
+        return prefetch(self, ids)
+
+    monkeypatch.setattr(HostEmbedding, "prefetch", recording)
+    model, opt = tiny_dlrm("cpu")
+    pipeline = TrainPipeline(model, opt, synthetic_batches(ROWS, 16, 3, exponent=1.3, seed=10), device="cpu")
+    with speedtorch.transfer_config_override(staging_chunk_bytes=12345):
+        pipeline.progress()
+    assert seen[-1][0].startswith("speedtorch-prefetch") and seen[-1][1] == 12345
+    stranger = HostEmbedding(8, 4, device="cpu")
+    inner = pipeline.sparse_inputs
+    pipeline.sparse_inputs = lambda batch: inner(batch) + [(stranger, torch.tensor([1, 2]))]
+    pipeline.progress()
+    assert not seen[-1][0].startswith("speedtorch-prefetch") and not seen[-2][0].startswith("speedtorch-prefetch")
+    assert pipeline._gather_thread is not None
+    pipeline.progress()  # the third and last batch
+    with pytest.raises(StopIteration):
+        pipeline.progress()
+    assert pipeline._gather_thread is None  # shut down at the end of the batches
 
 
 def test_under_a_profiler_the_prefetch_runs_on_the_calling_thread(monkeypatch):
