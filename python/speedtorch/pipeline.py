@@ -42,6 +42,8 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import statistics
+import time
 import weakref
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -86,7 +88,10 @@ class TrainPipeline:
             has fixed costs (counting the next batch's distinct ids, a write-back and a gather in stream order) that
             only a long enough step hides: on an H200 a DLRM step of 14-17 ms gained 1.28-1.33x from it, but the
             3.5 ms step of bench/dynamic_table.py's recommender ran 1.59-1.78x slower with it than the plain loop
-            (1.12x without it; bench/RESULTS.md, fourteenth session). Time both on your model.
+            (1.12x without it; bench/RESULTS.md, fourteenth session). "auto": a trial over the first steps (3 with
+            it, then 2 rounds of 5 steps with it and 5 without, each block timed between two waits for the device)
+            keeps the faster way (with prefetch unless the steps without it took at least 3% less); ``prefetch``
+            then says which, :attr:`prefetch_trial` the milliseconds a step of each. Every way trains the same bits.
         copy_engines: on a GPU, move the host tables' rows read ahead and written back by CPU threads in stream order
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
             step the rows read ahead where they are, writing the table only (True, the default). False: UVA row
@@ -101,7 +106,8 @@ class TrainPipeline:
 
     def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
                  device=None, sparse_inputs: Optional[Callable[[Any], list]] = None, step_host_tables: bool = True,
-                 max_sms: Union[int, str, None] = "auto", prefetch: bool = True, copy_engines: bool = True):
+                 max_sms: Union[int, str, None] = "auto", prefetch: Union[bool, str] = True,
+                 copy_engines: bool = True):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -117,7 +123,11 @@ class TrainPipeline:
         stepped = {id(m) for m in host_embeddings_stepped_by(self.optimizers)}
         self._tables_to_step = [t for t in _tables_of(self.host_modules) if id(t) not in stepped]
         self.max_sms = _resolved_max_sms(max_sms, self.device, _tables_of(self.host_modules))
+        if prefetch not in (True, False, "auto"):
+            raise ValueError(f"TrainPipeline: prefetch must be True, False or 'auto', got {prefetch!r}")
         self.prefetch = prefetch
+        self.prefetch_trial: Optional[dict] = None  # "auto": {"with": ms a step, "without": ms a step} once decided
+        self._trial = _PrefetchTrial() if prefetch == "auto" else None
         if not isinstance(copy_engines, bool):
             raise ValueError(f"TrainPipeline: copy_engines must be True or False, got {copy_engines!r}")
         self.copy_engines = copy_engines
@@ -155,6 +165,8 @@ class TrainPipeline:
                 self._gather_thread.shutdown(wait=True)
                 self._gather_thread = None
             raise StopIteration
+        if self._trial is not None:
+            self._trial_step()
         batch = self._take()
         output = self.model(batch)
         loss = output[0] if isinstance(output, (tuple, list)) else output
@@ -164,7 +176,8 @@ class TrainPipeline:
         # hold the backward's launch: on the calling thread it left the GPU idle 2-2.6 ms a DLRM step (bench/
         # RESULTS.md, fourteenth session). It runs on a thread of its own while this one queues the backward (which
         # touches neither the tables nor the prefetch slots when every table updates at step()); else after it.
-        gathering = self.prefetch and self.sparse_inputs is not None and bool(self._staged)
+        prefetching = self.prefetch if self._trial is None else self._trial.prefetches(self.steps)
+        gathering = prefetching and self.sparse_inputs is not None and bool(self._staged)
         beside, inputs = None, None
         # Not while a profiler records: it sees this thread's operators and ranges only, and a trace must name the
         # phase of every kernel (bench/dlrm.py --phases); the prefetch then follows the backward.
@@ -233,6 +246,18 @@ class TrainPipeline:
             options["stream_ordered_staging"] = 1
         return transfer_config_override(**options) if options else contextlib.nullcontext()
 
+    def _trial_step(self) -> None:
+        """prefetch="auto": at each block's edge, waits for the device and times the block; after the last, keeps the
+        faster way."""
+        if not self._trial.at_edge(self.steps):
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if self._trial.record(self.steps, time.perf_counter()):
+            self.prefetch = _agreed(self._trial.choice(), self.device)
+            self.prefetch_trial = self._trial.summary()
+            self._trial = None
+
     def _inputs_beside_backward(self, staged: "_Staged") -> Optional[list]:
         """``sparse_inputs`` of ``staged``'s batch when every module in it is one the model holds and may prefetch
         beside the backward (a module it does not hold was not vetted: it prefetches after the backward); None
@@ -275,6 +300,36 @@ class TrainPipeline:
                 module.drop_prefetch()
 
 
+class _PrefetchTrial:
+    """prefetch="auto"'s schedule: WARMUP steps with prefetch, then ROUNDS rounds of a block of BLOCK steps with it
+    and one without; each block's wall time; the way kept: with prefetch unless without it was MARGIN faster."""
+    WARMUP, BLOCK, ROUNDS, MARGIN = 3, 5, 2, 0.97
+
+    def __init__(self):
+        self.times: dict[bool, list[float]] = {True: [], False: []}
+        self._started: Optional[float] = None
+
+    def prefetches(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) starts the next batch's prefetch."""
+        return step < self.WARMUP or (step - self.WARMUP) // self.BLOCK % 2 == 0
+
+    def at_edge(self, step: int) -> bool:
+        return step >= self.WARMUP and (step - self.WARMUP) % self.BLOCK == 0
+
+    def record(self, step: int, now: float) -> bool:
+        """At the edge before step ``step``: closes the block that ended there; True when the trial is over."""
+        if self._started is not None:
+            self.times[self.prefetches(step - 1)].append((now - self._started) / self.BLOCK)
+        self._started = now
+        return len(self.times[False]) == self.ROUNDS
+
+    def choice(self) -> bool:
+        return not statistics.median(self.times[False]) < self.MARGIN * statistics.median(self.times[True])
+
+    def summary(self) -> dict:
+        return {"with": statistics.median(self.times[True]) * 1e3, "without": statistics.median(self.times[False]) * 1e3}
+
+
 @dataclasses.dataclass
 class _Staged:
     batch: Any
@@ -285,6 +340,17 @@ def host_modules(model: torch.nn.Module) -> list:
     """The host-table modules ``model`` holds (HostEmbedding, its subclasses, HostEmbeddingBagCollection), in
     ``modules()`` order."""
     return [m for m in model.modules() if isinstance(m, (HostEmbedding, HostEmbeddingBagCollection))]
+
+
+def _agreed(prefetch: bool, device: torch.device) -> bool:
+    """A trial's choice, the same on every rank of the default process group when there is one (a distributed
+    table's prefetch exchanges ids: every rank must prefetch, or none): with prefetch only where all chose it."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return prefetch
+    on = device if "nccl" in str(torch.distributed.get_backend()) else torch.device("cpu")
+    flag = torch.tensor([int(prefetch)], device=on)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def _thread_settings() -> tuple[dict, bool]:

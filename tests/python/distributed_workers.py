@@ -385,10 +385,12 @@ def scenario_pipeline(rank, cfg):
                 opt.step()
                 opt.zero_grad()
         else:
-            pipeline = TrainPipeline(ddp, opt, batches, device=DEVICE, sparse_inputs=lambda b: [(model.emb, b[0])])
+            pipeline = TrainPipeline(ddp, opt, batches, device=DEVICE, sparse_inputs=lambda b: [(model.emb, b[0])],
+                                     prefetch=cfg.get("prefetch", True))
             assert pipeline.host_modules == [model.emb]
             steps = sum(1 for _ in pipeline)
             assert steps == len(batches)
+            out["prefetch"] = pipeline.prefetch  # "auto": the way every rank kept
         out[way] = blocks(model.emb)
         out[way]["dense"] = {k: v.cpu().clone() for k, v in model.dense.state_dict().items()}
     return out
