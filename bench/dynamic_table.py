@@ -304,7 +304,15 @@ def training_section(args, generator) -> None:
         ways["fixed, TrainPipeline, UVA row kernels (copy_engines=False)"] = PipelinedLoop(
             model(False), fixed_batches, device, copy_engines=False)
         ways["fixed, TrainPipeline, no prefetch"] = PipelinedLoop(model(False), fixed_batches, device, prefetch=False)
+        ways["fixed, TrainPipeline, prefetch='auto'"] = PipelinedLoop(model(False), fixed_batches, device,
+                                                                     prefetch="auto")
+    auto = ways.get("fixed, TrainPipeline, prefetch='auto'")
+    while auto is not None and auto.pipeline.prefetch == "auto":  # its trial first, untimed
+        auto.step()
     ms = time_in_turns(ways, args.warmup, args.rounds, args.turn, device)
+    if auto is not None:
+        print(f"prefetch='auto' kept prefetch={auto.pipeline.prefetch} after its trial "
+              f"({auto.pipeline.prefetch_trial}; ms a step with and without)")
     print(f"Training on {device} ({torch.get_num_threads()} threads): the recommender step, batch {batch:,} raw user "
           f"ids (power law over {rows:,} known, 10% new), dim {args.dim}, {args.optimizer}, {args.items:,} items "
           f"(Adam); "
