@@ -182,8 +182,10 @@ class TrainPipeline:
         # Not while a profiler records: it sees this thread's operators and ranges only, and a trace must name the
         # phase of every kernel (bench/dlrm.py --phases); the prefetch then follows the backward.
         if gathering and self._gathers_beside_backward and not torch.autograd._profiler_enabled():
-            inputs = self._inputs_beside_backward(self._staged[0])
-            if inputs is not None:  # with this thread's speedtorch settings (its blocks are its own)
+            inputs = self._sparse_inputs_of(self._staged[0])
+            if inputs is not None and all(id(module) in self._vetted for module, _ in inputs):
+                # With this thread's speedtorch settings (its blocks are its own). A module the model does not hold
+                # was not vetted: it prefetches after the backward.
                 beside = self._gather_executor().submit(_with_settings, _thread_settings(), self._start_gathers,
                                                         self._staged[0], inputs)
         try:
@@ -258,15 +260,13 @@ class TrainPipeline:
             self.prefetch_trial = self._trial.summary()
             self._trial = None
 
-    def _inputs_beside_backward(self, staged: "_Staged") -> Optional[list]:
-        """``sparse_inputs`` of ``staged``'s batch when every module in it is one the model holds and may prefetch
-        beside the backward (a module it does not hold was not vetted: it prefetches after the backward); None
-        otherwise, also when ``sparse_inputs`` raises (the prefetch after the backward meets the error)."""
+    def _sparse_inputs_of(self, staged: "_Staged") -> Optional[list]:
+        """``sparse_inputs`` of ``staged``'s batch, as a list; None when it raises (the prefetch after the backward
+        meets the error again and handles it)."""
         try:
-            inputs = list(self.sparse_inputs(staged.batch))
-        except Exception:  # noqa: BLE001 (raised again, and handled, by _start_gathers after the backward)
+            return list(self.sparse_inputs(staged.batch))
+        except Exception:  # noqa: BLE001
             return None
-        return inputs if all(id(module) in self._vetted for module, _ in inputs) else None
 
     def _gather_executor(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._gather_thread is None:

@@ -5,6 +5,7 @@ with admission and eviction, on the CPU exactly (slots, admissions, evictions, c
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import io
 import pickle
@@ -593,6 +594,26 @@ def test_ids_without_a_row_get_a_zero_row_and_no_slot_in_the_gradient(prefetch):
     torch.testing.assert_close(grad._values(), torch.full((1, 3), 2.0))
 
 
+@contextlib.contextmanager
+def no_synchronising_call(device: str):
+    """On a GPU: a synchronising torch call inside raises (torch.cuda.set_sync_debug_mode("error"))."""
+    if device != "cuda":
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def assert_gpu_matches_cpu(cpu, gpu):
+    """(outputs, rows, index state) of the same run on the CPU and on a GPU: the same within float32 rounding."""
+    torch.testing.assert_close(gpu[0], cpu[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gpu[1], cpu[1], rtol=1e-5, atol=1e-6)
+    assert torch.equal(gpu[2], cpu[2])
+
+
 @pytest.mark.gpu
 def test_a_prefetched_forward_on_the_gpu_does_not_wait_for_it():
     # The forward of a prefetched batch (admission, the new rows' write, their merge with the rows read ahead) queues
@@ -609,21 +630,13 @@ def test_a_prefetched_forward_on_the_gpu_does_not_wait_for_it():
             ids = batches[t].to(device)
             module.prefetch(ids)
             module.step()
-            if device == "cuda":
-                torch.cuda.set_sync_debug_mode("error")
-            try:
+            with no_synchronising_call(device):
                 out = module(ids)
-            finally:
-                if device == "cuda":
-                    torch.cuda.set_sync_debug_mode("default")
             out.square().sum().backward()
             outputs.append(out.detach().cpu())
         module.step()
         results.append((torch.cat(outputs), module.table.table().cpu(), module.index.state()))
-    (cpu_out, cpu_rows, cpu_index), (gpu_out, gpu_rows, gpu_index) = results
-    torch.testing.assert_close(gpu_out, cpu_out, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(gpu_rows, cpu_rows, rtol=1e-5, atol=1e-6)
-    assert torch.equal(gpu_index, cpu_index)
+    assert_gpu_matches_cpu(*results)
 
 
 @pytest.mark.gpu
@@ -643,23 +656,14 @@ def test_a_lookup_of_cpu_ids_on_the_gpu_does_not_wait_for_it(training):
         module.train(training)
         outputs = []
         for ids in batches[1:]:
-            if device == "cuda":
-                torch.cuda.set_sync_debug_mode("error")
-            try:
-                with torch.set_grad_enabled(training):
-                    out = module(ids)
-            finally:
-                if device == "cuda":
-                    torch.cuda.set_sync_debug_mode("default")
+            with no_synchronising_call(device), torch.set_grad_enabled(training):
+                out = module(ids)
             if training:
                 out.square().sum().backward()
                 module.step()
             outputs.append(out.detach().cpu())
         results.append((torch.cat(outputs), module.table.table().cpu(), module.index.state()))
-    (cpu_out, cpu_rows, cpu_index), (gpu_out, gpu_rows, gpu_index) = results
-    torch.testing.assert_close(gpu_out, cpu_out, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(gpu_rows, cpu_rows, rtol=1e-5, atol=1e-6)
-    assert torch.equal(gpu_index, cpu_index)
+    assert_gpu_matches_cpu(*results)
 
 
 def test_prefetch_during_gradient_accumulation_evicts_no_row_with_a_pending_gradient():

@@ -555,13 +555,7 @@ def _fill_uniform_tables(module: HostEmbedding, stacked: list, seed: Optional[in
     if whole:
         module.table.uniform_(-1.0, 1.0, seed)
     weight = module.weight.detach()
-    generator = None
-    if not whole:
-        generator = torch.Generator(weight.device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
+    generator = None if whole or seed is None else torch.Generator(weight.device).manual_seed(seed)
     for config, offset in ranged:
         rows = weight[offset:offset + config.num_embeddings]
         if whole:
