@@ -13,7 +13,8 @@ Training section (on the GPU if there is one, else the CPU with small sizes): be
 new, admitted as they come) against the same step over a fixed-range HostEmbedding given the slots the growing table
 assigns (the same rows), each as the plain loop and through speedtorch.TrainPipeline (batch t+1's ids mapped and its
 rows read while step t computes): four ways trained in turns in one process, ratios dynamic / fixed for each loop
-(target <= 1.15x).
+(target <= 1.15x). With --trace-steps N, each way is then profiled for N steps: per stream busy and idle time, the
+host's waits and the operators they wait in (bench/trace_summary.py), and the host operators that took most of a step.
 
 Memory section (--memory, runs anywhere): an IdIndex filled with --keys raw ids (10M by default; capacity = keys),
 its resident bytes per key (RSS growth, and the index's own count of its allocations) beside the issue's target of
@@ -28,7 +29,7 @@ table's rows and state as laid out, and 16 bytes a key; target: RSS <= 1.15x) an
     python bench/dynamic_table.py [--rows 1000000] [--batch 65536] [--dim 64] [--reps 10] [--cpu-only]
                                   [--threads N] [--sections mapping,lookup,training]
     python bench/dynamic_table.py --sections training [--train-device cpu] [--train-rows N] [--train-batch N]
-                                  [--train-capacity grow|full] [--rounds 7] [--turn 8]
+                                  [--train-capacity grow|full] [--rounds 7] [--turn 8] [--trace-steps 3]
     python bench/dynamic_table.py --memory [--keys 10000000] [--policy lru]
     python bench/dynamic_table.py --billion [--keys 1000000000] [--steps 300]
 """
@@ -45,12 +46,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import speedtorch  # noqa: E402
 from speedtorch.cli.benchmarking import format_table, median_seconds, positive_int  # noqa: E402
 from speedtorch.nn.dynamic_embedding import IdIndex  # noqa: E402
 from speedtorch.nn import HostEmbedding  # noqa: E402
 from speedtorch.pipeline import move_batch  # noqa: E402
+from trace_summary import format_summary, profile_trace, summarize_trace  # noqa: E402 (bench/trace_summary.py)
 
 HKV_HOST_TIER_VALUES_PER_S = (0.069e9, 0.12e9)  # A100-80GB, 256-byte values, keys in HBM, values in HBM + host
 
@@ -205,12 +208,15 @@ class PlainLoop:
     """The loop a user writes (TrainPipeline's docstring): batch to the device, forward, backward, the tables'
     steps. One call of step() per batch of ``batches``, in order."""
 
-    def __init__(self, model: RawUserRecommender, batches: list, device: torch.device):
-        self.model, self.device = model, device
+    def __init__(self, model: RawUserRecommender, batches: list, device: torch.device, host_ids: bool = False):
+        self.model, self.device, self.host_ids = model, device, host_ids
         self._batches = iter(batches)
 
     def step(self):
-        batch = move_batch(next(self._batches), self.device, non_blocking=True)
+        batch = next(self._batches)
+        # host_ids: the user ids stay on the host, where a growing table maps them (no copy back from the GPU)
+        batch = (batch[0],) + move_batch(batch[1:], self.device, non_blocking=True) if self.host_ids else \
+            move_batch(batch, self.device, non_blocking=True)
         loss = self.model(batch)
         loss.backward()
         self.model.users.step()
@@ -301,6 +307,8 @@ def training_section(args, generator) -> None:
         "dynamic, TrainPipeline": PipelinedLoop(model(True), raw_batches, device),
     }
     if device.type == "cuda":  # what the pipeline's parts cost on the fixed table: its UVA way, and no prefetch
+        ways["dynamic, plain loop, user ids left on the host"] = PlainLoop(model(True), raw_batches, device,
+                                                                           host_ids=True)
         ways["fixed, TrainPipeline, UVA row kernels (copy_engines=False)"] = PipelinedLoop(
             model(False), fixed_batches, device, copy_engines=False)
         ways["fixed, TrainPipeline, no prefetch"] = PipelinedLoop(model(False), fixed_batches, device, prefetch=False)
@@ -328,6 +336,26 @@ def training_section(args, generator) -> None:
     print(f"dynamic / fixed: plain loop {plain:.3f}x, TrainPipeline {piped:.3f}x (target <= 1.15x); TrainPipeline / "
           f"plain: fixed {ms['fixed, TrainPipeline'] / ms['fixed, plain loop']:.3f}, dynamic "
           f"{ms['dynamic, TrainPipeline'] / ms['dynamic, plain loop']:.3f}\n")
+    if args.trace_steps:
+        for label, way in ways.items():
+            trace_way(label, way, args.trace_steps, device)
+
+
+def trace_way(label: str, way, steps: int, device: torch.device) -> None:
+    """Profiles ``steps`` steps of ``way`` and prints, per step, the GPU's streams and the host's waits (on a GPU),
+    and the host operators with the most time (inclusive; top-level ones first among equals): where a step goes."""
+    events, wall_ms = profile_trace(lambda n: [way.step() for _ in range(n)], steps)
+    if device.type == "cuda":
+        print(format_summary(label, summarize_trace(events, steps)))
+    spent: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") and "dur" in e:
+            name = e["name"]
+            spent[name] = spent.get(name, 0.0) + float(e["dur"])
+    top = sorted(((us / 1e3 / steps, name) for name, us in spent.items() if name != "speedtorch.phase: steps"),
+                 reverse=True)[:12]
+    print(f"  host [{label}]: {wall_ms:.2f} ms a step under the profiler; operators (ms a step, inclusive): " +
+          ", ".join(f"{name} {ms:.2f}" for ms, name in top), flush=True)
 
 
 def resident_bytes() -> int:
@@ -469,6 +497,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=positive_int, default=5, help="training: untimed steps of each way first")
     parser.add_argument("--rounds", type=positive_int, default=7, help="training: turns of each way")
     parser.add_argument("--turn", type=positive_int, default=8, help="training: steps in a row a turn")
+    parser.add_argument("--trace-steps", type=int, default=0,
+                        help="training: then profile each way for this many steps and print where a step goes")
     parser.add_argument("--memory", action="store_true", help="only the memory section: bytes a key of --keys ids")
     parser.add_argument("--billion", action="store_true",
                         help="only the billion section: build and train a table of --keys (default 1e9) ids")

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import torch
 
 from .._library import PinnedEmbedding
+from .._phases import phase
 from ..data import load_npy, save_npy
 from ..ops import deferred_index_checks, transfers_without_the_host, unique_indices
 from ._prefetched_rows import PrefetchedRows
@@ -201,9 +202,11 @@ class DynamicHostEmbedding(HostEmbedding):
         pending, self._prefetched = self._prefetched, None  # a prefetch is for the next forward only
         if pending is not None and pending.key is input and (pending.mapping is not None or not self.training):
             return self._take_prefetched(pending)
-        host_ids = torch.as_tensor(input).to("cpu", torch.int64)  # CUDA ids: a synchronising copy
-        slots = self._assign(host_ids) if self.training else self.index.find(host_ids)
-        unique, inverse, self._missing = _distinct(slots, self.device)
+        with phase("ids"):  # the raw ids mapped to slots (a trace's "ids" phase)
+            host_ids = torch.as_tensor(input).to("cpu", torch.int64)  # CUDA ids: a synchronising copy
+            slots = self._assign(host_ids) if self.training else self.index.find(host_ids)
+        with phase("dedup"):
+            unique, inverse, self._missing = _distinct(slots, self.device)
         self._wait_for_writes()
         with self._without_host_waits():
             return unique, inverse, self.table.gather(unique, self.device)
@@ -252,14 +255,15 @@ class DynamicHostEmbedding(HostEmbedding):
         mapping, no pass over the batch on the host); on a GPU nothing in either waits for the GPU but the copy of
         CUDA ids to the host here (on the current stream: TrainPipeline's waits only for the batch's copy)."""
         self._prefetched = None
-        host_ids = torch.as_tensor(next_input).to("cpu", torch.int64)  # CUDA ids: a synchronising copy
-        mapping = None
-        if self.training:
-            self.index.advance_step()  # the batch's own step, as its forward in the plain loop would open
-            slots = self.index.touch(host_ids)
-            mapping = (host_ids, slots)
-        else:
-            slots = self.index.find(host_ids)
+        with phase("ids"):
+            host_ids = torch.as_tensor(next_input).to("cpu", torch.int64)  # CUDA ids: a synchronising copy
+            mapping = None
+            if self.training:
+                self.index.advance_step()  # the batch's own step, as its forward in the plain loop would open
+                slots = self.index.touch(host_ids)
+                mapping = (host_ids, slots)
+            else:
+                slots = self.index.find(host_ids)
         pending = self._read_ahead(next_input, slots)
         pending.mapping = mapping
         self._prefetched = pending
@@ -269,7 +273,8 @@ class DynamicHostEmbedding(HostEmbedding):
         module's last write: on a GPU on the gather stream, which waits for the current stream's work so far and
         that write, nothing else. The distinct slots are found on the host (:func:`_distinct`: the host waits for
         nothing on the GPU)."""
-        unique, inverse, missing = _distinct(slots, self.device)
+        with phase("dedup"):
+            unique, inverse, missing = _distinct(slots, self.device)
         if self.device.type != "cuda":
             state = torch.ops.speedtorch.gather(self.table.state(), unique, None) if self._updates_ahead() else None
             pending = PrefetchedRows(key, unique, inverse, self.table.gather(unique, self.device), None, state)
@@ -301,8 +306,9 @@ class DynamicHostEmbedding(HostEmbedding):
         if pending.mapping is None or not self.training:
             return unique, inverse, rows
         host_ids, touched = pending.mapping
-        slots, admitted, evicted_keys, evicted_slots = self.index.admit(host_ids, touched, self._pending_step)
-        new_rows = self._admitted(slots, admitted, evicted_keys, evicted_slots)
+        with phase("ids"):
+            slots, admitted, evicted_keys, evicted_slots = self.index.admit(host_ids, touched, self._pending_step)
+            new_rows = self._admitted(slots, admitted, evicted_keys, evicted_slots)
         if new_rows is None:
             return unique, inverse, rows
         # The admitted slots were -1 (no row) when the rows were read ahead; none of them is among the slots read
