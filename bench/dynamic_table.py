@@ -268,7 +268,7 @@ def training_section(args, generator) -> None:
     cuda = device.type == "cuda"
     rows = args.train_rows or (1_000_000 if cuda else 100_000)
     batch = args.train_batch or (65_536 if cuda else 4_096)
-    steps = args.warmup + args.rounds * args.turn + 2  # + the two batches a pipeline stages ahead
+    steps = args.warmup + args.rounds * args.turn + args.trace_steps + 2  # + the two a pipeline stages ahead
     new_ids = int(batch * 0.1 * steps * 1.2) + 64
     capacity = rows + new_ids if args.train_capacity == "grow" else rows  # "full": each new id evicts a row
     keys = raw_keys(rows, generator)
@@ -312,7 +312,8 @@ def training_section(args, generator) -> None:
         ways["fixed, TrainPipeline, UVA row kernels (copy_engines=False)"] = PipelinedLoop(
             model(False), fixed_batches, device, copy_engines=False)
         ways["fixed, TrainPipeline, no prefetch"] = PipelinedLoop(model(False), fixed_batches, device, prefetch=False)
-        ways["fixed, TrainPipeline, prefetch='auto'"] = PipelinedLoop(model(False), fixed_batches, device,
+        # Its trial takes 23 steps first: the fixed batches twice over (a fixed table may see a batch again).
+        ways["fixed, TrainPipeline, prefetch='auto'"] = PipelinedLoop(model(False), fixed_batches * 2, device,
                                                                      prefetch="auto")
     auto = ways.get("fixed, TrainPipeline, prefetch='auto'")
     while auto is not None and auto.pipeline.prefetch == "auto":  # its trial first, untimed
