@@ -380,13 +380,17 @@ def _wait_for(future: concurrent.futures.Future) -> None:
 
 
 def _prefetch_is_local(modules: list) -> bool:
-    """Whether every host module's prefetch may run beside the backward on another thread: plain HostEmbeddings and
-    collections of them, each updated at step() (a table updated in backward changes the rows a prefetch reads and
-    its prefetch slot; a subclass's prefetch may exchange ids with other ranks, or change an index a backward
-    reads)."""
+    """Whether every host module's prefetch may run beside the backward on another thread: plain HostEmbeddings,
+    tables that grow and collections of them, each updated at step() (a table updated in backward changes the rows a
+    prefetch reads and its prefetch slot; another subclass's prefetch may exchange ids with other ranks). A growing
+    table's prefetch maps the ids in its IdIndex (which locks itself; its backward does not read the index, and its
+    forward, which admits and evicts, is over before the backward starts)."""
+    from .nn.dynamic_embedding import DynamicHostEmbedding
+
+    local = (HostEmbedding, DynamicHostEmbedding)
     tables = _tables_of(modules)
-    return bool(tables) and all(type(m) in (HostEmbedding, HostEmbeddingBagCollection) for m in modules) and \
-        all(type(t) is HostEmbedding and t.update == "step" for t in tables)
+    return bool(tables) and all(type(m) in local + (HostEmbeddingBagCollection,) for m in modules) and \
+        all(type(t) in local and t.update == "step" for t in tables)
 
 
 def _tables_of(modules: list) -> list:
