@@ -10,9 +10,12 @@ Sections (each prints its figures and ratios; ``--json`` writes them all):
    <= 20 us on the H100); and a decode step's whole Engram lookup (hash + gather + dequantize) of 64 sequences' newest
    token, 16 rows each.
 3. training: the small GPT of speedtorch/models/engram_gpt.py on the standard library's bytes, its Engram tables in
-   pinned host RAM (prefetched, asynchronous updates) against the same tables in GPU memory (the same code, the same
-   batches): ms per step and the ratio (target <= 1.02), and host RAM without prefetch. ``--max-sms N`` bounds the
-   prefetch's gather to N SMs (the transfer option ``max_sms``), so the backward it runs beside keeps the rest.
+   pinned host RAM (prefetched beside the backward, its host work on a thread of its own; asynchronous updates)
+   against the same tables in GPU memory (the same code, the same batches): ms per step and the ratio (target <=
+   1.02), and host RAM without prefetch. ``--max-sms N`` bounds the prefetch's gather to N SMs (the transfer option
+   ``max_sms``), so the backward it runs beside keeps the rest. ``--trace-steps N`` then traces N more steps of each
+   way for a per-stream summary (0: none); under the profiler the prefetch runs on the calling thread, before the
+   backward, so the traced steps are not in the timed ones' order.
 4. scale: one Engram table of ``--big-rows`` rows (300M) of bf16 trained in the GPT on one GPU: ms per step, and the
    process's resident memory against the table's raw bytes (rows + optimizer state).
 

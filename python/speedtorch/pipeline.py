@@ -39,19 +39,18 @@ copies still overlap). The input must be the very object forward passes to the m
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
 import statistics
 import time
-import weakref
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
 from ._phases import phase
+from ._prefetch_thread import PrefetchThread
 from .nn import HostEmbedding, HostEmbeddingBagCollection
-from .ops import deferred_index_checks, transfer_config, transfer_config_override
+from .ops import transfer_config_override
 from .optim import host_embeddings_stepped_by
 
 __all__ = ["TrainPipeline", "move_batch"]
@@ -143,11 +142,10 @@ class TrainPipeline:
         # behind the model's.
         self._gather_gate = torch.cuda.Stream(self.device, priority=-1) if cuda else None
         # Plain host tables updated at step(): the next batch's prefetch runs on a thread of its own while this
-        # thread queues the backward (made at first use).
-        on_device = cuda or TrainPipeline._beside_backward_on_cpu
-        self._gathers_beside_backward = on_device and _prefetch_is_local(self.host_modules)
+        # thread queues the backward.
+        self._prefetch_thread = PrefetchThread(self.device, on_cpu=TrainPipeline._beside_backward_on_cpu)
+        self._gathers_beside_backward = self._prefetch_thread.on_device and _prefetch_is_local(self.host_modules)
         self._vetted = {id(m) for m in self.host_modules}
-        self._gather_thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
     def __iter__(self):
         while True:
@@ -161,9 +159,7 @@ class TrainPipeline:
         batches are done."""
         self._stage(2)  # this batch and the next: copied, or being copied
         if not self._staged:
-            if self._gather_thread is not None:  # idle: no thread left behind (a fork after the loop copies none)
-                self._gather_thread.shutdown(wait=True)
-                self._gather_thread = None
+            self._prefetch_thread.shutdown()
             raise StopIteration
         if self._trial is not None:
             self._trial_step()
@@ -179,20 +175,17 @@ class TrainPipeline:
         prefetching = self.prefetch if self._trial is None else self._trial.prefetches(self.steps)
         gathering = prefetching and self.sparse_inputs is not None and bool(self._staged)
         beside, inputs = None, None
-        # Not while a profiler records: it sees this thread's operators and ranges only, and a trace must name the
-        # phase of every kernel (bench/dlrm.py --phases); the prefetch then follows the backward.
-        if gathering and self._gathers_beside_backward and not torch.autograd._profiler_enabled():
+        # Not while a profiler records (PrefetchThread.may_run_beside): the prefetch then follows the backward.
+        if gathering and self._gathers_beside_backward and self._prefetch_thread.may_run_beside():
             inputs = self._sparse_inputs_of(self._staged[0])
             if inputs is not None and all(id(module) in self._vetted for module, _ in inputs):
-                # With this thread's speedtorch settings (its blocks are its own). A module the model does not hold
-                # was not vetted: it prefetches after the backward.
-                beside = self._gather_executor().submit(_with_settings, _thread_settings(), self._start_gathers,
-                                                        self._staged[0], inputs)
+                # A module the model does not hold was not vetted: it prefetches after the backward.
+                beside = self._prefetch_thread.submit(self._start_gathers, self._staged[0], inputs)
         try:
             loss.backward()
         finally:  # a backward that raises (or a Ctrl-C) leaves no prefetch running behind the caller's back
             if beside is not None:
-                _wait_for(beside)
+                self._prefetch_thread.wait(beside)
         if gathering and beside is None:
             self._start_gathers(self._staged[0], inputs)
         if self.step_host_tables:
@@ -268,17 +261,6 @@ class TrainPipeline:
         except Exception:  # noqa: BLE001
             return None
 
-    def _gather_executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._gather_thread is None:
-            # The thread's current GPU is this loop's ("cuda" without an index: the current one here).
-            index = None if self.device.type != "cuda" else \
-                self.device.index if self.device.index is not None else torch.cuda.current_device()
-            self._gather_thread = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="speedtorch-prefetch",
-                initializer=(lambda: torch.cuda.set_device(index)) if index is not None else None)
-            weakref.finalize(self, self._gather_thread.shutdown, wait=False)
-        return self._gather_thread
-
     def _start_gathers(self, staged: "_Staged", inputs: Optional[list] = None) -> None:
         """Starts gathering ``staged``'s rows: each host module's prefetch, called on the gate stream, which has waited
         for the batch's copy only (each module's gather waits for its table's last write itself), so neither the ids'
@@ -351,32 +333,6 @@ def _agreed(prefetch: bool, device: torch.device) -> bool:
     flag = torch.tensor([int(prefetch)], device=on)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
     return bool(flag.item())
-
-
-def _thread_settings() -> tuple[dict, bool]:
-    """The calling thread's speedtorch settings: its transfer settings and deferred-check mode in force."""
-    return transfer_config(), bool(torch.ops.speedtorch.deferred_index_checks())
-
-
-def _with_settings(settings: tuple[dict, bool], fn: Callable, *args) -> None:
-    """``fn(*args)`` under ``settings`` (another thread's :func:`_thread_settings`)."""
-    config, deferred = settings
-    with transfer_config_override(**config), deferred_index_checks(deferred):
-        fn(*args)
-
-
-def _wait_for(future: concurrent.futures.Future) -> None:
-    """Waits for ``future`` to finish, a Ctrl-C included (the prefetch must not run on behind the caller's back),
-    then raises the first KeyboardInterrupt, or what the work raised."""
-    interrupted = None
-    while not future.done():
-        try:
-            concurrent.futures.wait([future])
-        except KeyboardInterrupt as e:
-            interrupted = interrupted or e
-    if interrupted is not None:
-        raise interrupted
-    future.result()
 
 
 def _prefetch_is_local(modules: list) -> bool:

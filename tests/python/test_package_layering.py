@@ -13,9 +13,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "python" / "speedtorch"
 # Lowest first. A name stands for the module or the package of that name and everything in it.
 LAYERS = [
     ["speedtorch._library"],  # loads the compiled library; PinnedEmbedding
-    ["speedtorch._fake", "speedtorch._interrupt", "speedtorch._phases", "speedtorch.ops", "speedtorch.counters",
-     "speedtorch.ngram", "speedtorch.sparse_features", "speedtorch.contiguous", "speedtorch.jit_save",
-     "speedtorch.pinned_embedding_api"],
+    ["speedtorch._fake", "speedtorch._interrupt", "speedtorch._phases", "speedtorch._prefetch_thread", "speedtorch.ops",
+     "speedtorch.counters", "speedtorch.ngram", "speedtorch.sparse_features", "speedtorch.contiguous",
+     "speedtorch.jit_save", "speedtorch.pinned_embedding_api"],
     ["speedtorch.data"],
     ["speedtorch.serving"],
     ["speedtorch.nn"],

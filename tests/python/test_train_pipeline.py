@@ -436,11 +436,11 @@ def test_the_prefetch_thread_runs_under_the_callers_settings_and_only_for_module
     pipeline.sparse_inputs = lambda batch: inner(batch) + [(stranger, torch.tensor([1, 2]))]
     pipeline.progress()
     assert not seen[-1][0].startswith("speedtorch-prefetch") and not seen[-2][0].startswith("speedtorch-prefetch")
-    assert pipeline._gather_thread is not None
+    assert pipeline._prefetch_thread.started
     pipeline.progress()  # the third and last batch
     with pytest.raises(StopIteration):
         pipeline.progress()
-    assert pipeline._gather_thread is None  # shut down at the end of the batches
+    assert not pipeline._prefetch_thread.started  # shut down at the end of the batches
 
 
 def test_under_a_profiler_the_prefetch_runs_on_the_calling_thread(monkeypatch):

@@ -9,12 +9,14 @@ and ``tests/python/test_engram_gpt.py`` (the loss falls, on the CPU, in seconds)
   one table in pinned host RAM or, ``placement="gpu"``, in GPU memory), projected to a value and gated by its
   agreement with the hidden state (the paper's context-aware gate: ``sigmoid(rms(h) . rms(W_k e) / sqrt(d))``), added
   to the residual stream.
-- :class:`Trainer`: one step = forward, prefetch of the next batch's Engram rows on a side stream (it runs under the
-  backward), backward, the fused row-wise update of each table and AdamW on the dense weights.
+- :class:`Trainer`: one step = forward, backward, the fused row-wise update of each table and AdamW on the dense
+  weights; the next batch's Engram rows are prefetched beside the backward (their gather on a side stream, its host
+  work on a thread of its own while this thread queues the backward: the model is launch-bound).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import math
 import os
@@ -25,6 +27,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .._prefetch_thread import PrefetchThread
 from ..nn import NgramHashEmbedding
 
 __all__ = ["stdlib_corpus", "batches", "EngramConfig", "EngramGPT", "Trainer"]
@@ -166,7 +169,16 @@ class Trainer:
     """Trains an :class:`EngramGPT`: ``step(batch, next_batch=None) -> loss`` (a float tensor on the device).
 
     ``max_sms``: the SMs the prefetch's gather may take (``NgramHashEmbedding.prefetch``'s ``max_sms``; the rest are
-    left to the backward it runs beside); ``None``: no bound."""
+    left to the backward it runs beside); ``None``: no bound.
+
+    The prefetch's host work (hashing, counting the distinct ids, which waits for the GPU, queueing the gather) would
+    hold the backward's launch on this thread, and the model is launch-bound: on a GPU it runs on a thread of its own
+    (``speedtorch-prefetch``) while this one queues the backward, when every Engram table updates at ``step()`` (the
+    backward then touches neither the tables nor their prefetch slots) and no profiler records (it would see this
+    thread only); otherwise here, before the backward. The same bits either way. A prefetch that fails on that
+    thread is dropped: the next batch's own forward meets the error (as without prefetch)."""
+
+    _beside_backward_on_cpu = False  # tests: the GPU's prefetch thread on the CPU too
 
     def __init__(self, model: EngramGPT, lr: float = 3e-3, prefetch: bool = True, autocast: bool = False,
                  max_sms: Optional[int] = None):
@@ -177,25 +189,65 @@ class Trainer:
         self.max_sms = None if max_sms is None else int(max_sms)
         self.autocast = autocast  # the forward in bfloat16 autocast (on a GPU)
         self.dense = torch.optim.AdamW(model.dense_parameters(), lr=lr, weight_decay=0.0)
+        self._prefetch_thread = PrefetchThread(model.head.weight.device, on_cpu=Trainer._beside_backward_on_cpu)
+        self._gate: Optional[torch.cuda.Stream] = None  # where the thread's prefetch starts (made at first use)
 
     def step(self, batch, next_batch=None) -> torch.Tensor:
-        """One training step on ``batch`` = ``(inputs, targets, document_starts)``: forward, prefetch of
-        ``next_batch``'s Engram rows (if given), backward, the tables' fused update and AdamW. Returns the loss
+        """One training step on ``batch`` = ``(inputs, targets, document_starts)``: forward, backward with the prefetch
+        of ``next_batch``'s Engram rows (if given) beside it, the tables' fused update and AdamW. Returns the loss
         (detached)."""
         inputs, targets, starts = batch
         device = self.model.head.weight.device
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast):
             logits = self.model(inputs, starts)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), targets.to(device).reshape(-1))
+        memories = self.model.engram_modules()
+        beside = None
         if self.prefetch and next_batch is not None:  # read under the backward; rows this step updates re-read
-            for memory in self.model.engram_modules():
-                memory.prefetch(next_batch[0], next_batch[2], max_sms=self.max_sms)
-        loss.backward()
-        for memory in self.model.engram_modules():
+            if self._prefetch_thread.may_run_beside() and memories and all(m.rows.update == "step" for m in memories):
+                beside = self._prefetch_thread.submit(self._prefetch_beside, next_batch, self._gate_for(next_batch))
+            else:
+                self._prefetch(next_batch)
+        try:
+            loss.backward()
+        finally:  # a backward that raises (or a Ctrl-C) leaves no prefetch running behind the caller's back
+            if beside is not None:
+                self._prefetch_thread.wait(beside)
+        for memory in memories:
             memory.step()
         self.dense.step()
         self.dense.zero_grad(set_to_none=True)
+        if next_batch is None:  # the last batch: no thread left idle
+            self._prefetch_thread.shutdown()
         return loss.detach()
+
+    def _prefetch(self, next_batch) -> None:
+        for memory in self.model.engram_modules():
+            memory.prefetch(next_batch[0], next_batch[2], max_sms=self.max_sms)
+
+    def _prefetch_beside(self, next_batch, gate: Optional[torch.cuda.Stream]) -> None:
+        """:meth:`_prefetch` on the prefetch thread, from ``gate`` (see :meth:`_gate_for`)."""
+        try:
+            with torch.cuda.stream(gate) if gate is not None else contextlib.nullcontext():
+                self._prefetch(next_batch)
+        except Exception:  # noqa: BLE001 (raised again by that batch's own forward; this step still trains)
+            for memory in self.model.engram_modules():
+                memory.drop_prefetch()
+
+    def _gate_for(self, next_batch) -> Optional[torch.cuda.Stream]:
+        """On a GPU, the stream the thread's prefetch starts on: it has waited for this thread's work so far (what made
+        ``next_batch``'s tensors on the GPU, which are hashed there), not for the backward queued next. (The thread's
+        own current stream is its default one: not necessarily this thread's, and behind that backward.) Host tokens
+        are hashed on each table's side stream, which needs nothing of this one."""
+        if self._prefetch_thread.device.type != "cuda":
+            return None
+        if self._gate is None:  # high priority: its few kernels (a hash) run between the backward's
+            self._gate = torch.cuda.Stream(self._prefetch_thread.device, priority=-1)
+        self._gate.wait_stream(torch.cuda.current_stream(self._prefetch_thread.device))
+        for t in next_batch:
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                t.record_stream(self._gate)  # read there, freed on this thread's stream
+        return self._gate
 
 
 def main(argv: Optional[list] = None) -> int:

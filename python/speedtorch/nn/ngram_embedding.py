@@ -119,7 +119,7 @@ class NgramHashEmbedding(torch.nn.Module):
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and prefetched[0] is tokens and prefetched[1] is document_starts:
             ids, hashed = prefetched[2], prefetched[3]  # the very tensor the rows were prefetched for
-            if hashed is not None:  # hashed on the prefetch's stream
+            if hashed is not None:  # hashed on the prefetch's stream, which need not be this one
                 torch.cuda.current_stream(self.device).wait_event(hashed)
                 ids.record_stream(torch.cuda.current_stream(self.device))
         else:
@@ -133,6 +133,10 @@ class NgramHashEmbedding(torch.nn.Module):
                  max_sms: Optional[int] = None) -> None:
         """Starts reading the rows of the next batch (on a side stream on a GPU) while this step computes. Pass the
         same tensor objects to the next forward. Rows this step's update changes are read again at that forward.
+        Tokens on the GPU are hashed on the current stream, which must be ordered after what made them (on another
+        thread, whose current stream is its own default one, set one that waited for the caller's: the Engram GPT's
+        ``Trainer`` does); the table itself is not touched by a backward when it updates at ``step()``, so such a
+        prefetch may run while the caller queues the backward.
 
         ``max_sms``: bound the prefetch's gather to this many SMs (the transfer option ``max_sms``; 0: every SM), so
         it leaves the rest to the model's kernels running beside it; ``None`` leaves the setting as it is. Applied as
@@ -142,18 +146,27 @@ class NgramHashEmbedding(torch.nn.Module):
             raise ValueError(f"max_sms must be >= 0 (0: every SM) or None, got {max_sms}")
         bound = transfer_config_override(max_sms=int(max_sms)) if max_sms is not None else contextlib.nullcontext()
         # Host tokens need nothing the current stream is doing: hash them on the prefetch's own stream, so neither
-        # the hash nor the count of distinct ids waits for this step's forward (tokens on a GPU: that stream waits).
+        # the hash nor the count of distinct ids waits for this step's forward (tokens on a GPU: the current stream
+        # hashes them, after what made them).
         on_host = not any(t is not None and t.is_cuda for t in (next_tokens, next_document_starts))
-        stream = self.rows.side_stream() if on_host and self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        stream = self.rows.side_stream() if on_host and cuda else None
         hashed = None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             ids = self.row_ids(next_tokens, next_document_starts)
-            if stream is not None:
+            if cuda:
+                # The forward waits for the hash: its stream may be another one (the side stream, or the current
+                # stream of a prefetch made on another thread), and with placement="gpu" nothing else orders them.
                 hashed = torch.cuda.Event()
-                hashed.record(stream)
+                hashed.record(torch.cuda.current_stream(self.device))
             with bound:
                 self.rows.prefetch(ids)
         self._prefetched = (next_tokens, next_document_starts, ids, hashed)
+
+    def drop_prefetch(self) -> None:
+        """Forgets a prefetch the next forward will not use."""
+        self._prefetched = None
+        self.rows.drop_prefetch()
 
     @torch.no_grad()
     def step(self) -> None:
