@@ -10,7 +10,10 @@ Sections (``--sections``, comma-separated; the default: ``cpu,loop`` without a G
 - ``loop``: the collection's one lookup and one fused step for 26 tables against a loop over 26 HostEmbeddings.
 - ``gpu``: at a size every way fits (``--cap``, default 5M rows a table: 29.2M rows, 15 GB at dim 128), the tables in
   host RAM (pipelined and not), hybrid (a GPU row cache of ``--hot-fraction`` of the rows, pipelined), all on the GPU
-  (speedtorch's placement="gpu", and torch's nn.EmbeddingBag + sparse Adagrad); same model, same batches.
+  (speedtorch's placement="gpu", and torch's nn.EmbeddingBag + sparse Adagrad); same model, same batches. On a GPU
+  the host tables' pipelined way is TrainPipeline's default (the copy engines, CPU copy threads); the same model is
+  also timed with UVA row kernels (``copy_engines=False``), with ``--copy-threads`` counts, and under
+  ``prefetch='auto'`` (its trial run first, its choice printed).
   ``--phases``: each way's step cut into phases (ids, de-duplication, gather, pooling, interaction, MLPs, loss,
   backward, table update, dense optimizer, copies, other) from a trace of ``--trace-steps`` steps, with samples/s
   against MLPerf's per-GPU rate and the largest phase (bench/trace_summary.py's summarize_phases; on the CPU too).
@@ -99,7 +102,8 @@ def dense_params(model):
     return [p for name, p in model.named_parameters() if "embeddings" not in name]
 
 
-COPY_ENGINES = "host RAM, pipelined, copy engines (copy_engines=True)"
+UVA = "host RAM, pipelined, UVA row kernels (copy_engines=False)"
+AUTO = "host RAM, pipelined, prefetch='auto' (its choice after its trial)"
 COPY_COUNTERS = ("stream_ordered_gather_microseconds", "stream_ordered_scatter_microseconds", "staged_gather_bytes",
                  "staged_scatter_bytes")
 
@@ -364,11 +368,18 @@ def section_gpu(args, device) -> dict:
         ways[label] = Way(model, torch.optim.Adagrad(dense_params(model), lr=args.lr, eps=args.eps), batches, device,
                           max_sms=None if placement == "gpu" else args.max_sms)
         if placement == "host" and device.type == "cuda":
-            # The same model with its rows moved by CPU threads in stream order and the copy engines: no SM.
-            ways[COPY_ENGINES] = WithTransferOptions(ways[label], copy_engines=True)
+            # TrainPipeline's default: rows moved by CPU threads in stream order and the copy engines (no SM); the
+            # same model with UVA row kernels (on --max-sms SMs) and with other counts of CPU copy threads.
+            base = ways[label] = WithTransferOptions(ways[label], copy_engines=True)
+            ways[UVA] = WithTransferOptions(base.way, copy_engines=False)
             for threads in args.copy_threads:
-                ways[f"{COPY_ENGINES}, {threads} CPU threads"] = WithTransferOptions(
-                    ways[label], copy_engines=True, stream_ordered_threads=threads)
+                ways[f"{label}, {threads} CPU copy threads"] = WithTransferOptions(
+                    base.way, copy_engines=True, stream_ordered_threads=threads)
+            # prefetch='auto' on the same model: its trial (with and without prefetch) runs untimed first.
+            ways[AUTO] = Way(model, base.pipeline.optimizers, batches, device, prefetch="auto",
+                             max_sms=args.max_sms)
+            while ways[AUTO].pipeline.prefetch == "auto":
+                ways[AUTO].run(1)
     if not args.no_torch:
         print("building torch nn.EmbeddingBag on the GPU", flush=True)
         torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim, args.interaction), sparse=True, device=device)
@@ -388,11 +399,14 @@ def section_gpu(args, device) -> dict:
         r["trace"] = traces.get(r["way"])
     print(format_table(results, ["way", "ms/step", "samples/s", "vs all on GPU", "first loss", "last loss"]))
     host = timed["host RAM, pipelined"][0]
-    if COPY_ENGINES in timed:
-        print(f"{COPY_ENGINES}: {timed[COPY_ENGINES][0] / gpu:.3f}x the step time of every table on the GPU")
+    if UVA in timed:
+        print(f"{UVA}: {timed[UVA][0] / gpu:.3f}x the step time of every table on the GPU")
         for label, way in ways.items():
             if isinstance(way, WithTransferOptions) and way.copy_engines:
                 print(f"  {label}: {way.copy_rates()}")
+    if AUTO in ways:
+        print(f"prefetch='auto' kept prefetch={ways[AUTO].pipeline.prefetch} after its trial "
+              f"({ways[AUTO].pipeline.prefetch_trial}; ms a step with and without)")
     print(f"host RAM, pipelined: {host / gpu:.3f}x the step time of every table on the GPU (target <= 1.05); "
           f"hybrid {timed[f'hybrid ({args.hot_fraction:.0%} cached), pipelined'][0] / gpu:.3f}x; the pipeline "
           f"saves {timed['host RAM, not pipelined'][0] / host:.2f}x")
@@ -408,7 +422,7 @@ def sweep_launch(ways: dict, args, device) -> None:
     sweep = {yardstick: ways[yardstick]}
     for point in args.sweep_launch:
         sweep[f"host RAM, pipelined, {point} (SMs x blocks a SM x rows in flight)"] = \
-            WithLaunch(ways["host RAM, pipelined"], point)
+            WithLaunch(ways[UVA], point)
     timed = time_ways(sweep, args.steps, args.rounds, args.warmup, device)
     gpu = timed[yardstick][0]
     print(format_table([{"way": label, "ms/step": ms, "vs all on GPU": ms / gpu} for label, (ms, _, _) in
