@@ -83,14 +83,16 @@ class TrainPipeline:
             (``placement="gpu"``: nothing runs beside the model, the steps are on its stream) or when the process
             has a bound of its own (``set_transfer_config(max_sms=...)``, ``SPEEDTORCH_MAX_SMS``); None keeps the
             process's setting.
-        prefetch: False runs the same loop without gathering ahead (copies still overlap): the reference. A prefetch
-            has fixed costs (counting the next batch's distinct ids, a write-back and a gather in stream order) that
-            only a long enough step hides: on an H200 a DLRM step of 14-17 ms gained 1.28-1.33x from it, but the
-            3.5 ms step of bench/dynamic_table.py's recommender ran 1.59-1.78x slower with it than the plain loop
-            (1.12x without it; bench/RESULTS.md, fourteenth session). "auto": a trial over the first steps (3 with
-            it, then 2 rounds of 5 steps with it and 5 without, each block timed between two waits for the device)
-            keeps the faster way (with prefetch unless the steps without it took at least 3% less); ``prefetch``
-            then says which, :attr:`prefetch_trial` the milliseconds a step of each. Every way trains the same bits.
+        prefetch: "auto" (the default): a trial over the first 27 steps (3 with prefetch, then 2 rounds of a block
+            with it and a block without, each a step to settle and 5 steps timed between two waits for the device)
+            keeps the faster way (with prefetch unless the steps without it took at least 3% less; under
+            torch.distributed the same on every rank); ``prefetch`` then says which, :attr:`prefetch_trial` the
+            milliseconds a step of each. True: always gather the next batch's rows ahead; False: never (copies still
+            overlap). A prefetch has fixed costs (counting the next batch's distinct ids, a write-back and a gather
+            in stream order) that only a long enough step hides: on an H200 a DLRM step of 14-17 ms gained
+            1.28-1.35x from it, but the 3-3.5 ms step of bench/dynamic_table.py's recommender ran 1.56-1.78x slower
+            with it than without; "auto" kept prefetch for the first and dropped it for the second (bench/
+            RESULTS.md, fifteenth session). Every way trains the same bits.
         copy_engines: on a GPU, move the host tables' rows read ahead and written back by CPU threads in stream order
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
             step the rows read ahead where they are, writing the table only (True, the default). False: UVA row
@@ -105,7 +107,7 @@ class TrainPipeline:
 
     def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
                  device=None, sparse_inputs: Optional[Callable[[Any], list]] = None, step_host_tables: bool = True,
-                 max_sms: Union[int, str, None] = "auto", prefetch: Union[bool, str] = True,
+                 max_sms: Union[int, str, None] = "auto", prefetch: Union[bool, str] = "auto",
                  copy_engines: bool = True):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
@@ -283,9 +285,12 @@ class TrainPipeline:
 
 
 class _PrefetchTrial:
-    """prefetch="auto"'s schedule: WARMUP steps with prefetch, then ROUNDS rounds of a block of BLOCK steps with it
-    and one without; each block's wall time; the way kept: with prefetch unless without it was MARGIN faster."""
-    WARMUP, BLOCK, ROUNDS, MARGIN = 3, 5, 2, 0.97
+    """prefetch="auto"'s schedule: WARMUP steps with prefetch, then ROUNDS rounds of a block with it and one
+    without, each block SETTLE + BLOCK steps of which the last BLOCK are timed (a block's first step is neither way:
+    its forward takes, or finds no, rows the block before read ahead); the way kept: with prefetch unless without it
+    was MARGIN faster."""
+    WARMUP, SETTLE, BLOCK, ROUNDS, MARGIN = 3, 1, 5, 2, 0.97
+    STEPS = WARMUP + 2 * ROUNDS * (SETTLE + BLOCK)  # 27: the trial is over before step STEPS runs
 
     def __init__(self):
         self.times: dict[bool, list[float]] = {True: [], False: []}
@@ -293,16 +298,21 @@ class _PrefetchTrial:
 
     def prefetches(self, step: int) -> bool:
         """Whether step ``step`` (0-based) starts the next batch's prefetch."""
-        return step < self.WARMUP or (step - self.WARMUP) // self.BLOCK % 2 == 0
+        return step < self.WARMUP or (step - self.WARMUP) // (self.SETTLE + self.BLOCK) % 2 == 0
 
     def at_edge(self, step: int) -> bool:
-        return step >= self.WARMUP and (step - self.WARMUP) % self.BLOCK == 0
+        """Whether the device is waited for before step ``step``: a block's timed steps start or end there."""
+        return step >= self.WARMUP and (step - self.WARMUP) % (self.SETTLE + self.BLOCK) in (0, self.SETTLE)
 
     def record(self, step: int, now: float) -> bool:
-        """At the edge before step ``step``: closes the block that ended there; True when the trial is over."""
+        """At an edge before step ``step``: starts timing a block's steps or closes the block that ended there;
+        True when the trial is over."""
+        if (step - self.WARMUP) % (self.SETTLE + self.BLOCK) == self.SETTLE:
+            self._started = now
+            return False
         if self._started is not None:
             self.times[self.prefetches(step - 1)].append((now - self._started) / self.BLOCK)
-        self._started = now
+            self._started = None
         return len(self.times[False]) == self.ROUNDS
 
     def choice(self) -> bool:

@@ -566,7 +566,7 @@ def test_a_prefetched_forward_only_admits_and_trains_alike():
     model = _RawUsers("cpu", "lru", 2)
     counting = _CountingIndex(model.users.index)
     model.users.index = counting
-    pipeline = speedtorch.TrainPipeline(model, None, batches, device="cpu")
+    pipeline = speedtorch.TrainPipeline(model, None, batches, device="cpu", prefetch=True)
     next(iter(pipeline))  # the first batch has no prefetch: its forward maps it (assign); batch 2 is prefetched
     counting.calls.clear()
     steps = sum(1 for _ in pipeline)

@@ -462,8 +462,8 @@ def test_under_a_profiler_the_prefetch_runs_on_the_calling_thread(monkeypatch):
 
 
 def test_prefetch_auto_tries_both_ways_keeps_one_and_trains_the_same_bits():
-    # 26 batches: the trial's 23 steps (3 with prefetch, then 5 with, 5 without, twice), then the way it kept.
-    batches = synthetic_batches(ROWS, 16, 26, exponent=1.3, seed=11)
+    # 30 batches: the trial's 27 steps (3 with prefetch, then 1 + 5 with, 1 + 5 without, twice), then the way kept.
+    batches = synthetic_batches(ROWS, 16, 30, exponent=1.3, seed=11)
     _, pipeline = run_both(lambda: tiny_dlrm("cpu"), batches, "cpu", prefetch="auto")
     assert pipeline.prefetch in (True, False)
     assert set(pipeline.prefetch_trial) == {"with", "without"} and min(pipeline.prefetch_trial.values()) > 0
@@ -473,14 +473,17 @@ def test_prefetch_auto_schedule_and_choice():
     from speedtorch.pipeline import _PrefetchTrial
 
     trial = _PrefetchTrial()
-    assert [trial.prefetches(s) for s in range(23)] == [True] * 8 + [False] * 5 + [True] * 5 + [False] * 5
-    assert [s for s in range(30) if trial.at_edge(s)] == [3, 8, 13, 18, 23, 28]
-    # Blocks of 5 steps: with prefetch 10 ms a step, without 9.8 (within the 3% margin): prefetch is kept.
-    clock = {3: 0.0, 8: 0.050, 13: 0.099, 18: 0.149, 23: 0.198}
-    assert [trial.record(s, t) for s, t in clock.items()] == [False] * 4 + [True]
+    assert trial.STEPS == 27
+    assert [trial.prefetches(s) for s in range(27)] == [True] * 9 + [False] * 6 + [True] * 6 + [False] * 6
+    # Each block: a step to settle (untimed), then 5 timed between two waits.
+    assert [s for s in range(28) if trial.at_edge(s)] == [3, 4, 9, 10, 15, 16, 21, 22, 27]
+    # With prefetch 10 ms a step, without 9.8 (within the 3% margin): prefetch is kept. The settling steps (3-4,
+    # 9-10, ...) take 1 s each and count for neither.
+    clock = {3: 0.0, 4: 1.0, 9: 1.050, 10: 2.050, 15: 2.099, 16: 3.099, 21: 3.149, 22: 4.149, 27: 4.198}
+    assert [trial.record(s, t) for s, t in clock.items()] == [False] * 8 + [True]
     assert trial.choice() is True and trial.summary() == pytest.approx({"with": 10.0, "without": 9.8})
     faster = _PrefetchTrial()  # without prefetch 8 ms a step: 20% less, so no prefetch
-    for s, t in {3: 0.0, 8: 0.050, 13: 0.090, 18: 0.140, 23: 0.180}.items():
+    for s, t in {3: 0.0, 4: 0.0, 9: 0.050, 10: 0.060, 15: 0.100, 16: 0.110, 21: 0.160, 22: 0.170, 27: 0.210}.items():
         faster.record(s, t)
     assert faster.choice() is False
 
