@@ -282,17 +282,34 @@ def test_index_in_torchscript_and_jit_save(tmp_path):
 # --- the module against a dict + nn.Embedding reference ---------------------------------------------------------
 
 
+class ReferenceRows:
+    """The module's new rows: the seed's generator draws blocks of min(4096, 2^20 // dim) rows of N(0, std^2) into
+    one flat buffer; each admission takes the next rows of it, however many it admits."""
+
+    def __init__(self, seed, dim, std=1.0):
+        self.generator = torch.Generator().manual_seed(seed)
+        self.block, self.std = min(4096, max(1, 2**20 // dim)), std
+        self.buffer = torch.zeros(0, dim)
+
+    def take(self, n):
+        while len(self.buffer) < n:
+            block = torch.randn(self.block, self.buffer.shape[1], generator=self.generator) * self.std
+            self.buffer = torch.cat([self.buffer, block])
+        rows, self.buffer = self.buffer[:n], self.buffer[n:]
+        return rows
+
+
 class ReferenceTable:
-    """The module's semantics with ReferenceIndex and an nn.Embedding of `capacity` rows: a new row is drawn from
-    the module's generator in admission order, its optimizer state zeroed; ids without a row read zeros and get no
-    update; the index step advances at a training lookup unless the last one's gradient is still pending."""
+    """The module's semantics with ReferenceIndex and an nn.Embedding of `capacity` rows: a new row is the next of
+    ReferenceRows (admission order), its optimizer state zeroed; ids without a row read zeros and get no update; the
+    index step advances at a training lookup unless the last one's gradient is still pending."""
 
     def __init__(self, capacity, dim, admit_after, policy, pool, seed, optimizer, lr):
         self.index = ReferenceIndex(capacity, admit_after, policy, pool)
         self.rows = torch.nn.Embedding(capacity, dim)
         torch.nn.init.zeros_(self.rows.weight)
         self.adagrad = torch.zeros(capacity, dim) if optimizer == "adagrad" else None
-        self.generator = torch.Generator().manual_seed(seed)
+        self.new_rows = ReferenceRows(seed, dim)
         self.lr, self.pending, self.evicted = lr, None, []
 
     def forward(self, ids):
@@ -303,8 +320,7 @@ class ReferenceTable:
             for key, slot in evicted:
                 self.evicted.append((key, self.rows.weight[slot].clone()))
             if admitted:
-                self.rows.weight[admitted] = torch.randn(len(admitted), self.rows.weight.shape[1],
-                                                         generator=self.generator)
+                self.rows.weight[admitted] = self.new_rows.take(len(admitted))
                 if self.adagrad is not None:
                     self.adagrad[admitted] = 0
         slots = torch.tensor(slots).reshape(ids.shape)
