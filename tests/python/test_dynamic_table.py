@@ -878,16 +878,22 @@ def _user_batches(count, pin=False):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("policy,admit_after,beside", [("lru", 2, False), ("lfu", 2, False), ("lru", 2, True)])
 def test_train_pipeline_over_a_dynamic_table_is_bit_identical(device, policy, admit_after, beside, monkeypatch):
-    # beside: the next batch's mapping and prefetch on the pipeline's own thread while the backward is queued (a
-    # GPU's way; on the CPU by the test switch), which the test checks it took.
+    # beside: the next batch's mapping and prefetch, new rows drawn ahead included, on the pipeline's own thread
+    # while the backward is queued (a GPU's way; on the CPU by the test switch), which the test checks it took.
     import threading
 
-    threads = []
+    from speedtorch.nn._row_draws import RowDraws
+
+    threads, draws = [], []
     if beside:
         monkeypatch.setattr(speedtorch.TrainPipeline, "_beside_backward_on_cpu", True)
         prefetch = DynamicHostEmbedding.prefetch
         monkeypatch.setattr(DynamicHostEmbedding, "prefetch",
                             lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
+        ensure = RowDraws.ensure
+        monkeypatch.setattr(RowDraws, "ensure",
+                            lambda self, n, pin=False: (draws.append(threading.current_thread().name),
+                                                        ensure(self, n, pin))[1])
     batches = _user_batches(25, pin=device == "cuda")
     runs = []
     for pipelined in (False, True):
@@ -917,6 +923,7 @@ def test_train_pipeline_over_a_dynamic_table_is_bit_identical(device, policy, ad
     assert all(torch.equal(a, b) for a, b in zip(evicted, plain_evicted))
     if beside:
         assert threads and all(name.startswith("speedtorch-prefetch") for name in threads)
+        assert draws and all(name.startswith("speedtorch-prefetch") for name in draws)
 
 
 @pytest.mark.gpu
