@@ -282,17 +282,34 @@ def test_index_in_torchscript_and_jit_save(tmp_path):
 # --- the module against a dict + nn.Embedding reference ---------------------------------------------------------
 
 
+class ReferenceRows:
+    """The module's new rows: the seed's generator draws blocks of min(4096, 2^20 // dim) rows of N(0, std^2) into
+    one flat buffer; each admission takes the next rows of it, however many it admits."""
+
+    def __init__(self, seed, dim, std=1.0):
+        self.generator = torch.Generator().manual_seed(seed)
+        self.block, self.std = min(4096, max(1, 2**20 // dim)), std
+        self.buffer = torch.zeros(0, dim)
+
+    def take(self, n):
+        while len(self.buffer) < n:
+            block = torch.randn(self.block, self.buffer.shape[1], generator=self.generator) * self.std
+            self.buffer = torch.cat([self.buffer, block])
+        rows, self.buffer = self.buffer[:n], self.buffer[n:]
+        return rows
+
+
 class ReferenceTable:
-    """The module's semantics with ReferenceIndex and an nn.Embedding of `capacity` rows: a new row is drawn from
-    the module's generator in admission order, its optimizer state zeroed; ids without a row read zeros and get no
-    update; the index step advances at a training lookup unless the last one's gradient is still pending."""
+    """The module's semantics with ReferenceIndex and an nn.Embedding of `capacity` rows: a new row is the next of
+    ReferenceRows (admission order), its optimizer state zeroed; ids without a row read zeros and get no update; the
+    index step advances at a training lookup unless the last one's gradient is still pending."""
 
     def __init__(self, capacity, dim, admit_after, policy, pool, seed, optimizer, lr):
         self.index = ReferenceIndex(capacity, admit_after, policy, pool)
         self.rows = torch.nn.Embedding(capacity, dim)
         torch.nn.init.zeros_(self.rows.weight)
         self.adagrad = torch.zeros(capacity, dim) if optimizer == "adagrad" else None
-        self.generator = torch.Generator().manual_seed(seed)
+        self.new_rows = ReferenceRows(seed, dim)
         self.lr, self.pending, self.evicted = lr, None, []
 
     def forward(self, ids):
@@ -303,8 +320,7 @@ class ReferenceTable:
             for key, slot in evicted:
                 self.evicted.append((key, self.rows.weight[slot].clone()))
             if admitted:
-                self.rows.weight[admitted] = torch.randn(len(admitted), self.rows.weight.shape[1],
-                                                         generator=self.generator)
+                self.rows.weight[admitted] = self.new_rows.take(len(admitted))
                 if self.adagrad is not None:
                     self.adagrad[admitted] = 0
         slots = torch.tensor(slots).reshape(ids.shape)
@@ -413,6 +429,151 @@ def test_state_dict_save_load_and_copies_answer_the_same(tmp_path):
             other.step()
     for other in copies:
         assert torch.equal(other.index.state(), module.index.state())
+
+
+# --- new rows: drawn in blocks, the same however admissions are batched -----------------------------------------
+
+
+def _admit(module, ids, batch):
+    """Admits ``ids`` (distinct, new) through training lookups of ``batch`` ids at a time."""
+    for begin in range(0, len(ids), batch):
+        module(ids[begin:begin + batch])
+
+
+def test_new_rows_are_the_same_however_admissions_are_batched():
+    # 10,000 ids admitted in one batch or in batches of 7 get the same rows: the k-th admitted row is row k of the
+    # seed's stream of blocks (three blocks of 4,096 rows, the last partly taken).
+    ids = raw_universe(torch.Generator().manual_seed(8), 10000)[:10000]
+    assert len(ids) == 10000
+    tables = []
+    for batch in (len(ids), 7):
+        module = HostEmbedding(None, 8, capacity=len(ids), optimizer=None, init_std=0.5, seed=3, device="cpu")
+        _admit(module, ids, batch)
+        assert module.slots(ids).tolist() == list(range(len(ids)))
+        tables.append(module.table.table().clone())
+    assert torch.equal(tables[0], tables[1])
+    assert torch.equal(tables[0], ReferenceRows(3, 8, std=0.5).take(len(ids)))
+
+
+def test_wide_rows_are_drawn_in_smaller_blocks():
+    module = HostEmbedding(None, 1000, capacity=2500, optimizer=None, seed=4, device="cpu")
+    assert module._row_draws.rows_per_block == 1048
+    ids = torch.arange(2500) * 977
+    _admit(module, ids, 300)
+    assert torch.equal(module.table.table(), ReferenceRows(4, 1000).take(2500))
+
+
+def test_rows_drawn_ahead_are_the_rows_taken_in_any_split():
+    from speedtorch.nn._row_draws import RowDraws
+
+    sizes = [3, 5000, 1, 4096, 4095, 700]
+    plain = RowDraws(6, 2.0, torch.Generator().manual_seed(9))
+    ahead = RowDraws(6, 2.0, torch.Generator().manual_seed(9))
+    before = ahead.state()
+    ahead.ensure(9000)
+    state = ahead.state()  # drawing ahead takes nothing: the checkpoint stays
+    assert torch.equal(state[0], before[0]) and state[1] == before[1] == 0
+    got = []
+    for i, n in enumerate(sizes):
+        if i % 2:
+            ahead.ensure(3 * n)
+        want = plain.take(n)
+        rows = ahead.take(n)
+        assert rows.shape == (n, 6) and rows.dtype == torch.float32 and torch.equal(rows, want)
+        got.append(rows)
+    assert torch.equal(torch.cat(got), ReferenceRows(9, 6, std=2.0).take(sum(sizes)))
+    assert plain.take(0).shape == (0, 6)
+
+
+def test_prefetch_draws_the_next_forwards_rows():
+    # The draw is the prefetch's (on TrainPipeline's thread beside the backward): the forward only takes the rows.
+    module = _dynamic("cpu", "lru", 1, optimizer="sgd")
+    module(torch.tensor([1, 2])).sum().backward()
+    module.step()
+    ids = torch.tensor([2, 3, 4, 3])
+    module.prefetch(ids)
+    drawn = module._row_draws.generator.get_state()
+    module(ids)
+    assert torch.equal(module._row_draws.generator.get_state(), drawn)  # no block drawn by the forward
+    assert torch.equal(module.table.table()[2:4], ReferenceRows(7, 4).take(4)[2:])  # rows 0 and 1 were updated
+
+
+@pytest.mark.gpu
+def test_rows_drawn_for_a_gpu_module_are_pinned_and_copied_from_where_they_are():
+    # _to_device's pin_memory() of a pinned slice is the slice itself: no staging copy before the GPU copy.
+    from speedtorch.nn._row_draws import RowDraws
+
+    draws = RowDraws(8, 1.0, torch.Generator().manual_seed(2))
+    within = draws.take(100, pin=True)
+    across = draws.take(4096, pin=True)  # rows of two blocks: a new pinned tensor
+    for rows in (within, across):
+        assert rows.is_pinned() and rows.pin_memory().data_ptr() == rows.data_ptr()
+    assert torch.equal(torch.cat([within, across]), ReferenceRows(2, 8).take(4196))
+
+
+def _mid_block(seed=6):
+    """A module 4,096 + 904 rows into its stream of new rows, with blocks drawn ahead by a prefetch."""
+    module = HostEmbedding(None, 4, capacity=12000, optimizer="sgd", seed=seed, device="cpu")
+    _admit(module, torch.arange(5000) * 3 + 1, 1000)
+    module.prefetch(torch.arange(5000) * 3 + 2)  # 5,000 ids without a row: two more blocks drawn ahead
+    module.drop_prefetch()
+    assert len(module._row_draws._blocks) > 1
+    return module
+
+
+def test_a_checkpoint_mid_block_gives_the_next_rows_as_continuing(tmp_path):
+    module = _mid_block()
+    state = module.state_dict()
+    assert int(state["init_taken"]) == 5000 - 4096
+    module.save(tmp_path / "t")
+    restored = HostEmbedding(None, 4, capacity=12000, optimizer="sgd", seed=99, device="cpu")
+    restored.load_state_dict(state)
+    copies = [restored, DynamicHostEmbedding.load(tmp_path / "t", device="cpu"), copy.deepcopy(module),
+              pickle.loads(pickle.dumps(module))]
+    more = torch.arange(6000) * 3 + 2
+    _admit(module, more, 1500)
+    want = ReferenceRows(6, 4).take(11000)
+    assert torch.equal(module.table.table()[:11000], want)
+    for other in copies:
+        _admit(other, more, 1500)
+        assert torch.equal(other.table.table(), module.table.table())
+        assert torch.equal(other.state_dict()["init_generator"], module.state_dict()["init_generator"])
+
+
+def test_a_checkpoint_without_init_taken_still_loads(tmp_path):
+    # Saved before rows were drawn in blocks: the generator's state is where the next rows start (none of a block
+    # taken). A module mid-block, its checkpoint stripped of the count, starts its next rows at a new block.
+    module = _mid_block()
+    state = module.state_dict()
+    del state["init_taken"]
+    module.save(tmp_path / "t")
+    (tmp_path / "t.index_rng_taken.npy").unlink()
+    pickled = module.__getstate__()
+    del pickled["_init_taken"]
+    from_pickle = DynamicHostEmbedding.__new__(DynamicHostEmbedding)
+    from_pickle.__setstate__(pickle.loads(pickle.dumps(pickled)))
+    restored = HostEmbedding(None, 4, capacity=12000, optimizer="sgd", seed=99, device="cpu")
+    result = restored.load_state_dict(state)
+    assert not result.missing_keys and not result.unexpected_keys
+    want = ReferenceRows(6, 4).take(2 * 4096)[4096:4096 + 300]  # the second block again, from its start
+    for other in (restored, DynamicHostEmbedding.load(tmp_path / "t", device="cpu"), from_pickle):
+        _admit(other, torch.arange(300) * 3 + 2, 300)
+        assert torch.equal(other.table.table()[5000:5300], want)
+
+
+def test_a_bad_init_taken_is_refused_before_anything_changes():
+    module = _mid_block()
+    target = HostEmbedding(None, 4, capacity=12000, optimizer="sgd", seed=1, device="cpu")
+    before = target.state_dict()
+    for bad in (torch.tensor(4096), torch.tensor(-1), torch.tensor(1.5)):
+        state = module.state_dict()
+        state["init_taken"] = bad
+        with pytest.raises(RuntimeError, match="init_taken"):
+            target.load_state_dict(state)
+        after = target.state_dict()
+        for key in before:
+            if isinstance(before[key], torch.Tensor):
+                assert torch.equal(after[key], before[key]), key
 
 
 def test_export_with_a_predicate():
@@ -717,16 +878,22 @@ def _user_batches(count, pin=False):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("policy,admit_after,beside", [("lru", 2, False), ("lfu", 2, False), ("lru", 2, True)])
 def test_train_pipeline_over_a_dynamic_table_is_bit_identical(device, policy, admit_after, beside, monkeypatch):
-    # beside: the next batch's mapping and prefetch on the pipeline's own thread while the backward is queued (a
-    # GPU's way; on the CPU by the test switch), which the test checks it took.
+    # beside: the next batch's mapping and prefetch, new rows drawn ahead included, on the pipeline's own thread
+    # while the backward is queued (a GPU's way; on the CPU by the test switch), which the test checks it took.
     import threading
 
-    threads = []
+    from speedtorch.nn._row_draws import RowDraws
+
+    threads, draws = [], []
     if beside:
         monkeypatch.setattr(speedtorch.TrainPipeline, "_beside_backward_on_cpu", True)
         prefetch = DynamicHostEmbedding.prefetch
         monkeypatch.setattr(DynamicHostEmbedding, "prefetch",
                             lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
+        ensure = RowDraws.ensure
+        monkeypatch.setattr(RowDraws, "ensure",
+                            lambda self, n, pin=False: (draws.append(threading.current_thread().name),
+                                                        ensure(self, n, pin))[1])
     batches = _user_batches(25, pin=device == "cuda")
     runs = []
     for pipelined in (False, True):
@@ -756,6 +923,7 @@ def test_train_pipeline_over_a_dynamic_table_is_bit_identical(device, policy, ad
     assert all(torch.equal(a, b) for a, b in zip(evicted, plain_evicted))
     if beside:
         assert threads and all(name.startswith("speedtorch-prefetch") for name in threads)
+        assert draws and all(name.startswith("speedtorch-prefetch") for name in draws)
 
 
 @pytest.mark.gpu

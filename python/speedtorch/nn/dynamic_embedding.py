@@ -11,6 +11,7 @@ the last optimizer update is evicted. A lookup of an id without a row returns a 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Callable, Optional
 
 import torch
@@ -20,6 +21,7 @@ from .._phases import phase
 from ..data import load_npy, save_npy
 from ..ops import deferred_index_checks, transfers_without_the_host, unique_indices
 from ._prefetched_rows import PrefetchedRows
+from ._row_draws import RowDraws, check_taken
 from .embedding import _UNSET, HostEmbedding, _options
 
 # IdIndex is a TorchScript custom class (no docstrings of its own): not in __all__, documented in docs/dynamic_tables.md.
@@ -30,6 +32,7 @@ __all__ = ["DynamicHostEmbedding"]
 IdIndex = torch.classes.speedtorch.IdIndex
 
 _POLICIES = ("lru", "lfu")
+_WHOLE_NUMBERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 class DynamicHostEmbedding(HostEmbedding):
@@ -52,8 +55,11 @@ class DynamicHostEmbedding(HostEmbedding):
             it, evicted rows are dropped.
         mode, include_last_offset, scale_grad_by_freq, optimizer, optimizer_options, update, device, dtype,
         state_beside_rows, init_std, seed: as :class:`speedtorch.nn.HostEmbedding`'s. A newly admitted row is drawn
-            from N(0, init_std^2) by the module's own generator (seeded by ``seed``), in admission order; its optimizer
-            state starts at zero.
+            from N(0, init_std^2) by the module's own generator (seeded by ``seed``), in admission order, in blocks
+            of 4,096 rows (fewer for rows wider than 256; scaled by the constructor's ``init_std`` as drawn): the
+            k-th admitted row depends on k and the seed alone, not on how admissions fall into batches, so
+            :meth:`prefetch` draws the next forward's rows ahead, off its critical path. Its optimizer state starts
+            at zero.
 
     :meth:`prefetch` (and so :class:`speedtorch.TrainPipeline`) maps the next batch while this step computes and
     admits its new ids at its forward, after this step's update: the same results as the plain loop when the
@@ -115,10 +121,11 @@ class DynamicHostEmbedding(HostEmbedding):
                          table=table, **kwargs)
         self.index = index
         self.capacity = capacity
-        self.init_std = float(init_std)
+        self.init_std = float(init_std)  # the draws scale rows by it as they are drawn (ahead): set here only
         self.on_evict = on_evict
-        self._init_generator = torch.Generator()
-        self._init_generator.manual_seed(int(torch.randint(2**62, (1,))) if seed is None else int(seed))
+        generator = torch.Generator()
+        generator.manual_seed(int(torch.randint(2**62, (1,))) if seed is None else int(seed))
+        self._row_draws = RowDraws(embedding_dim, self.init_std, generator)
         # The index step of the oldest lookup whose gradient the optimizer has not applied yet (None: none): rows
         # seen since then keep their ids until it has, and the next training lookup stays in that step.
         self._pending_step: Optional[int] = None
@@ -171,7 +178,8 @@ class DynamicHostEmbedding(HostEmbedding):
         """Draws the rows of newly admitted ``slots`` (CPU, admission order) and writes them with zero optimizer
         state. On a GPU the write is a kernel on the current stream after the module's last write (an evicted row's
         update may still be running): the host does not wait for the GPU. Returns the rows (on :attr:`device`)."""
-        rows = torch.randn(slots.numel(), self.embedding_dim, generator=self._init_generator) * self.init_std
+        # On a GPU the rows come pinned (a block's slice): _to_device copies them without staging them again.
+        rows = self._row_draws.take(slots.numel(), pin=self.device.type == "cuda")
         rows = rows.to(self._table_param.dtype)
         if self.device.type == "cuda":
             slots, rows = _to_device(slots, self.device), _to_device(rows, self.device)
@@ -249,7 +257,8 @@ class DynamicHostEmbedding(HostEmbedding):
         between the two forwards (as :class:`speedtorch.TrainPipeline` does). With gradients still pending at the
         next forward (accumulation), their rows are kept too, and the prefetched batch stays in its own step.
         A prefetch the next forward does not take (other ids, :meth:`drop_prefetch`) has still counted its ids that
-        were in the table. In ``eval()`` mode the mapping only reads (``find``).
+        were in the table. In ``eval()`` mode the mapping only reads (``find``). In training the rows the next
+        forward may admit are drawn here (speedtorch/nn/_row_draws.py: a row is the same wherever it is drawn).
 
         The next forward then only admits the new ids and places their rows among those read ahead (no second
         mapping, no pass over the batch on the host); on a GPU nothing in either waits for the GPU but the copy of
@@ -262,6 +271,9 @@ class DynamicHostEmbedding(HostEmbedding):
                 self.index.advance_step()  # the batch's own step, as its forward in the plain loop would open
                 slots = self.index.touch(host_ids)
                 mapping = (host_ids, slots)
+                # The next forward admits at most the ids still without a row (and at most a table's worth): their
+                # rows are drawn here, on the prefetch thread, not on the forward's critical path.
+                self._row_draws.ensure(min(int((slots < 0).sum()), self.capacity), pin=self.device.type == "cuda")
             else:
                 slots = self.index.find(host_ids)
         pending = self._read_ahead(next_input, slots)
@@ -364,24 +376,41 @@ class DynamicHostEmbedding(HostEmbedding):
     def _table_tensors(self) -> dict:
         out = super()._table_tensors()
         out["index"] = self.index.state()
-        out["init_generator"] = self._init_generator.get_state()
+        generator_state, taken = self._row_draws.state()
+        out["init_generator"] = generator_state
+        out["init_taken"] = torch.tensor(taken, dtype=torch.int64)
         return out
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        taken = prefix + "init_taken"
+        if taken in state_dict:  # checked before anything changes: HostEmbedding's load writes nothing after an error
+            error = _taken_error(taken, state_dict[taken], self._row_draws.rows_per_block)
+            if error is not None:
+                error_msgs.append(error)
+        elif prefix + "init_generator" in state_dict:  # saved before rows were drawn in blocks: none of one taken
+            state_dict = {**state_dict, taken: torch.zeros((), dtype=torch.int64)}
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def _copy_table_tensors(self, found: dict) -> None:
         found = dict(found)
         self.index.load_state(found.pop("index"))
-        self._init_generator.set_state(found.pop("init_generator").to(torch.uint8))
+        self._row_draws.load(found.pop("init_generator").to(torch.uint8), int(found.pop("init_taken")))
         super()._copy_table_tensors(found)
         self._pending_step = None
 
     def save(self, path: str) -> None:
         """:meth:`HostEmbedding.save` (rows, optimizer state and configuration at ``path``, ``.state.npy``,
-        ``.meta.json``), and the index at ``path + ".index.npy"`` and the row generator's state at
-        ``path + ".index_rng.npy"`` (each file atomic; the three are not one atomic unit yet)."""
+        ``.meta.json``), the index at ``path + ".index.npy"``, the row generator's state (before its block not
+        fully taken) at ``path + ".index_rng.npy"`` and that block's rows taken at ``path + ".index_rng_taken.npy"``
+        (each file atomic; the four are not one atomic unit yet)."""
         self._sync_for_host_access()
         super().save(path)
         save_npy(self.index.state(), str(path) + ".index.npy")
-        save_npy(self._init_generator.get_state(), str(path) + ".index_rng.npy")
+        generator_state, taken = self._row_draws.state()
+        save_npy(generator_state, str(path) + ".index_rng.npy")
+        save_npy(torch.tensor([taken], dtype=torch.int64), str(path) + ".index_rng_taken.npy")
 
     @classmethod
     def load(cls, path: str, *, verify: bool = True, **kwargs) -> "DynamicHostEmbedding":
@@ -391,31 +420,47 @@ class DynamicHostEmbedding(HostEmbedding):
         table = PinnedEmbedding.load(path, verify)
         index = IdIndex.from_state(load_npy(path + ".index.npy", pinned=False))
         out = cls(None, table.dim(), table=table, index=index, dtype=table.table().dtype, **kwargs)
-        out._init_generator.set_state(load_npy(path + ".index_rng.npy", pinned=False))
+        taken_path = path + ".index_rng_taken.npy"  # absent in files saved before rows were drawn in blocks
+        taken = int(load_npy(taken_path, pinned=False)[0]) if os.path.exists(taken_path) else 0
+        out._row_draws.load(load_npy(path + ".index_rng.npy", pinned=False), taken)
         return out
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state["index"] = self.index.state()
-        state["_init_generator"] = self._init_generator.get_state()
+        del state["_row_draws"]  # its lock and drawn blocks stay: what restores the same rows is its state
+        state["_init_generator"], state["_init_taken"] = self._row_draws.state()
         return state
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
         index = IdIndex.from_state(state.pop("index"))
-        generator = torch.Generator()
-        generator.set_state(state.pop("_init_generator"))
+        generator_state = state.pop("_init_generator")
+        taken = state.pop("_init_taken", 0)  # pickled before rows were drawn in blocks: none of one taken
         state.pop("_step_open", None)  # pickled by an earlier version
         state.setdefault("_pending_step", None)
         state.setdefault("_missing", False)
         super().__setstate__(state)
         self.index = index
-        self._init_generator = generator
+        self._row_draws = RowDraws(self.embedding_dim, self.init_std, torch.Generator())
+        self._row_draws.load(generator_state, taken)
+
+
+def _taken_error(key: str, value, rows_per_block: int) -> Optional[str]:
+    """Why a checkpoint's ``init_taken`` (the rows taken of the row generator's block) cannot be loaded, or None."""
+    if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.dtype not in _WHOLE_NUMBERS:
+        return f"{key}: expected one whole number (the rows taken of the row generator's block), got {value!r}"
+    try:
+        check_taken(int(value), rows_per_block)
+    except ValueError as e:
+        return f"{key}: {e}"
+    return None
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` (CPU) on ``device``; to a GPU through pinned memory, so the copy is queued on the current stream and the
-    host does not wait for it (a copy from pageable memory may wait for the stream)."""
+    host does not wait for it (a copy from pageable memory may wait for the stream). A pinned ``t`` (a slice of one
+    too: ``pin_memory`` asks whether its storage is) is copied from where it is."""
     if device.type != "cuda":
         return t
     return t.pin_memory().to(device, non_blocking=True)
