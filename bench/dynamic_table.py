@@ -416,11 +416,18 @@ def billion_section(args) -> None:
     raw_bytes = table_bytes + 16 * keys
     print(f"Billion: a DynamicHostEmbedding of {keys:,} rows x {dim} bfloat16, row-wise Adagrad, on {device}: "
           f"table {table_bytes / 2**30:.1f} GiB ({table.stride(0) * table.element_size()} B a row with its state), "
-          f"allocated in {allocated:.1f} s")
+          f"allocated in {allocated:.1f} s", flush=True)
     start = time.perf_counter()
     emb.index.advance_step()
+    admitted, shown = 0, 0
     for chunk in distinct_raw_keys(keys, 1):
         emb.index.assign(chunk)  # admits every id of the chunk, into slots in order
+        admitted += chunk.numel()
+        if admitted * 20 // keys > shown:  # progress: every 5%
+            shown = admitted * 20 // keys
+            elapsed = time.perf_counter() - start
+            print(f"  admitted {admitted:,} of {keys:,} ids in {elapsed:.1f} s ({admitted / elapsed / 1e6:.2f}M ids/s), "
+                  f"RSS {resident_bytes() / 2**30:.1f} GiB", flush=True)
     mapped = time.perf_counter() - start
     assert emb.index.size() == keys
     # The admitted rows, initialised in bulk (the module would draw them from its own generator at each admission,
