@@ -96,9 +96,9 @@ class TrainPipeline:
         copy_engines: on a GPU, move the host tables' rows read ahead and written back by CPU threads in stream order
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
             step the rows read ahead where they are, writing the table only (True, the default). False: UVA row
-            kernels bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.12-1.19x the all-GPU step with
-            copy engines against 1.15-1.20x with UVA row kernels in the same runs (bench/RESULTS.md, fourteenth
-            session: the all-GPU step without its former host wait, 14.4 ms). The CPU copies of a
+            kernels bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.078x the all-GPU step (14.6 ms)
+            with copy engines against 1.226x with UVA row kernels in the same run (bench/RESULTS.md, fifteenth
+            session, rounds of 36 steps). The CPU copies of a
             step's write-back and of the next gather (about 9 ms a step, in host functions, which the CUDA driver
             runs one at a time) run beside the model on torch's CPU threads.
     """
