@@ -14,7 +14,8 @@ and no row crosses PCIe twice. The gather of t+1 waits for each table's last wri
 forward t, and the host never waits for step t's work to count t+1's ids. A table placed in GPU memory reads nothing
 ahead (its rows are there already). The prefetch's own host work (counting t+1's distinct ids, which waits for the
 GPU, and queueing the gather) runs on a thread of its own while this thread queues the backward, on a GPU, when
-every host table is a plain HostEmbedding (or a collection of them) updated at ``step()`` and no profiler records
+every host table is a plain HostEmbedding, a table that grows (DynamicHostEmbedding: its next batch's ids are
+mapped there too) or a collection of plain ones, updated at ``step()``, and no profiler records
 (it would see this thread's ranges only), with this thread's speedtorch settings; otherwise after the backward.
 
 Errors: a bad batch t+1 (an id out of range) raises at the step that trains t+1, as in the plain loop: its prefetch
@@ -86,8 +87,11 @@ class TrainPipeline:
         prefetch: "auto" (the default): a trial over the first 27 steps (3 with prefetch, then 2 rounds of a block
             with it and a block without, each a step to settle and 5 steps timed between two waits for the device)
             keeps the faster way (with prefetch unless the steps without it took at least 3% less; under
-            torch.distributed the same on every rank); ``prefetch`` then says which, :attr:`prefetch_trial` the
-            milliseconds a step of each. True: always gather the next batch's rows ahead; False: never (copies still
+            torch.distributed the same on every rank, agreed by an all-reduce over the default process group as the
+            28th step starts, which every rank must run); ``prefetch`` then says which, :attr:`prefetch_trial` the
+            milliseconds a step of each. The trial is the pipeline's own: over 27 batches or fewer it never ends
+            (``prefetch`` stays "auto"), and a new pipeline (one an epoch) tries again: pass the first one's
+            ``prefetch`` to the next. True: always gather the next batch's rows ahead; False: never (copies still
             overlap). A prefetch has fixed costs (counting the next batch's distinct ids, a write-back and a gather
             in stream order) that only a long enough step hides: on an H200 a DLRM step of 14-17 ms gained
             1.28-1.35x from it, but the 3-3.5 ms step of bench/dynamic_table.py's recommender ran 1.56-1.78x slower
@@ -143,8 +147,8 @@ class TrainPipeline:
         # High priority: the host waits for its small kernels (the ids' checks and counts), which must not queue
         # behind the model's.
         self._gather_gate = torch.cuda.Stream(self.device, priority=-1) if cuda else None
-        # Plain host tables updated at step(): the next batch's prefetch runs on a thread of its own while this
-        # thread queues the backward.
+        # Plain and growing host tables updated at step(): the next batch's prefetch runs on a thread of its own
+        # while this thread queues the backward.
         self._prefetch_thread = PrefetchThread(self.device, on_cpu=TrainPipeline._beside_backward_on_cpu)
         self._gathers_beside_backward = self._prefetch_thread.on_device and _prefetch_is_local(self.host_modules)
         self._vetted = {id(m) for m in self.host_modules}

@@ -415,7 +415,8 @@ class DynamicHostEmbedding(HostEmbedding):
     @classmethod
     def load(cls, path: str, *, verify: bool = True, **kwargs) -> "DynamicHostEmbedding":
         """A table from :meth:`save`'s files, answering and evicting as the saved one did; ``kwargs`` as the
-        constructor's (mode, device, on_evict, ...)."""
+        constructor's (mode, device, on_evict, ...; ``init_std``, not in the files: the saved module's, for the same
+        new rows)."""
         path = str(path)
         table = PinnedEmbedding.load(path, verify)
         index = IdIndex.from_state(load_npy(path + ".index.npy", pinned=False))
