@@ -109,8 +109,9 @@ def main() -> int:
     batches = make_batches(args, args.batches)
     model = BagModel(module, args.dim, device)
     opt = torch.optim.Adam(model.mlp.parameters(), lr=1e-3)
+    # Timed from its first steps: prefetch fixed (prefetch="auto", the default, would run its trial among them).
     pipeline = TrainPipeline(model, opt, (batches[i % len(batches)] for i in range(args.steps)), device=device,
-                             max_sms=args.max_sms)
+                             max_sms=args.max_sms, prefetch=True)
     losses, times = [], []
     warm = min(10, max(1, args.steps // 10))
     start = time.perf_counter()

@@ -426,8 +426,8 @@ def billion_section(args) -> None:
         if admitted * 20 // keys > shown:  # progress: every 5%
             shown = admitted * 20 // keys
             elapsed = time.perf_counter() - start
-            print(f"  admitted {admitted:,} of {keys:,} ids in {elapsed:.1f} s ({admitted / elapsed / 1e6:.2f}M ids/s), "
-                  f"RSS {resident_bytes() / 2**30:.1f} GiB", flush=True)
+            print(f"  admitted {admitted:,} of {keys:,} ids in {elapsed:.1f} s "
+                  f"({admitted / elapsed / 1e6:.2f}M ids/s), RSS {resident_bytes() / 2**30:.1f} GiB", flush=True)
     mapped = time.perf_counter() - start
     assert emb.index.size() == keys
     # The admitted rows, initialised in bulk (the module would draw them from its own generator at each admission,
