@@ -87,8 +87,9 @@ class TrainPipeline:
         prefetch: "auto" (the default): a trial over the first 27 steps (3 with prefetch, then 2 rounds of a block
             with it and a block without, each a step to settle and 5 steps timed between two waits for the device)
             keeps the faster way (with prefetch unless the steps without it took at least 3% less; under
-            torch.distributed the same on every rank, agreed by an all-reduce over the default process group as the
-            28th step starts, which every rank must run); ``prefetch`` then says which, :attr:`prefetch_trial` the
+            torch.distributed, with distributed tables, whose prefetch exchanges ids, the same on every rank, agreed
+            by an all-reduce over the default process group as the 28th step starts; other tables' ranks decide
+            alone); ``prefetch`` then says which, :attr:`prefetch_trial` the
             milliseconds a step of each. The trial is the pipeline's own: over 27 batches or fewer it never ends
             (``prefetch`` stays "auto"), and a new pipeline (one an epoch) tries again: pass the first one's
             ``prefetch`` to the next. True: always gather the next batch's rows ahead; False: never (copies still
@@ -255,7 +256,8 @@ class TrainPipeline:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if self._trial.record(self.steps, time.perf_counter()):
-            self.prefetch = _agreed(self._trial.choice(), self.device)
+            choice = self._trial.choice()
+            self.prefetch = _agreed(choice, self.device) if _prefetch_is_collective(self.host_modules) else choice
             self.prefetch_trial = self._trial.summary()
             self._trial = None
 
@@ -336,6 +338,12 @@ def host_modules(model: torch.nn.Module) -> list:
     """The host-table modules ``model`` holds (HostEmbedding, its subclasses, HostEmbeddingBagCollection), in
     ``modules()`` order."""
     return [m for m in model.modules() if isinstance(m, (HostEmbedding, HostEmbeddingBagCollection))]
+
+
+def _prefetch_is_collective(modules: list) -> bool:
+    """Whether a host module's prefetch may exchange ids with other ranks (a distributed table's): then every rank
+    must prefetch, or none. Other tables' trials decide on each rank alone (no collective a rank must reach)."""
+    return any(getattr(m, "_prefetch_is_collective", False) for m in modules)
 
 
 def _agreed(prefetch: bool, device: torch.device) -> bool:

@@ -492,3 +492,23 @@ def test_prefetch_must_be_true_false_or_auto():
     model, opt = tiny_dlrm("cpu")
     with pytest.raises(ValueError, match=r"prefetch must be True, False or 'auto', got 'yes'"):
         TrainPipeline(model, opt, [], device="cpu", prefetch="yes")
+
+
+def test_prefetch_auto_agrees_across_ranks_only_for_tables_whose_prefetch_is_a_collective():
+    # A distributed table's prefetch exchanges ids: every rank must keep the same way (an all-reduce at the trial's
+    # end). Plain tables decide on each rank alone: no collective that a rank with fewer batches would never reach.
+    from speedtorch.pipeline import _prefetch_is_collective
+
+    model, _ = tiny_dlrm("cpu")
+    assert not _prefetch_is_collective(list(speedtorch.pipeline.host_modules(model)))
+    if torch.__version__ >= (2, 5):
+        from speedtorch.distributed.collection import DistributedHostEmbeddingBagCollection
+        from speedtorch.distributed.embedding import DistributedHostEmbedding
+
+        assert DistributedHostEmbedding._prefetch_is_collective
+        assert DistributedHostEmbeddingBagCollection._prefetch_is_collective
+
+    class Shared(HostEmbedding):
+        _prefetch_is_collective = True
+
+    assert _prefetch_is_collective([HostEmbedding(4, 2, device="cpu"), Shared(4, 2, device="cpu")])

@@ -59,6 +59,9 @@ class DistributedHostEmbeddingBagCollection(HostEmbeddingBagCollection):
     DTensors over the shared memory; ``.optimizer_step``, ``._extra_state``), for ``torch.distributed.checkpoint``.
     """
 
+    # Its prefetch may exchange ids with other ranks: a TrainPipeline's prefetch="auto" trial keeps one way for all.
+    _prefetch_is_collective = True
+
     def __init__(self, tables: Sequence[TableConfig], *, optimizer: Optional[str] = "adam",
                  optimizer_options: Optional[dict] = None, update: str = "step",
                  device: Optional[Union[torch.device, str]] = None, dtype: torch.dtype = torch.float32,

@@ -62,6 +62,9 @@ class DistributedHostEmbedding(HostEmbedding):
     would broadcast a parameter from rank 0 over the other hosts' shards. So a whole model wraps in DDP as usual.
     """
 
+    # Its prefetch may exchange ids with other ranks: a TrainPipeline's prefetch="auto" trial keeps one way for all.
+    _prefetch_is_collective = True
+
     # The rows are in /dev/shm already, shared by the host's ranks: model.share_memory() has nothing to do here.
     _rows_shared_between_processes = True
 
