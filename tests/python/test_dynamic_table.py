@@ -545,7 +545,7 @@ def test_a_checkpoint_without_init_taken_still_loads(tmp_path):
     # taken). A module mid-block, its checkpoint stripped of the count, starts its next rows at a new block.
     module = _mid_block()
     state = module.state_dict()
-    del state["init_taken"]
+    del state["init_taken"], state["init_std"]
     module.save(tmp_path / "t")
     (tmp_path / "t.index_rng_taken.npy").unlink()
     pickled = module.__getstate__()
@@ -559,6 +559,32 @@ def test_a_checkpoint_without_init_taken_still_loads(tmp_path):
     for other in (restored, DynamicHostEmbedding.load(tmp_path / "t", device="cpu"), from_pickle):
         _admit(other, torch.arange(300) * 3 + 2, 300)
         assert torch.equal(other.table.table()[5000:5300], want)
+
+
+def test_a_checkpoint_carries_init_std(tmp_path):
+    # The new rows' scale is the saved module's: a module built with another init_std draws the saved one's rows
+    # after load_state_dict and DynamicHostEmbedding.load (unless load is given init_std).
+    module = HostEmbedding(None, 4, capacity=100, optimizer="sgd", seed=3, init_std=0.01, device="cpu")
+    _admit(module, torch.arange(10), 10)
+    state = module.state_dict()
+    assert float(state["init_std"]) == 0.01
+    module.save(tmp_path / "t")
+    restored = HostEmbedding(None, 4, capacity=100, optimizer="sgd", seed=3, device="cpu")  # init_std 1.0
+    restored.load_state_dict(state)
+    from_files = DynamicHostEmbedding.load(tmp_path / "t", device="cpu")
+    rescaled = DynamicHostEmbedding.load(tmp_path / "t", device="cpu", init_std=0.5)
+    assert restored.init_std == from_files.init_std == 0.01 and rescaled.init_std == 0.5
+    more = torch.arange(10, 30)
+    for other in (module, restored, from_files, rescaled):
+        _admit(other, more, 20)
+    assert torch.equal(restored.table.table(), module.table.table())
+    assert torch.equal(from_files.table.table(), module.table.table())
+    torch.testing.assert_close(rescaled.table.table()[10:30], module.table.table()[10:30] * 50)
+    for bad in (torch.tensor(-1.0, dtype=torch.float64), torch.tensor(float("nan"), dtype=torch.float64),
+                torch.tensor(1)):
+        state["init_std"] = bad
+        with pytest.raises(RuntimeError, match="init_std"):
+            restored.load_state_dict(state)
 
 
 def test_a_bad_init_taken_is_refused_before_anything_changes():

@@ -56,7 +56,7 @@ class DynamicHostEmbedding(HostEmbedding):
         mode, include_last_offset, scale_grad_by_freq, optimizer, optimizer_options, update, device, dtype,
         state_beside_rows, init_std, seed: as :class:`speedtorch.nn.HostEmbedding`'s. A newly admitted row is drawn
             from N(0, init_std^2) by the module's own generator (seeded by ``seed``), in admission order, in blocks
-            of 4,096 rows (fewer for rows wider than 256; scaled by the constructor's ``init_std`` as drawn): the
+            of 4,096 rows (fewer for rows wider than 256; scaled by ``init_std`` as drawn: the constructor's, or a checkpoint's): the
             k-th admitted row depends on k and the seed alone, not on how admissions fall into batches, so
             :meth:`prefetch` draws the next forward's rows ahead, off its critical path. Its optimizer state starts
             at zero.
@@ -379,6 +379,7 @@ class DynamicHostEmbedding(HostEmbedding):
         generator_state, taken = self._row_draws.state()
         out["init_generator"] = generator_state
         out["init_taken"] = torch.tensor(taken, dtype=torch.int64)
+        out["init_std"] = torch.tensor(self.init_std, dtype=torch.float64)  # the scale of the rows drawn from here
         return out
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -390,12 +391,19 @@ class DynamicHostEmbedding(HostEmbedding):
                 error_msgs.append(error)
         elif prefix + "init_generator" in state_dict:  # saved before rows were drawn in blocks: none of one taken
             state_dict = {**state_dict, taken: torch.zeros((), dtype=torch.int64)}
+        std = prefix + "init_std"
+        if std not in state_dict and prefix + "init_generator" in state_dict:  # saved before init_std was: this one's
+            state_dict = {**state_dict, std: torch.tensor(self.init_std, dtype=torch.float64)}
+        elif std in state_dict and not _is_scale(state_dict[std]):
+            error_msgs.append(f"{std}: expected one finite number >= 0 (the new rows' standard deviation), got "
+                              f"{state_dict[std]!r}")
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
     def _copy_table_tensors(self, found: dict) -> None:
         found = dict(found)
         self.index.load_state(found.pop("index"))
+        self.init_std = self._row_draws.std = float(found.pop("init_std"))  # before load drops the blocks drawn
         self._row_draws.load(found.pop("init_generator").to(torch.uint8), int(found.pop("init_taken")))
         super()._copy_table_tensors(found)
         self._pending_step = None
@@ -403,27 +411,28 @@ class DynamicHostEmbedding(HostEmbedding):
     def save(self, path: str) -> None:
         """:meth:`HostEmbedding.save` (rows, optimizer state and configuration at ``path``, ``.state.npy``,
         ``.meta.json``), the index at ``path + ".index.npy"``, the row generator's state (before its block not
-        fully taken) at ``path + ".index_rng.npy"`` and that block's rows taken at ``path + ".index_rng_taken.npy"``
-        (each file atomic; the four are not one atomic unit yet)."""
+        fully taken) at ``path + ".index_rng.npy"``, and at ``path + ".index_rng_taken.npy"`` that block's rows
+        taken and ``init_std`` (float64 ``[taken, init_std]``; each file atomic, the four not one atomic unit yet)."""
         self._sync_for_host_access()
         super().save(path)
         save_npy(self.index.state(), str(path) + ".index.npy")
         generator_state, taken = self._row_draws.state()
         save_npy(generator_state, str(path) + ".index_rng.npy")
-        save_npy(torch.tensor([taken], dtype=torch.int64), str(path) + ".index_rng_taken.npy")
+        save_npy(torch.tensor([taken, self.init_std], dtype=torch.float64), str(path) + ".index_rng_taken.npy")
 
     @classmethod
     def load(cls, path: str, *, verify: bool = True, **kwargs) -> "DynamicHostEmbedding":
-        """A table from :meth:`save`'s files, answering and evicting as the saved one did; ``kwargs`` as the
-        constructor's (mode, device, on_evict, ...; ``init_std``, not in the files: the saved module's, for the same
-        new rows)."""
+        """A table from :meth:`save`'s files, answering, evicting and drawing new rows as the saved one did
+        (``init_std`` the saved one's unless given); ``kwargs`` as the constructor's (mode, device, on_evict, ...)."""
         path = str(path)
         table = PinnedEmbedding.load(path, verify)
         index = IdIndex.from_state(load_npy(path + ".index.npy", pinned=False))
-        out = cls(None, table.dim(), table=table, index=index, dtype=table.table().dtype, **kwargs)
         taken_path = path + ".index_rng_taken.npy"  # absent in files saved before rows were drawn in blocks
-        taken = int(load_npy(taken_path, pinned=False)[0]) if os.path.exists(taken_path) else 0
-        out._row_draws.load(load_npy(path + ".index_rng.npy", pinned=False), taken)
+        position = load_npy(taken_path, pinned=False).double() if os.path.exists(taken_path) else torch.zeros(1)
+        if position.numel() > 1 and "init_std" not in kwargs:  # [taken, init_std]; [taken] alone before init_std
+            kwargs["init_std"] = float(position[1])
+        out = cls(None, table.dim(), table=table, index=index, dtype=table.table().dtype, **kwargs)
+        out._row_draws.load(load_npy(path + ".index_rng.npy", pinned=False), int(position[0]))
         return out
 
     def __getstate__(self) -> dict:
@@ -445,6 +454,12 @@ class DynamicHostEmbedding(HostEmbedding):
         self.index = index
         self._row_draws = RowDraws(self.embedding_dim, self.init_std, torch.Generator())
         self._row_draws.load(generator_state, taken)
+
+
+def _is_scale(value) -> bool:
+    """Whether a checkpoint's ``init_std`` is one finite number >= 0."""
+    return isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point() and \
+        bool(torch.isfinite(value)) and float(value) >= 0
 
 
 def _taken_error(key: str, value, rows_per_block: int) -> Optional[str]:
