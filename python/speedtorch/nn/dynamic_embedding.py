@@ -56,8 +56,9 @@ class DynamicHostEmbedding(HostEmbedding):
         mode, include_last_offset, scale_grad_by_freq, optimizer, optimizer_options, update, device, dtype,
         state_beside_rows, init_std, seed: as :class:`speedtorch.nn.HostEmbedding`'s. A newly admitted row is drawn
             from N(0, init_std^2) by the module's own generator (seeded by ``seed``), in admission order, in blocks
-            of 4,096 rows (fewer for rows wider than 256; scaled by ``init_std`` as drawn: the constructor's, or a checkpoint's): the
-            k-th admitted row depends on k and the seed alone, not on how admissions fall into batches, so
+            of 4,096 rows (fewer for rows wider than 256; scaled by ``init_std`` as drawn: the constructor's, or
+            a checkpoint's): the k-th admitted row depends on k and the seed alone, not on how admissions fall
+            into batches, so
             :meth:`prefetch` draws the next forward's rows ahead, off its critical path. Its optimizer state starts
             at zero.
 
