@@ -592,12 +592,20 @@ def main() -> int:
                              "(ids, de-duplication, gather, pooling, interaction, MLPs, loss, backward, table update, "
                              "dense optimizer, copies, other; bench/trace_summary.py says the rules), its idle share, "
                              "samples/s against MLPerf's 1.73M a GPU and what bounds it; on the CPU too")
+    parser.add_argument("--trace-as-run", action="store_true",
+                        help="gpu: the traced steps keep the prefetch on its own thread as untraced steps do (by "
+                        "default a profiler moves it back onto the calling thread, whose ranges name every phase); "
+                        "its kernels then count as no phase")
     parser.add_argument("--trace-dir", default=None,
                         help="gpu: also write each way's raw trace there (<way>.json.gz, for Perfetto)")
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (default: torch's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     training_defaults(args)
+    if args.trace_as_run:
+        from speedtorch._prefetch_thread import PrefetchThread
+
+        PrefetchThread.under_profiler = True
     if args.threads:
         torch.set_num_threads(args.threads)
     has_gpu = torch.cuda.is_available() and "cuda=none" not in speedtorch.build_info()

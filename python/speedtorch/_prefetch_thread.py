@@ -42,11 +42,16 @@ class PrefetchThread:
         """Whether the worker thread exists (made by a submit, ended by :meth:`shutdown`)."""
         return self._executor is not None
 
+    #: Diagnosis switch (bench/dlrm.py --trace-as-run): the prefetch stays on its thread while a profiler records, so
+    #: a trace shows the schedule as it runs untraced; its kernels then have no phase (the profiler sees the calling
+    #: thread's operators and ranges only).
+    under_profiler = False
+
     def may_run_beside(self) -> bool:
         """Whether a prefetch may run on the thread now: on a GPU (or ``on_cpu``), and no profiler recording (it sees
         the calling thread's operators and ranges only, and a trace must name the phase of every kernel: bench/dlrm.py
-        --phases); else the caller prefetches on its own thread."""
-        return self.on_device and not torch.autograd._profiler_enabled()
+        --phases) unless :attr:`under_profiler` is set; else the caller prefetches on its own thread."""
+        return self.on_device and (PrefetchThread.under_profiler or not torch.autograd._profiler_enabled())
 
     def submit(self, fn: Callable, *args) -> concurrent.futures.Future:
         """Starts ``fn(*args)`` on the thread, under the calling thread's speedtorch settings."""

@@ -512,3 +512,22 @@ def test_prefetch_auto_agrees_across_ranks_only_for_tables_whose_prefetch_is_a_c
         _prefetch_is_collective = True
 
     assert _prefetch_is_collective([HostEmbedding(4, 2, device="cpu"), Shared(4, 2, device="cpu")])
+
+
+def test_a_diagnosis_switch_keeps_the_prefetch_on_its_thread_under_a_profiler(monkeypatch):
+    # bench/dlrm.py --trace-as-run: a trace of the schedule as it runs untraced.
+    import threading
+
+    from speedtorch._prefetch_thread import PrefetchThread
+
+    monkeypatch.setattr(TrainPipeline, "_beside_backward_on_cpu", True)
+    monkeypatch.setattr(PrefetchThread, "under_profiler", True)
+    threads = []
+    prefetch = HostEmbedding.prefetch
+    monkeypatch.setattr(HostEmbedding, "prefetch",
+                        lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
+    model, opt = tiny_dlrm("cpu")
+    pipeline = TrainPipeline(model, opt, synthetic_batches(ROWS, 16, 3, exponent=1.3, seed=9), device="cpu")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        pipeline.progress()
+    assert threads and threads[-1].startswith("speedtorch-prefetch")
