@@ -531,3 +531,13 @@ def test_a_diagnosis_switch_keeps_the_prefetch_on_its_thread_under_a_profiler(mo
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         pipeline.progress()
     assert threads and threads[-1].startswith("speedtorch-prefetch")
+
+
+def test_prefetch_auto_without_anything_to_read_ahead_runs_no_trial():
+    # No sparse_inputs: nothing can be prefetched, so "auto" is False at once (no trial's waits for the device).
+    model, opt = tiny_dlrm("cpu")
+    batches = synthetic_batches(ROWS, 16, 2, exponent=1.3, seed=3)
+    pipeline = TrainPipeline(model, opt, batches, device="cpu")
+    pipeline.sparse_inputs = None  # the model's sparse_inputs method is the default
+    pipeline.progress()
+    assert pipeline.prefetch is False and pipeline.prefetch_trial is None
