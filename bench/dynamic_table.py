@@ -11,9 +11,11 @@ HierarchicalKV's published host-tier rate for 256-byte values (0.069-0.12 billio
 Training section (on the GPU if there is one, else the CPU with small sizes): bench/train.py's recommender step
 (user table, item table, dot product, BCE) over a DynamicHostEmbedding of raw user ids (90% known, power law; 10%
 new, admitted as they come) against the same step over a fixed-range HostEmbedding given the slots the growing table
-assigns (the same rows), each as the plain loop and through speedtorch.TrainPipeline (batch t+1's ids mapped and its
-rows read while step t computes): four ways trained in turns in one process, ratios dynamic / fixed for each loop
-(target <= 1.15x). With --trace-steps N, each way is then profiled for N steps: per stream busy and idle time, the
+assigns (the same rows), each as the plain loop and through speedtorch.TrainPipeline(prefetch=True) (batch t+1's
+ids mapped and its rows read while step t computes): four ways trained in turns in one process, ratios dynamic /
+fixed for each loop (target <= 1.15x). On a GPU also: the plain loop with the user ids left on the host, the fixed
+table's pipeline with UVA row kernels and without prefetch, and both tables under TrainPipeline's default,
+prefetch='auto' (its trial run first, untimed, on 27 batches of its own; its choice printed). With --trace-steps N, each way is then profiled for N steps: per stream busy and idle time, the
 host's waits and the operators they wait in (bench/trace_summary.py), and the host operators that took most of a step.
 
 Memory section (--memory, runs anywhere): an IdIndex filled with --keys raw ids (10M by default; capacity = keys),
@@ -52,7 +54,7 @@ import speedtorch  # noqa: E402
 from speedtorch.cli.benchmarking import format_table, median_seconds, positive_int  # noqa: E402
 from speedtorch.nn.dynamic_embedding import IdIndex  # noqa: E402
 from speedtorch.nn import HostEmbedding  # noqa: E402
-from speedtorch.pipeline import move_batch  # noqa: E402
+from speedtorch.pipeline import _PrefetchTrial, move_batch  # noqa: E402
 from trace_summary import format_summary, profile_trace, summarize_trace  # noqa: E402 (bench/trace_summary.py)
 
 HKV_HOST_TIER_VALUES_PER_S = (0.069e9, 0.12e9)  # A100-80GB, 256-byte values, keys in HBM, values in HBM + host
@@ -270,11 +272,14 @@ def training_section(args, generator) -> None:
     rows = args.train_rows or (1_000_000 if cuda else 100_000)
     batch = args.train_batch or (65_536 if cuda else 4_096)
     steps = args.warmup + args.rounds * args.turn + args.trace_steps + 2  # + the two a pipeline stages ahead
-    new_ids = int(batch * 0.1 * steps * 1.2) + 64
+    # The prefetch='auto' ways (on a GPU) run their trial first, on batches of their own.
+    trial = _PrefetchTrial.STEPS if cuda else 0
+    total = steps + trial
+    new_ids = int(batch * 0.1 * total * 1.2) + 64
     capacity = rows + new_ids if args.train_capacity == "grow" else rows  # "full": each new id evicts a row
     keys = raw_keys(rows, generator)
     index = filled_index(keys, capacity)
-    user_batches = [power_law_batch(keys, batch, 0.9, generator) for _ in range(steps)]
+    user_batches = [power_law_batch(keys, batch, 0.9, generator) for _ in range(total)]
     # The fixed-range table's ids: the slots the growing table gives these batches, step by step (a replay on a
     # copy of its index), so both tables read and update the same rows.
     replay = IdIndex.from_state(index.state())
@@ -282,8 +287,8 @@ def training_section(args, generator) -> None:
     for ids in user_batches:
         replay.advance_step()
         slot_batches.append(replay.assign(ids)[0].clamp(min=0))
-    items = [torch.randint(0, args.items, (batch,), generator=generator) for _ in range(steps)]
-    labels = [torch.randint(0, 2, (batch,), generator=generator).float() for _ in range(steps)]
+    items = [torch.randint(0, args.items, (batch,), generator=generator) for _ in range(total)]
+    labels = [torch.randint(0, 2, (batch,), generator=generator).float() for _ in range(total)]
 
     def batches(user_ids):
         out = list(zip(user_ids, items, labels))
@@ -300,7 +305,10 @@ def training_section(args, generator) -> None:
             users = HostEmbedding(capacity, args.dim, **options)
         return RawUserRecommender(users, args.items, device)
 
-    fixed_batches, raw_batches = batches(slot_batches), batches(user_batches)
+    # The other ways take the first `steps` batches; an auto way all of them, in the same order (the slots replayed
+    # for the fixed table are the growing one's in that order): its trial the first, its timed steps the next.
+    fixed_all, raw_all = batches(slot_batches), batches(user_batches)
+    fixed_batches, raw_batches = fixed_all[:steps], raw_all[:steps]
     ways = {
         "fixed, plain loop": PlainLoop(model(False), fixed_batches, device),
         "dynamic, plain loop": PlainLoop(model(True), raw_batches, device),
@@ -313,16 +321,16 @@ def training_section(args, generator) -> None:
         ways["fixed, TrainPipeline, UVA row kernels (copy_engines=False)"] = PipelinedLoop(
             model(False), fixed_batches, device, copy_engines=False)
         ways["fixed, TrainPipeline, no prefetch"] = PipelinedLoop(model(False), fixed_batches, device, prefetch=False)
-        # Its trial takes 27 steps first: the fixed batches twice over (a fixed table may see a batch again).
-        ways["fixed, TrainPipeline, prefetch='auto'"] = PipelinedLoop(model(False), fixed_batches * 2, device,
-                                                                     prefetch="auto")
-    auto = ways.get("fixed, TrainPipeline, prefetch='auto'")
-    while auto is not None and auto.pipeline.prefetch == "auto":  # its trial first, untimed
-        auto.step()
+        ways["fixed, TrainPipeline, prefetch='auto'"] = PipelinedLoop(model(False), fixed_all, device, prefetch="auto")
+        ways["dynamic, TrainPipeline, prefetch='auto'"] = PipelinedLoop(model(True), raw_all, device, prefetch="auto")
+    autos = {label: way for label, way in ways.items() if "'auto'" in label}
+    for way in autos.values():
+        while way.pipeline.prefetch == "auto":  # its trial first, untimed
+            way.step()
     ms = time_in_turns(ways, args.warmup, args.rounds, args.turn, device)
-    if auto is not None:
-        print(f"prefetch='auto' kept prefetch={auto.pipeline.prefetch} after its trial "
-              f"({auto.pipeline.prefetch_trial}; ms a step with and without)")
+    for label, way in autos.items():
+        print(f"{label}: kept prefetch={way.pipeline.prefetch} after its trial ({way.pipeline.prefetch_trial}; ms a "
+              f"step with and without)")
     print(f"Training on {device} ({torch.get_num_threads()} threads): the recommender step, batch {batch:,} raw user "
           f"ids (power law over {rows:,} known, 10% new), dim {args.dim}, {args.optimizer}, {args.items:,} items "
           f"(Adam); "
