@@ -85,7 +85,7 @@ class TrainPipeline:
             has a bound of its own (``set_transfer_config(max_sms=...)``, ``SPEEDTORCH_MAX_SMS``); None keeps the
             process's setting.
         prefetch: "auto" (the default): a trial over the first 27 steps (3 with prefetch, then 2 rounds of a block
-            with it and a block without, each a step to settle and 5 steps timed between two waits for the device)
+            with it and a block without, each a step to settle and 5 steps timed on the training stream)
             keeps the faster way (with prefetch unless the steps without it took at least 3% less; under
             torch.distributed, with distributed tables, whose prefetch exchanges ids, the same on every rank, agreed
             by an all-reduce over the default process group as the 28th step starts; other tables' ranks decide
@@ -252,13 +252,16 @@ class TrainPipeline:
         return transfer_config_override(**options) if options else contextlib.nullcontext()
 
     def _trial_step(self) -> None:
-        """prefetch="auto": at each block's edge, waits for the device and times the block; after the last, keeps the
-        faster way."""
+        """prefetch="auto": at each block's edges, marks the time (on a GPU, an event on this stream: the block's time
+        is the stream's, so the work a block's last step leaves behind on other streams, which a training loop
+        overlaps with the next step, is not charged to it); after the last block, keeps the faster way."""
         if not self._trial.at_edge(self.steps):
             return
+        mark = time.perf_counter()
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        if self._trial.record(self.steps, time.perf_counter()):
+            mark = torch.cuda.Event(enable_timing=True)
+            mark.record(torch.cuda.current_stream(self.device))
+        if self._trial.record(self.steps, mark):
             choice = self._trial.choice()
             self.prefetch = _agreed(choice, self.device) if _prefetch_is_collective(self.host_modules) else choice
             self.prefetch_trial = self._trial.summary()
@@ -310,17 +313,17 @@ class _PrefetchTrial:
         return step < self.WARMUP or (step - self.WARMUP) // (self.SETTLE + self.BLOCK) % 2 == 0
 
     def at_edge(self, step: int) -> bool:
-        """Whether the device is waited for before step ``step``: a block's timed steps start or end there."""
+        """Whether the time is marked before step ``step``: a block's timed steps start or end there."""
         return step >= self.WARMUP and (step - self.WARMUP) % (self.SETTLE + self.BLOCK) in (0, self.SETTLE)
 
-    def record(self, step: int, now: float) -> bool:
-        """At an edge before step ``step``: starts timing a block's steps or closes the block that ended there;
-        True when the trial is over."""
+    def record(self, step: int, now: Union[float, torch.cuda.Event]) -> bool:
+        """At an edge before step ``step`` (``now``: seconds, or a CUDA event recorded there): starts timing a block's
+        steps or closes the block that ended there; True when the trial is over."""
         if (step - self.WARMUP) % (self.SETTLE + self.BLOCK) == self.SETTLE:
             self._started = now
             return False
         if self._started is not None:
-            self.times[self.prefetches(step - 1)].append((now - self._started) / self.BLOCK)
+            self.times[self.prefetches(step - 1)].append(_seconds(self._started, now) / self.BLOCK)
             self._started = None
         return len(self.times[False]) == self.ROUNDS
 
@@ -329,6 +332,14 @@ class _PrefetchTrial:
 
     def summary(self) -> dict:
         return {"with": statistics.median(self.times[True]) * 1e3, "without": statistics.median(self.times[False]) * 1e3}
+
+
+def _seconds(start: Union[float, torch.cuda.Event], end: Union[float, torch.cuda.Event]) -> float:
+    """Seconds from ``start`` to ``end``: two clock readings, or two CUDA events (the host waits for ``end``)."""
+    if isinstance(end, torch.cuda.Event):
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    return end - start
 
 
 @dataclasses.dataclass

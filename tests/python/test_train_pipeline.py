@@ -461,10 +461,12 @@ def test_under_a_profiler_the_prefetch_runs_on_the_calling_thread(monkeypatch):
     assert threads[-1] == threading.current_thread().name
 
 
-def test_prefetch_auto_tries_both_ways_keeps_one_and_trains_the_same_bits():
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefetch_auto_tries_both_ways_keeps_one_and_trains_the_same_bits(device):
     # 30 batches: the trial's 27 steps (3 with prefetch, then 1 + 5 with, 1 + 5 without, twice), then the way kept.
-    batches = synthetic_batches(ROWS, 16, 30, exponent=1.3, seed=11)
-    _, pipeline = run_both(lambda: tiny_dlrm("cpu"), batches, "cpu", prefetch="auto")
+    # On a GPU the blocks are timed by events of the training stream.
+    batches = synthetic_batches(ROWS, 16, 30, exponent=1.3, seed=11, pin_memory=device == "cuda")
+    _, pipeline = run_both(lambda: tiny_dlrm(device), batches, device, prefetch="auto")
     assert pipeline.prefetch in (True, False)
     assert set(pipeline.prefetch_trial) == {"with", "without"} and min(pipeline.prefetch_trial.values()) > 0
 
