@@ -78,6 +78,17 @@ def assert_same_bits(a: dict, b: dict) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
+def prefetch_threads(monkeypatch) -> list:
+    """The names of the threads HostEmbedding.prefetch runs on from here on, in call order."""
+    import threading
+
+    threads = []
+    prefetch = HostEmbedding.prefetch
+    monkeypatch.setattr(HostEmbedding, "prefetch",
+                        lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
+    return threads
+
+
 def run_both(build, batches, device, **pipeline_args):
     model, opt = build()
     plain_losses = plain_loop(model, opt, batches, device)
@@ -378,14 +389,9 @@ def test_a_bad_id_in_the_next_batch_raises_at_its_own_step_and_this_step_trains(
 def test_the_next_prefetch_on_its_own_thread_beside_the_backward_is_bit_identical(device, ids, monkeypatch):
     # On a GPU the next batch's prefetch runs on a thread of its own while the backward is queued (on the CPU by the
     # test switch), with the rows read ahead advanced as on a GPU.
-    import threading
-
     monkeypatch.setattr(TrainPipeline, "_beside_backward_on_cpu", True)
     monkeypatch.setattr(HostEmbedding, "_advance_on_cpu", True)
-    threads = []
-    prefetch = HostEmbedding.prefetch
-    monkeypatch.setattr(HostEmbedding, "prefetch",
-                        lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
+    threads = prefetch_threads(monkeypatch)
     pooling = None if ids == "one_hot" else [1, 3, 2, 1, 4, 2]
     batches = synthetic_batches(ROWS, 32, 5, exponent=1.3, pooling_factors=pooling, seed=6,
                                 pin_memory=device == "cuda")
@@ -398,13 +404,8 @@ def test_the_next_prefetch_on_its_own_thread_beside_the_backward_is_bit_identica
 def test_a_prefetch_stays_on_the_calling_thread_for_tables_updated_in_backward(placement, update, monkeypatch):
     # A table updated inside backward changes rows (and its prefetch slot) while the backward runs: its prefetch
     # waits for the backward, on the calling thread. (A hybrid table is a plain HostEmbedding: it may.)
-    import threading
-
     monkeypatch.setattr(TrainPipeline, "_beside_backward_on_cpu", True)
-    threads = []
-    prefetch = HostEmbedding.prefetch
-    monkeypatch.setattr(HostEmbedding, "prefetch",
-                        lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
+    threads = prefetch_threads(monkeypatch)
     batches = synthetic_batches(ROWS, 32, 3, exponent=1.3, seed=7)
     _, pipeline = run_both(lambda: tiny_dlrm("cpu", placement=placement, update=update), batches, "cpu")
     assert pipeline._gathers_beside_backward == (update == "step")
@@ -448,10 +449,7 @@ def test_under_a_profiler_the_prefetch_runs_on_the_calling_thread(monkeypatch):
     import threading
 
     monkeypatch.setattr(TrainPipeline, "_beside_backward_on_cpu", True)
-    threads = []
-    prefetch = HostEmbedding.prefetch
-    monkeypatch.setattr(HostEmbedding, "prefetch",
-                        lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
+    threads = prefetch_threads(monkeypatch)
     model, opt = tiny_dlrm("cpu")
     pipeline = TrainPipeline(model, opt, synthetic_batches(ROWS, 16, 4, exponent=1.3, seed=9), device="cpu")
     pipeline.progress()
@@ -518,16 +516,12 @@ def test_prefetch_auto_agrees_across_ranks_only_for_tables_whose_prefetch_is_a_c
 
 def test_a_diagnosis_switch_keeps_the_prefetch_on_its_thread_under_a_profiler(monkeypatch):
     # bench/dlrm.py --trace-as-run: a trace of the schedule as it runs untraced.
-    import threading
 
     from speedtorch._prefetch_thread import PrefetchThread
 
     monkeypatch.setattr(TrainPipeline, "_beside_backward_on_cpu", True)
     monkeypatch.setattr(PrefetchThread, "under_profiler", True)
-    threads = []
-    prefetch = HostEmbedding.prefetch
-    monkeypatch.setattr(HostEmbedding, "prefetch",
-                        lambda self, ids: (threads.append(threading.current_thread().name), prefetch(self, ids))[1])
+    threads = prefetch_threads(monkeypatch)
     model, opt = tiny_dlrm("cpu")
     pipeline = TrainPipeline(model, opt, synthetic_batches(ROWS, 16, 3, exponent=1.3, seed=9), device="cpu")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
