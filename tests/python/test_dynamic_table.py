@@ -587,6 +587,15 @@ def test_a_checkpoint_carries_init_std(tmp_path):
             restored.load_state_dict(state)
 
 
+def test_setting_init_std_rescales_the_rows_not_yet_handed_out():
+    # Blocks drawn ahead (by a prefetch) are drawn again at the new scale: the next rows are the stream's, rescaled.
+    module = _mid_block()
+    module.init_std = 0.25
+    assert module.init_std == 0.25 and float(module.state_dict()["init_std"]) == 0.25
+    _admit(module, torch.arange(300) * 3 + 2, 300)
+    torch.testing.assert_close(module.table.table()[5000:5300], ReferenceRows(6, 4).take(5300)[5000:] * 0.25)
+
+
 def test_a_bad_init_taken_is_refused_before_anything_changes():
     module = _mid_block()
     target = HostEmbedding(None, 4, capacity=12000, optimizer="sgd", seed=1, device="cpu")

@@ -76,6 +76,14 @@ class RowDraws:
             self._blocks.append((state, block))
             ready += self.rows_per_block
 
+    def rescale(self, std: float) -> None:
+        """Rows not yet handed out are drawn with ``std`` (blocks drawn ahead are dropped and drawn again)."""
+        with self._lock:
+            if self._blocks:
+                self.generator.set_state(self._blocks[0][0])
+                self._blocks.clear()
+            self.std = float(std)
+
     def state(self) -> tuple[torch.Tensor, int]:
         """``(generator_state, taken)``: the generator's state before the first block not fully taken, and how many
         of its rows were taken. :meth:`load` of it hands out the same rows from here on."""

@@ -56,8 +56,8 @@ class DynamicHostEmbedding(HostEmbedding):
         mode, include_last_offset, scale_grad_by_freq, optimizer, optimizer_options, update, device, dtype,
         state_beside_rows, init_std, seed: as :class:`speedtorch.nn.HostEmbedding`'s. A newly admitted row is drawn
             from N(0, init_std^2) by the module's own generator (seeded by ``seed``), in admission order, in blocks
-            of 4,096 rows (fewer for rows wider than 256; scaled by ``init_std`` as drawn: the constructor's, or
-            a checkpoint's): the k-th admitted row depends on k and the seed alone, not on how admissions fall
+            of 4,096 rows (fewer for rows wider than 256; setting :attr:`init_std` rescales the rows not yet
+            handed out): the k-th admitted row depends on k and the seed alone, not on how admissions fall
             into batches, so
             :meth:`prefetch` draws the next forward's rows ahead, off its critical path. Its optimizer state starts
             at zero.
@@ -122,16 +122,24 @@ class DynamicHostEmbedding(HostEmbedding):
                          table=table, **kwargs)
         self.index = index
         self.capacity = capacity
-        self.init_std = float(init_std)  # the draws scale rows by it as they are drawn (ahead): set here only
         self.on_evict = on_evict
         generator = torch.Generator()
         generator.manual_seed(int(torch.randint(2**62, (1,))) if seed is None else int(seed))
-        self._row_draws = RowDraws(embedding_dim, self.init_std, generator)
+        self._row_draws = RowDraws(embedding_dim, float(init_std), generator)
         # The index step of the oldest lookup whose gradient the optimizer has not applied yet (None: none): rows
         # seen since then keep their ids until it has, and the next training lookup stays in that step.
         self._pending_step: Optional[int] = None
         # Whether the last lookup had ids without a row (they point at a zero row past the distinct rows; _lookup).
         self._missing = False
+
+    @property
+    def init_std(self) -> float:
+        """The standard deviation of the rows admitted from now on (the row draws' scale)."""
+        return self._row_draws.std
+
+    @init_std.setter
+    def init_std(self, value: float) -> None:
+        self._row_draws.rescale(value)
 
     def extra_repr(self) -> str:
         """The sizes and options printed in the module's repr."""
@@ -404,7 +412,7 @@ class DynamicHostEmbedding(HostEmbedding):
     def _copy_table_tensors(self, found: dict) -> None:
         found = dict(found)
         self.index.load_state(found.pop("index"))
-        self.init_std = self._row_draws.std = float(found.pop("init_std"))  # before load drops the blocks drawn
+        self.init_std = float(found.pop("init_std"))
         self._row_draws.load(found.pop("init_generator").to(torch.uint8), int(found.pop("init_taken")))
         super()._copy_table_tensors(found)
         self._pending_step = None
@@ -441,6 +449,7 @@ class DynamicHostEmbedding(HostEmbedding):
         state["index"] = self.index.state()
         del state["_row_draws"]  # its lock and drawn blocks stay: what restores the same rows is its state
         state["_init_generator"], state["_init_taken"] = self._row_draws.state()
+        state["_init_std"] = self._row_draws.std
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -448,12 +457,13 @@ class DynamicHostEmbedding(HostEmbedding):
         index = IdIndex.from_state(state.pop("index"))
         generator_state = state.pop("_init_generator")
         taken = state.pop("_init_taken", 0)  # pickled before rows were drawn in blocks: none of one taken
+        std = state.pop("_init_std", state.pop("init_std", 1.0))  # an attribute of the module before
         state.pop("_step_open", None)  # pickled by an earlier version
         state.setdefault("_pending_step", None)
         state.setdefault("_missing", False)
         super().__setstate__(state)
         self.index = index
-        self._row_draws = RowDraws(self.embedding_dim, self.init_std, torch.Generator())
+        self._row_draws = RowDraws(self.embedding_dim, std, torch.Generator())
         self._row_draws.load(generator_state, taken)
 
 
