@@ -12,7 +12,9 @@ in one of three ways:
   next forward and backward.
   When the update is of the very rows a forward took from a prefetch with their state, and the table's transfers
   use no SM (``stream_ordered_staging``), :meth:`PrefetchedRows.step` runs it on them in GPU memory and the table is
-  only written (``PinnedEmbedding.scatter_with_state_``): no row is read from host memory twice.
+  only written (``PinnedEmbedding.scatter_with_state_``): no row is read from host memory twice. The next batch's
+  rows read ahead then take the stepped rows and state they share with it by :meth:`PrefetchedRows.patch` (a copy in
+  GPU memory) rather than by :meth:`PrefetchedRows.advance` (the optimizer run again over both batches' rows).
 - :meth:`PrefetchedRows.patch`: the update's own new rows, which the fused step leaves on the GPU
   (``PinnedEmbedding.apply_gradients(..., updated_rows=)``; a CPU table, stochastic rounding, renormalised rows):
   a ``searchsorted`` and an ``index_copy_``.
@@ -57,9 +59,10 @@ class PrefetchedRows:
             self.ready = torch.cuda.Event()
             self.ready.record(stream)
 
-    def patch(self, ids: torch.Tensor, new_rows: torch.Tensor) -> None:
-        """``ids`` (sorted, distinct) now hold ``new_rows``: the rows among them this batch holds take those values.
-        No host wait: the rows not held go to a spare row past the end, dropped."""
+    def patch(self, ids: torch.Tensor, new_rows: torch.Tensor, new_state: Optional[torch.Tensor] = None) -> None:
+        """``ids`` (sorted, distinct) now hold ``new_rows`` (and ``new_state``, their optimizer state, when the step
+        changed it; a renormalisation does not): the rows among them this batch holds take those values. No host
+        wait: the rows not held go to a spare row past the end, dropped."""
         n = self.unique.numel()
         if n == 0 or ids.numel() == 0:
             return
@@ -67,9 +70,15 @@ class PrefetchedRows:
         ids = ids.to(self.unique.device, torch.int64)
         pos = torch.searchsorted(self.unique, ids).clamp_(max=n - 1)
         target = torch.where(self.unique[pos] == ids, pos, n)
-        rows = torch.cat([self.rows, self.rows.new_empty(1, self.rows.shape[1])])
-        rows.index_copy_(0, target, new_rows.to(rows.device, rows.dtype))
-        self.rows = rows[:n]
+
+        def copied(held: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            out = torch.cat([held, held.new_empty(1, held.shape[1])])
+            out.index_copy_(0, target, new.to(out.device, out.dtype))
+            return out[:n]
+
+        self.rows = copied(self.rows, new_rows)
+        if self.state is not None and new_state is not None:
+            self.state = copied(self.state, new_state)
         self._done_here(stream)
 
     def advance(self, ids: torch.Tensor, grads: torch.Tensor, optimizer: str, options: dict, step: int) -> None:

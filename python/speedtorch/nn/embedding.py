@@ -629,10 +629,13 @@ class HostEmbedding(torch.nn.Module):
         # With stream-ordered staging (no SM for transfers), the step of the rows the last forward took from a
         # prefetch with their state runs on them where they are, by the same kernel, and the host table is only
         # written (one copy down by the copy engine, CPU threads writing the records): no row is read twice.
+        # When both run, the prefetch takes the stepped rows and their state from the rows the step ran on (a copy of
+        # the rows both batches hold) instead of running the optimizer again over its own: the same bits, since both
+        # held the same rows and state before the step.
         pending = self._prefetched
-        ahead = pending is not None and pending.state is not None and sorted_unique
         taken, self._taken = self._taken, None
         here = taken is not None and sorted_unique and taken.holds(unique) and self._writes_rows_back()
+        ahead = pending is not None and pending.state is not None and sorted_unique and not here
         step = self.table.step_count() + 1
         if ahead:
             with self._checked_on_the_gpu(unique, sorted_unique):
@@ -640,8 +643,8 @@ class HostEmbedding(torch.nn.Module):
         if here:
             with self._checked_on_the_gpu(unique, sorted_unique):  # its positions are in range by construction
                 taken.step(grad_rows, self.table.optimizer(), self.table.optimizer_options(), step)
-            if pending is not None and not ahead:
-                pending.patch(unique, taken.rows)
+            if pending is not None:
+                pending.patch(unique, taken.rows, taken.state)
         on_its_stream = ahead or here or self.async_update
         stream = self.update_stream() if self.device.type == "cuda" and on_its_stream else None
         if stream is not None:
