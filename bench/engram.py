@@ -12,10 +12,12 @@ Sections (each prints its figures and ratios; ``--json`` writes them all):
 3. training: the small GPT of speedtorch/models/engram_gpt.py on the standard library's bytes, its Engram tables in
    pinned host RAM (prefetched beside the backward, its host work on a thread of its own; asynchronous updates)
    against the same tables in GPU memory (the same code, the same batches): ms per step and the ratio (target <=
-   1.02), and host RAM without prefetch. ``--max-sms N`` bounds the prefetch's gather to N SMs (the transfer option
-   ``max_sms``), so the backward it runs beside keeps the rest. ``--trace-steps N`` then traces N more steps of each
-   way for a per-stream summary (0: none); under the profiler the prefetch runs on the calling thread, before the
-   backward, so the traced steps are not in the timed ones' order.
+   1.02), and host RAM without prefetch. The ways take turns (``--rounds`` turns of ``--steps // --rounds``
+   consecutive steps each, timed whole: the host runs ahead of the GPU as in training). ``--max-sms N`` bounds the
+   prefetch's gather to N SMs (the transfer option ``max_sms``), so the backward it runs beside keeps the rest.
+   ``--trace-steps N`` then traces N more steps of each way for a per-stream summary (0: none; ``--trace-dir`` keeps
+   the raw traces); under the profiler the prefetch runs on the calling thread, before the backward, unless
+   ``--trace-as-run`` keeps it on its thread.
 4. scale: one Engram table of ``--big-rows`` rows (300M) of bf16 trained in the GPT on one GPU: ms per step, and the
    process's resident memory against the table's raw bytes (rows + optimizer state).
 
@@ -168,30 +170,31 @@ def section_decode(args) -> dict:
             "lookup_1024_p90_us": full90}
 
 
-def train_way(config: EngramConfig, data, device, steps: int, prefetch: bool, autocast: bool,
-              max_sms=None, trace_steps: int = 0, label: str = "") -> dict:
-    torch.manual_seed(0)
-    model = EngramGPT(config, device)
-    trainer = Trainer(model, lr=1e-3 if device.type == "cuda" else 1e-2, prefetch=prefetch, autocast=autocast,
-                      max_sms=max_sms)
-    times, losses = [], []
-    for i in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = trainer.step(data[i], data[i + 1])
-        losses.append(float(loss))  # waits for the step's work
-        times.append(time.perf_counter() - start)
-    timed = times[min(5, steps // 3):]
-    out = {"ms/step": statistics.median(timed) * 1e3, "first loss": losses[0], "last loss": losses[-1],
-           "table GB": sum(m.rows.table.nbytes() for m in model.engram_modules()) / 1e9}
-    if trace_steps > 0 and device.type == "cuda":  # the same batches again: what overlaps, what waits
-        def run(n):
-            for i in range(n):
-                trainer.step(data[i], data[i + 1])
-        out["trace"] = profile_summary(run, min(trace_steps, steps))
-        print(format_summary(label, out["trace"]), flush=True)
-    return out
+def train_ways(ways: dict, data, device, steps: int, rounds: int, warmup: int) -> dict:
+    """Median ms a step of each way over ``rounds`` turns of ``steps // rounds`` consecutive steps, the ways in turns
+    (a turn is timed whole, from an idle device to an idle device: the host runs ahead of the GPU as a training loop
+    does, and a step's prefetch and update overlap the next step), with each way's first and last loss. Every way
+    trains on the same batches in the same order."""
+    losses = {label: [] for label in ways}
+    for label, trainer in ways.items():  # warm-up: the first steps allocate, compile and fill caches
+        for i in range(warmup):
+            losses[label].append(trainer.step(data[i], data[i + 1]))
+    at = warmup
+    per_round = max(1, steps // rounds)
+    times = {label: [] for label in ways}
+    for _ in range(rounds):
+        for label, trainer in ways.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for i in range(at, at + per_round):
+                losses[label].append(trainer.step(data[i], data[i + 1]))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[label].append((time.perf_counter() - start) / per_round)
+        at += per_round
+    return {label: {"ms/step": statistics.median(times[label]) * 1e3, "first loss": float(losses[label][0]),
+                    "last loss": float(losses[label][-1])} for label in ways}
 
 
 def section_training(args, device) -> dict:
@@ -203,26 +206,42 @@ def section_training(args, device) -> dict:
     else:
         config = dict(layers=2, width=64, heads=2, engram_layers=(0, 1), hash_heads=2, max_order=3,
                       rows_per_head=4096, engram_dim=16)
-        batch, seq, steps = 8, 64, 30
-    data = batches(tokens, starts, batch, seq, steps + 1)
-    ways = [("GPU memory (prefetch)", "gpu", True), ("pinned host RAM (prefetch)", "host", True),
-            ("pinned host RAM (no prefetch)", "host", False)]
-    results, rows_out = {}, []
-    for name, placement, prefetch in ways:
+        batch, seq, steps = 8, 64, 12
+    rounds, warmup = args.rounds, 3
+    data = batches(tokens, starts, batch, seq, warmup + steps + 1)
+    specs = [("GPU memory (prefetch)", "gpu", True), ("pinned host RAM (prefetch)", "host", True),
+             ("pinned host RAM (no prefetch)", "host", False)]
+    trainers, tables_gb = {}, {}
+    for name, placement, prefetch in specs:
         if device.type != "cuda" and placement == "gpu":
             continue
-        r = train_way(EngramConfig(placement=placement, **config), data, device, steps, prefetch,
-                      autocast=device.type == "cuda", max_sms=args.max_sms, trace_steps=args.trace_steps, label=name)
-        r["way"] = name
-        r["max_sms"] = args.max_sms if prefetch else None
-        results[name] = r
-        rows_out.append(r)
+        torch.manual_seed(0)
+        model = EngramGPT(EngramConfig(placement=placement, **config), device)
+        trainers[name] = Trainer(model, lr=1e-3 if device.type == "cuda" else 1e-2, prefetch=prefetch,
+                                 autocast=device.type == "cuda", max_sms=args.max_sms)
+        tables_gb[name] = sum(m.rows.table.nbytes() for m in model.engram_modules()) / 1e9
+    results = train_ways(trainers, data, device, steps, rounds, warmup)
     base = results.get("GPU memory (prefetch)")
-    for r in rows_out:
-        r["vs GPU memory"] = r["ms/step"] / base["ms/step"] if base else float("nan")
+    rows_out = []
+    for name, r in results.items():
+        r.update({"way": name, "table GB": tables_gb[name], "max_sms": args.max_sms if "(prefetch)" in name else None,
+                  "vs GPU memory": r["ms/step"] / base["ms/step"] if base else float("nan")})
+        rows_out.append(r)
+    if args.trace_steps > 0 and device.type == "cuda":  # the same batches again: what overlaps, what waits
+        for name, trainer in trainers.items():
+            def run(n, trainer=trainer):
+                for i in range(n):
+                    trainer.step(data[i], data[i + 1])
+            keep = None
+            if args.trace_dir:
+                os.makedirs(args.trace_dir, exist_ok=True)
+                keep = os.path.join(args.trace_dir, "".join(c if c.isalnum() else "_" for c in name) + ".json.gz")
+            results[name]["trace"] = profile_summary(run, args.trace_steps, keep)
+            print(format_summary(name, results[name]["trace"]), flush=True)
     print(f"\n[3] training the Engram GPT ({config['layers']} layers x {config['width']}, Engram at layers "
           f"{config['engram_layers']}, {2 * config['hash_heads']} rows a token per layer), batch {batch} x {seq} "
-          "bytes of the standard library (target: host RAM <= 1.02x GPU memory); prefetch gather on "
+          f"bytes of the standard library, {rounds} turns of {max(1, steps // rounds)} steps a way, the ways in turns "
+          "(target: host RAM <= 1.02x GPU memory); prefetch gather on "
           f"{'every SM' if not args.max_sms else f'at most {args.max_sms} SMs'}")
     print(format_table(rows_out, ["way", "ms/step", "vs GPU memory", "first loss", "last loss", "table GB"]))
     return results
@@ -263,7 +282,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=8_000_000, help="rows of the gather tables (dim 256)")
     parser.add_argument("--batch", type=int, default=131_072, help="ids drawn for the gather (distinct ones kept)")
     parser.add_argument("--rows-per-head", type=int, default=1 << 20, help="rows per (order, head) column, training")
-    parser.add_argument("--steps", type=int, default=30, help="training steps per way")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per way, timed (after 3 warm-up steps)")
+    parser.add_argument("--rounds", type=int, default=3, help="training: turns of steps // rounds steps a way")
     parser.add_argument("--big-rows", type=int, default=300_000_000, help="rows of the scale section's table")
     parser.add_argument("--skip-scale", action="store_true", help="leave out section 4")
     parser.add_argument("--sections", type=lambda t: t.split(","), default=["gather", "decode", "training", "scale"],
@@ -275,10 +295,18 @@ def main() -> int:
     parser.add_argument("--rows-in-flight", type=lambda t: [int(x) for x in t.split(",")], default=[4],
                         help="gather: uva_rows_in_flight values (16-byte loads a lane) at which the fp8 and int8 "
                         "kernels are also timed over UVA alone, e.g. 2,4,8 (default: 4)")
+    parser.add_argument("--trace-dir", help="training: keep each way's raw trace here (bench/trace_timeline.py reads it)")
+    parser.add_argument("--trace-as-run", action="store_true",
+                        help="training: the prefetch stays on its thread while traced (else it runs on the calling "
+                             "thread under the profiler): the schedule as it runs untraced")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     if args.max_sms is not None and args.max_sms < 0:
         parser.error("--max-sms must be >= 0 (0: every SM)")
+    if args.trace_as_run:
+        from speedtorch._prefetch_thread import PrefetchThread
+
+        PrefetchThread.under_profiler = True
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"speedtorch {speedtorch.__version__} ({speedtorch.build_info()}), torch {torch.__version__}, "
           f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'no GPU: CPU sizes'}")
