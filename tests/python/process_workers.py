@@ -37,4 +37,6 @@ def train_one_step(queue, results) -> None:
     module.table.scatter_(torch.tensor([0]), torch.full((1, module.embedding_dim), 7.0, dtype=module.output_dtype))
     module(torch.tensor([1])).sum().backward()
     module.step()
+    if module.device.type == "cuda":  # the update may still run on the GPU: the host rows are read below
+        torch.cuda.synchronize(module.device)
     results.put((module.weight.cpu().tolist(), module.table.state().cpu().tolist(), module.table.step_count()))
