@@ -10,7 +10,8 @@ Sections (each prints its figures and ratios; ``--json`` writes them all):
    <= 20 us on the H100); and a decode step's whole Engram lookup (hash + gather + dequantize) of 64 sequences' newest
    token, 16 rows each.
 3. training: the small GPT of speedtorch/models/engram_gpt.py on the standard library's bytes, its Engram tables in
-   pinned host RAM (prefetched beside the backward, its host work on a thread of its own; asynchronous updates)
+   pinned host RAM (prefetched beside the backward, its host work on a thread of its own; asynchronous updates;
+   rows moved by the copy engines, and over UVA row kernels beside it)
    against the same tables in GPU memory (the same code, the same batches): ms per step and the ratio (target <=
    1.02), and host RAM without prefetch. The ways take turns (``--rounds`` turns of ``--steps // --rounds``
    consecutive steps each, timed whole: the host runs ahead of the GPU as in training). ``--max-sms N`` bounds the
@@ -209,22 +210,24 @@ def section_training(args, device) -> dict:
         batch, seq, steps = 8, 64, 12
     rounds, warmup = args.rounds, 3
     data = batches(tokens, starts, batch, seq, warmup + steps + 1)
-    specs = [("GPU memory (prefetch)", "gpu", True), ("pinned host RAM (prefetch)", "host", True),
-             ("pinned host RAM (no prefetch)", "host", False)]
+    # (way, placement, prefetch, copy_engines): the Trainer's default moves host rows by the copy engines
+    specs = [("GPU memory (prefetch)", "gpu", True, True), ("pinned host RAM (prefetch)", "host", True, True),
+             ("pinned host RAM (prefetch, UVA row kernels)", "host", True, False),
+             ("pinned host RAM (no prefetch)", "host", False, True)]
     trainers, tables_gb = {}, {}
-    for name, placement, prefetch in specs:
+    for name, placement, prefetch, copy_engines in specs:
         if device.type != "cuda" and placement == "gpu":
             continue
         torch.manual_seed(0)
         model = EngramGPT(EngramConfig(placement=placement, **config), device)
         trainers[name] = Trainer(model, lr=1e-3 if device.type == "cuda" else 1e-2, prefetch=prefetch,
-                                 autocast=device.type == "cuda", max_sms=args.max_sms)
+                                 autocast=device.type == "cuda", max_sms=args.max_sms, copy_engines=copy_engines)
         tables_gb[name] = sum(m.rows.table.nbytes() for m in model.engram_modules()) / 1e9
     results = train_ways(trainers, data, device, steps, rounds, warmup)
     base = results.get("GPU memory (prefetch)")
     rows_out = []
     for name, r in results.items():
-        r.update({"way": name, "table GB": tables_gb[name], "max_sms": args.max_sms if "(prefetch)" in name else None,
+        r.update({"way": name, "table GB": tables_gb[name], "max_sms": args.max_sms if "(prefetch" in name else None,
                   "vs GPU memory": r["ms/step"] / base["ms/step"] if base else float("nan")})
         rows_out.append(r)
     if args.trace_steps > 0 and device.type == "cuda":  # the same batches again: what overlaps, what waits

@@ -80,6 +80,8 @@ def test_the_trainer_bounds_each_prefetch_to_max_sms(monkeypatch):
     assert seen == []
     with pytest.raises(ValueError, match="max_sms"):
         Trainer(trainer.model, max_sms=-2)
+    with pytest.raises(ValueError, match="copy_engines"):
+        Trainer(trainer.model, copy_engines="yes")
 
 
 # --- the prefetch beside the backward ------------------------------------------------------------------------------
@@ -98,11 +100,11 @@ def tiny_run(device="cpu", steps=4, tokens_on_device=False):
     return config, data
 
 
-def train(config, data, device="cpu", prefetch=True, before_step=None):
+def train(config, data, device="cpu", prefetch=True, before_step=None, copy_engines=True):
     """Trains a fresh model on ``data`` (each step with the next batch): the losses, every tensor the training
     changes, and the trainer."""
     torch.manual_seed(0)
-    trainer = Trainer(EngramGPT(config, torch.device(device)), lr=1e-2, prefetch=prefetch)
+    trainer = Trainer(EngramGPT(config, torch.device(device)), lr=1e-2, prefetch=prefetch, copy_engines=copy_engines)
     if before_step is not None:
         before_step(trainer)
     threads = torch.get_num_threads()
@@ -256,11 +258,13 @@ def test_a_prefetch_that_fails_on_the_trainers_thread_is_dropped_and_the_step_tr
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("copy_engines", [True, False])
 @pytest.mark.parametrize("tokens_on_device", [False, True])
-def test_gpu_trainers_prefetch_beside_the_backward_is_bit_identical(tokens_on_device, monkeypatch):
+def test_gpu_trainers_prefetch_beside_the_backward_is_bit_identical(tokens_on_device, copy_engines, monkeypatch):
     # On the GPU the prefetch thread's own current stream is not the caller's: tokens on the GPU are hashed on a
     # stream that waited for the caller's (Trainer._gate_for), host tokens on each table's side stream. Attention by
-    # the math kernel: its backward adds in a fixed order.
+    # the math kernel: its backward adds in a fixed order. With the copy engines the rows read ahead come by CPU
+    # copies in stream order, each step runs on them in GPU memory and writes them back the same way.
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     config, data = tiny_run("cuda", tokens_on_device=tokens_on_device)
@@ -268,6 +272,10 @@ def test_gpu_trainers_prefetch_beside_the_backward_is_bit_identical(tokens_on_de
         without = train(config, data, "cuda", prefetch=False)
         threads = []
         recorded_prefetch(monkeypatch, threads)
-        beside = train(config, data, "cuda")
+        before = speedtorch.stats()
+        beside = train(config, data, "cuda", copy_engines=copy_engines)
+        after = speedtorch.stats()
     assert_same_bits(without, beside)
     assert len(threads) == 2 * 4 and all(name.startswith("speedtorch-prefetch") for name in threads)
+    if copy_engines:  # the rows went back through staging (without, the split policy may stage a share too)
+        assert after["staged_scatter_bytes"] > before["staged_scatter_bytes"]

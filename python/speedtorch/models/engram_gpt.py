@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .._prefetch_thread import PrefetchThread
+from ..ops import transfer_config_override
 from ..nn import NgramHashEmbedding
 
 __all__ = ["stdlib_corpus", "batches", "EngramConfig", "EngramGPT", "Trainer"]
@@ -171,6 +172,12 @@ class Trainer:
     ``max_sms``: the SMs the prefetch's gather may take (``NgramHashEmbedding.prefetch``'s ``max_sms``; the rest are
     left to the backward it runs beside); ``None``: no bound.
 
+    ``copy_engines`` (on a GPU): the tables' rows read ahead and written back move by CPU threads and the copy engines
+    in stream order (the transfer option ``stream_ordered_staging``, as :class:`speedtorch.TrainPipeline`'s
+    ``copy_engines``), and the update of the rows a forward took from a prefetch runs on them in GPU memory: no SM
+    spends a step waiting on PCIe beside the model. Over UVA instead (``False``), each table's fused update held SMs
+    for 1.8 ms a step beside AdamW, whose kernels then ran 2.3x slower (bench/RESULTS.md, sixteenth session).
+
     The prefetch's host work (hashing, counting the distinct ids, which waits for the GPU, queueing the gather) would
     hold the backward's launch on this thread, and the model is launch-bound: on a GPU it runs on a thread of its own
     (``speedtorch-prefetch``) while this one queues the backward, when every Engram table updates at ``step()`` (the
@@ -181,13 +188,16 @@ class Trainer:
     _beside_backward_on_cpu = False  # tests: the GPU's prefetch thread on the CPU too
 
     def __init__(self, model: EngramGPT, lr: float = 3e-3, prefetch: bool = True, autocast: bool = False,
-                 max_sms: Optional[int] = None):
+                 max_sms: Optional[int] = None, copy_engines: bool = True):
         if max_sms is not None and int(max_sms) < 0:
             raise ValueError(f"max_sms must be >= 0 (0: every SM) or None, got {max_sms}")
         self.model = model
         self.prefetch = prefetch
         self.max_sms = None if max_sms is None else int(max_sms)
         self.autocast = autocast  # the forward in bfloat16 autocast (on a GPU)
+        if not isinstance(copy_engines, bool):
+            raise ValueError(f"copy_engines must be True or False, got {copy_engines!r}")
+        self.copy_engines = copy_engines
         self.dense = torch.optim.AdamW(model.dense_parameters(), lr=lr, weight_decay=0.0)
         self._prefetch_thread = PrefetchThread(model.head.weight.device, on_cpu=Trainer._beside_backward_on_cpu)
         self._gate: Optional[torch.cuda.Stream] = None  # where the thread's prefetch starts (made at first use)
@@ -213,8 +223,9 @@ class Trainer:
         finally:  # a backward that raises (or a Ctrl-C) leaves no prefetch running behind the caller's back
             if beside is not None:
                 self._prefetch_thread.wait(beside)
-        for memory in memories:
-            memory.step()
+        with self._row_transfers():
+            for memory in memories:
+                memory.step()
         self.dense.step()
         self.dense.zero_grad(set_to_none=True)
         if next_batch is None:  # the last batch: no thread left idle
@@ -222,8 +233,16 @@ class Trainer:
         return loss.detach()
 
     def _prefetch(self, next_batch) -> None:
-        for memory in self.model.engram_modules():
-            memory.prefetch(next_batch[0], next_batch[2], max_sms=self.max_sms)
+        with self._row_transfers():
+            for memory in self.model.engram_modules():
+                memory.prefetch(next_batch[0], next_batch[2], max_sms=self.max_sms)
+
+    def _row_transfers(self):
+        """The transfer options of the tables' prefetches and updates: stream-ordered staging with ``copy_engines``
+        on a GPU (set around each call, on the thread that makes it)."""
+        if self.copy_engines and self.model.head.weight.device.type == "cuda":
+            return transfer_config_override(stream_ordered_staging=1)
+        return contextlib.nullcontext()
 
     def _prefetch_beside(self, next_batch, gate: Optional[torch.cuda.Stream]) -> None:
         """:meth:`_prefetch` on the prefetch thread, from ``gate`` (see :meth:`_gate_for`)."""
