@@ -54,7 +54,7 @@ import speedtorch  # noqa: E402
 from speedtorch.cli.benchmarking import format_table, median_seconds, positive_int  # noqa: E402
 from speedtorch.nn.dynamic_embedding import IdIndex  # noqa: E402
 from speedtorch.nn import HostEmbedding  # noqa: E402
-from speedtorch.pipeline import _PrefetchTrial, move_batch  # noqa: E402
+from speedtorch.pipeline import move_batch, prefetch_trial_steps  # noqa: E402
 from trace_summary import format_summary, profile_trace, summarize_trace  # noqa: E402 (bench/trace_summary.py)
 
 HKV_HOST_TIER_VALUES_PER_S = (0.069e9, 0.12e9)  # A100-80GB, 256-byte values, keys in HBM, values in HBM + host
@@ -273,7 +273,7 @@ def training_section(args, generator) -> None:
     batch = args.train_batch or (65_536 if cuda else 4_096)
     steps = args.warmup + args.rounds * args.turn + args.trace_steps + 2  # + the two a pipeline stages ahead
     # The prefetch='auto' ways (on a GPU) run their trial first, on batches of their own.
-    trial = _PrefetchTrial.STEPS if cuda else 0
+    trial = prefetch_trial_steps(device) if cuda else 0
     total = steps + trial
     new_ids = int(batch * 0.1 * total * 1.2) + 64
     capacity = rows + new_ids if args.train_capacity == "grow" else rows  # "full": each new id evicts a row

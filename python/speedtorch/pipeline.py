@@ -85,7 +85,8 @@ class TrainPipeline:
             has a bound of its own (``set_transfer_config(max_sms=...)``, ``SPEEDTORCH_MAX_SMS``); None keeps the
             process's setting.
         prefetch: "auto" (the default): a trial over the first 27 steps (3 with prefetch, then 2 rounds of a block
-            with it and a block without, each a step to settle and 5 steps timed on the training stream)
+            with it and a block without, each a step to settle and 5 steps timed on the training stream; on a GPU
+            with ``copy_engines="auto"`` a third block each round, 39 steps: see ``copy_engines``)
             keeps the faster way (with prefetch unless the steps without it took at least 3% less; under
             torch.distributed, with distributed tables, whose prefetch exchanges ids, the same on every rank, agreed
             by an all-reduce over the default process group as the 28th step starts; other tables' ranks decide
@@ -100,10 +101,13 @@ class TrainPipeline:
             RESULTS.md, fifteenth session). Every way trains the same bits.
         copy_engines: on a GPU, move the host tables' rows read ahead and written back by CPU threads in stream order
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
-            step the rows read ahead where they are, writing the table only (True, the default). False: UVA row
-            kernels bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.078x the all-GPU step (14.6 ms)
-            with copy engines against 1.226x with UVA row kernels in the same run (bench/RESULTS.md, fifteenth
-            session, rounds of 36 steps). The CPU copies of a
+            step the rows read ahead where they are, writing the table only (True). False: UVA row kernels bounded by
+            ``max_sms``. "auto" (the default): with ``prefetch="auto"`` on a GPU, the trial times a third way, prefetch
+            over UVA row kernels, in each round (39 steps in all) and keeps the fastest of the three (``copy_engines``
+            then says which); else True. On an H200, DLRM with host tables ran 1.043x the all-GPU step (14.7 ms)
+            with copy engines against 1.206x with UVA row kernels in the same run, on another H200 machine 2.03x
+            against 1.21x: its CPU copies moved 10 GB/s instead of 29 (bench/RESULTS.md, sixteenth session, rounds
+            of 100 steps). The CPU copies of a
             step's write-back and of the next gather (about 9 ms a step, in host functions, which the CUDA driver
             runs one at a time) run beside the model on torch's CPU threads.
     """
@@ -113,7 +117,7 @@ class TrainPipeline:
     def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
                  device=None, sparse_inputs: Optional[Callable[[Any], list]] = None, step_host_tables: bool = True,
                  max_sms: Union[int, str, None] = "auto", prefetch: Union[bool, str] = "auto",
-                 copy_engines: bool = True):
+                 copy_engines: Union[bool, str] = "auto"):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -133,10 +137,15 @@ class TrainPipeline:
             raise ValueError(f"TrainPipeline: prefetch must be True, False or 'auto', got {prefetch!r}")
         self.prefetch = prefetch
         self.prefetch_trial: Optional[dict] = None  # "auto": {"with": ms a step, "without": ms a step} once decided
-        self._trial = _PrefetchTrial() if prefetch == "auto" else None
-        if not isinstance(copy_engines, bool):
-            raise ValueError(f"TrainPipeline: copy_engines must be True or False, got {copy_engines!r}")
-        self.copy_engines = copy_engines
+        if not (isinstance(copy_engines, bool) or copy_engines == "auto"):
+            raise ValueError(f"TrainPipeline: copy_engines must be True, False or 'auto', got {copy_engines!r}")
+        # "auto": tried beside prefetch="auto"'s ways on a GPU (with prefetch over UVA row kernels as a third way);
+        # else the copy engines.
+        tried = copy_engines == "auto" and prefetch == "auto" and self.device.type == "cuda"
+        self.copy_engines = True if copy_engines == "auto" else copy_engines
+        ways = ((True, True), (True, False), (False, True)) if tried else \
+            ((True, self.copy_engines), (False, self.copy_engines))
+        self._trial = _PrefetchTrial(ways) if prefetch == "auto" else None
         self.steps = 0
         self._batches = iter(batches)
         self._exhausted = False
@@ -247,7 +256,8 @@ class TrainPipeline:
         """The transfer options of the row work that runs beside the model (the gathers ahead, the host tables'
         updates): ``max_sms``, and stream-ordered staging with ``copy_engines`` on a GPU."""
         options = {} if self.max_sms is None else {"max_sms": self.max_sms}
-        if self.copy_engines and self.device.type == "cuda":
+        copy_engines = self.copy_engines if self._trial is None else self._trial.way(self.steps)[1]
+        if copy_engines and self.device.type == "cuda":
             options["stream_ordered_staging"] = 1
         return transfer_config_override(**options) if options else contextlib.nullcontext()
 
@@ -262,7 +272,7 @@ class TrainPipeline:
             mark = torch.cuda.Event(enable_timing=True)
             mark.record(torch.cuda.current_stream(self.device))
         if self._trial.record(self.steps, mark):
-            choice = self._trial.choice()
+            choice, self.copy_engines = self._trial.choice()
             self.prefetch = _agreed(choice, self.device) if _prefetch_is_collective(self.host_modules) else choice
             self.prefetch_trial = self._trial.summary()
             self._trial = None
@@ -297,20 +307,29 @@ class TrainPipeline:
 
 
 class _PrefetchTrial:
-    """prefetch="auto"'s schedule: WARMUP steps with prefetch, then ROUNDS rounds of a block with it and one
-    without, each block SETTLE + BLOCK steps of which the last BLOCK are timed (a block's first step is neither way:
-    its forward takes, or finds no, rows the block before read ahead); the way kept: with prefetch unless without it
-    was MARGIN faster."""
+    """prefetch="auto"'s schedule over ``ways``, each ``(prefetch, copy_engines)``, the first the default: WARMUP
+    steps the first way, then ROUNDS rounds of a block of each way in turn, each block SETTLE + BLOCK steps of which
+    the last BLOCK are timed (a block's first step is neither way: its forward takes, or finds no, rows the block
+    before read ahead); the way kept: the fastest, the first unless another was MARGIN faster than it."""
     WARMUP, SETTLE, BLOCK, ROUNDS, MARGIN = 3, 1, 5, 2, 0.97
-    STEPS = WARMUP + 2 * ROUNDS * (SETTLE + BLOCK)  # 27: the trial is over before step STEPS runs
 
-    def __init__(self):
-        self.times: dict[bool, list[float]] = {True: [], False: []}
+    def __init__(self, ways=((True, True), (False, True))):
+        self.ways = list(ways)
+        self.times: dict[tuple, list[float]] = {way: [] for way in self.ways}
         self._started: Optional[float] = None
+        # 27 steps for two ways, 39 for three: the trial is over before step STEPS runs
+        self.STEPS = self.WARMUP + len(self.ways) * self.ROUNDS * (self.SETTLE + self.BLOCK)
+
+    def way(self, step: int) -> tuple:
+        """``(prefetch, copy_engines)`` of step ``step`` (0-based): whether it starts the next batch's prefetch, and
+        how the host tables' rows move."""
+        if step < self.WARMUP:
+            return self.ways[0]
+        return self.ways[(step - self.WARMUP) // (self.SETTLE + self.BLOCK) % len(self.ways)]
 
     def prefetches(self, step: int) -> bool:
         """Whether step ``step`` (0-based) starts the next batch's prefetch."""
-        return step < self.WARMUP or (step - self.WARMUP) // (self.SETTLE + self.BLOCK) % 2 == 0
+        return self.way(step)[0]
 
     def at_edge(self, step: int) -> bool:
         """Whether the time is marked before step ``step``: a block's timed steps start or end there."""
@@ -323,15 +342,30 @@ class _PrefetchTrial:
             self._started = now
             return False
         if self._started is not None:
-            self.times[self.prefetches(step - 1)].append(_seconds(self._started, now) / self.BLOCK)
+            self.times[self.way(step - 1)].append(_seconds(self._started, now) / self.BLOCK)
             self._started = None
-        return len(self.times[False]) == self.ROUNDS
+        return len(self.times[self.ways[-1]]) == self.ROUNDS
 
-    def choice(self) -> bool:
-        return not statistics.median(self.times[False]) < self.MARGIN * statistics.median(self.times[True])
+    def choice(self) -> tuple:
+        """The way kept, ``(prefetch, copy_engines)``."""
+        median = {way: statistics.median(t) for way, t in self.times.items()}
+        fastest = min(self.ways, key=lambda way: median[way])
+        return fastest if median[fastest] < self.MARGIN * median[self.ways[0]] else self.ways[0]
 
     def summary(self) -> dict:
-        return {"with": statistics.median(self.times[True]) * 1e3, "without": statistics.median(self.times[False]) * 1e3}
+        """Milliseconds a step of each way: "with" (prefetch), "with, UVA row kernels" (prefetch without the copy
+        engines, when tried), "without" (no prefetch)."""
+        names = {}
+        for prefetch, copy_engines in self.ways:
+            uva = not copy_engines and any(ce for p, ce in self.ways if p)
+            names[(prefetch, copy_engines)] = ("with" + (", UVA row kernels" if uva else "")) if prefetch else "without"
+        return {names[way]: statistics.median(t) * 1e3 for way, t in self.times.items()}
+
+
+def prefetch_trial_steps(device) -> int:
+    """Steps of :class:`TrainPipeline`'s ``prefetch="auto"`` trial with the default ``copy_engines="auto"`` on
+    ``device`` (three ways on a GPU, two on the CPU)."""
+    return _PrefetchTrial([None] * (3 if torch.device(device).type == "cuda" else 2)).STEPS
 
 
 def _seconds(start: Union[float, torch.cuda.Event], end: Union[float, torch.cuda.Event]) -> float:
