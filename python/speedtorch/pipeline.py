@@ -101,13 +101,15 @@ class TrainPipeline:
             RESULTS.md, fifteenth session). Every way trains the same bits.
         copy_engines: on a GPU, move the host tables' rows read ahead and written back by CPU threads in stream order
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
-            step the rows read ahead where they are, writing the table only (True). False: UVA row kernels bounded by
-            ``max_sms``. "auto" (the default): with ``prefetch="auto"`` on a GPU, the trial times a third way, prefetch
-            over UVA row kernels, in each round (39 steps in all) and keeps the fastest of the three (``copy_engines``
-            then says which); else True. On an H200, DLRM with host tables ran 1.043x the all-GPU step (14.7 ms)
-            with copy engines against 1.206x with UVA row kernels in the same run, on another H200 machine 2.03x
-            against 1.21x: its CPU copies moved 10 GB/s instead of 29 (bench/RESULTS.md, sixteenth session, rounds
-            of 100 steps). The CPU copies of a
+            step the rows read ahead where they are, writing the table only (True, the default). False: UVA row
+            kernels bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.043-1.059x the all-GPU step
+            (14.4-14.7 ms) with copy engines against 1.21-1.25x with UVA row kernels in the same runs; on one H200
+            machine, whose CPU copies moved 10 GB/s instead of 25-33, 2.03x against 1.21x (bench/RESULTS.md,
+            sixteenth session, rounds of 100 steps). "auto" (with ``prefetch="auto"`` on a GPU): the trial times a
+            third way, prefetch over UVA row kernels, in each round (39 steps in all) and keeps the fastest of the
+            three (``copy_engines`` then says which). Not the default: its short blocks rate the copy engines' steps
+            too slow (DLRM: 20.8-21.5 ms a step in the trial against 15.3 in training), so it keeps UVA row kernels
+            where the copy engines are faster. The CPU copies of a
             step's write-back and of the next gather (about 9 ms a step, in host functions, which the CUDA driver
             runs one at a time) run beside the model on torch's CPU threads.
     """
@@ -117,7 +119,7 @@ class TrainPipeline:
     def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
                  device=None, sparse_inputs: Optional[Callable[[Any], list]] = None, step_host_tables: bool = True,
                  max_sms: Union[int, str, None] = "auto", prefetch: Union[bool, str] = "auto",
-                 copy_engines: Union[bool, str] = "auto"):
+                 copy_engines: Union[bool, str] = True):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -139,8 +141,8 @@ class TrainPipeline:
         self.prefetch_trial: Optional[dict] = None  # "auto": {"with": ms a step, "without": ms a step} once decided
         if not (isinstance(copy_engines, bool) or copy_engines == "auto"):
             raise ValueError(f"TrainPipeline: copy_engines must be True, False or 'auto', got {copy_engines!r}")
-        # "auto": tried beside prefetch="auto"'s ways on a GPU (with prefetch over UVA row kernels as a third way);
-        # else the copy engines.
+        # "auto": tried beside prefetch="auto"'s ways on a GPU (prefetch over UVA row kernels as a third way); else
+        # the copy engines.
         tried = copy_engines == "auto" and prefetch == "auto" and self.device.type == "cuda"
         self.copy_engines = True if copy_engines == "auto" else copy_engines
         ways = ((True, True), (True, False), (False, True)) if tried else \
@@ -383,10 +385,11 @@ class _PrefetchTrial:
         return {names[way]: statistics.median(t) * 1e3 for way, t in self.times.items()}
 
 
-def prefetch_trial_steps(device) -> int:
-    """Steps of :class:`TrainPipeline`'s ``prefetch="auto"`` trial with the default ``copy_engines="auto"`` on
-    ``device`` (three ways on a GPU, two on the CPU)."""
-    return _PrefetchTrial([None] * (3 if torch.device(device).type == "cuda" else 2)).STEPS
+def prefetch_trial_steps(device, copy_engines: Union[bool, str] = True) -> int:
+    """Steps of :class:`TrainPipeline`'s ``prefetch="auto"`` trial on ``device`` with ``copy_engines`` (three ways
+    with "auto" on a GPU, else two)."""
+    three = copy_engines == "auto" and torch.device(device).type == "cuda"
+    return _PrefetchTrial([None] * (3 if three else 2)).STEPS
 
 
 def _seconds(start: Union[float, torch.cuda.Event], end: Union[float, torch.cuda.Event]) -> float:

@@ -459,19 +459,21 @@ def test_under_a_profiler_the_prefetch_runs_on_the_calling_thread(monkeypatch):
     assert threads[-1] == threading.current_thread().name
 
 
+@pytest.mark.parametrize("copy_engines", [True, "auto"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_prefetch_auto_tries_both_ways_keeps_one_and_trains_the_same_bits(device):
+def test_prefetch_auto_tries_both_ways_keeps_one_and_trains_the_same_bits(device, copy_engines):
     # The trial's steps (CPU: 3 with prefetch, then 1 + 5 with, 1 + 5 without, twice; GPU: a third block each
     # round, with prefetch over UVA row kernels instead of the copy engines), then 6 more, in the way kept once the
     # last block is read. On a GPU the blocks are timed by events of the training stream, never waited for.
     from speedtorch.pipeline import prefetch_trial_steps
 
-    count = prefetch_trial_steps(device) + 6
-    assert count == (45 if device == "cuda" else 33)
+    three = device == "cuda" and copy_engines == "auto"
+    count = prefetch_trial_steps(device, copy_engines) + 6
+    assert count == (45 if three else 33)
     batches = synthetic_batches(ROWS, 16, count, exponent=1.3, seed=11, pin_memory=device == "cuda")
-    _, pipeline = run_both(lambda: tiny_dlrm(device), batches, device, prefetch="auto")
+    _, pipeline = run_both(lambda: tiny_dlrm(device), batches, device, prefetch="auto", copy_engines=copy_engines)
     assert pipeline.prefetch in (True, False) and pipeline.copy_engines in (True, False)
-    ways = {"with", "with, UVA row kernels", "without"} if device == "cuda" else {"with", "without"}
+    ways = {"with", "with, UVA row kernels", "without"} if three else {"with", "without"}
     assert set(pipeline.prefetch_trial) == ways and min(pipeline.prefetch_trial.values()) > 0
 
 
@@ -495,7 +497,7 @@ def test_prefetch_auto_schedule_and_choice():
 
 
 def test_prefetch_auto_with_copy_engines_auto_tries_three_ways_and_keeps_the_fastest():
-    # On a GPU (copy_engines="auto"): blocks of prefetch with the copy engines, with UVA row kernels, and without
+    # On a GPU with copy_engines="auto": blocks of prefetch with the copy engines, with UVA row kernels, and without
     # prefetch, in turns, twice: 39 steps. The copy engines' CPU copies can run slow on a machine (10 GB/s where
     # another moved 29: bench/RESULTS.md, sixteenth session): the trial then keeps the UVA row kernels.
     from speedtorch.pipeline import _PrefetchTrial
