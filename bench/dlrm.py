@@ -111,10 +111,11 @@ COPY_COUNTERS = ("stream_ordered_gather_microseconds", "stream_ordered_scatter_m
 class Way:
     """A model trained by its own TrainPipeline over the batches, cycled."""
 
-    def __init__(self, model, optimizers, batches, device, prefetch=True, max_sms=None, tables_step=None):
+    def __init__(self, model, optimizers, batches, device, prefetch=True, max_sms=None, tables_step=None,
+                 copy_engines=True):
         self.model, self.device = model, device
         self.pipeline = TrainPipeline(model, optimizers, itertools.cycle(batches), device=device, prefetch=prefetch,
-                                      max_sms=max_sms)
+                                      max_sms=max_sms, copy_engines=copy_engines)
         self.tables_step = tables_step
 
     def run(self, steps: int) -> float:
@@ -375,11 +376,17 @@ def section_gpu(args, device) -> dict:
             for threads in args.copy_threads:
                 ways[f"{label}, {threads} CPU copy threads"] = WithTransferOptions(
                     base.way, copy_engines=True, stream_ordered_threads=threads)
-            # prefetch='auto' on the same model: its trial (with and without prefetch) runs untimed first.
-            ways[AUTO] = Way(model, base.pipeline.optimizers, batches, device, prefetch="auto",
-                             max_sms=args.max_sms)
-            while ways[AUTO].pipeline.prefetch == "auto":
-                ways[AUTO].run(1)
+            # prefetch='auto' on the same model: its trial (with and without prefetch; with --auto-copy-engines also
+            # prefetch over UVA row kernels) runs untimed first; --auto-trials N: N trials in a row, each a new
+            # pipeline, the last one's way timed (does a trial rate the ways alike once the process is warm?).
+            for trial in range(args.auto_trials):
+                ways[AUTO] = Way(model, base.pipeline.optimizers, batches, device, prefetch="auto",
+                                 max_sms=args.max_sms, copy_engines="auto" if args.auto_copy_engines else True)
+                while ways[AUTO].pipeline.prefetch == "auto":
+                    ways[AUTO].run(1)
+                pipeline = ways[AUTO].pipeline
+                print(f"  prefetch='auto' trial {trial + 1}: kept prefetch={pipeline.prefetch}, copy_engines="
+                      f"{pipeline.copy_engines} ({pipeline.prefetch_trial}; ms a step)", flush=True)
     if not args.no_torch:
         print("building torch nn.EmbeddingBag on the GPU", flush=True)
         torch_tables = TorchEmbeddingBags(tables_of(rows, args.dim, args.interaction), sparse=True, device=device)
@@ -577,6 +584,11 @@ def main() -> int:
     parser.add_argument("--state-apart", action="store_true",
                         help="optimizer state in a table of its own (no re-layout of the rows at setup: one pin)")
     parser.add_argument("--no-torch", action="store_true", help="gpu: leave out torch's nn.EmbeddingBag way")
+    parser.add_argument("--auto-trials", type=int, default=1,
+                        help="gpu: run the prefetch='auto' way's trial this many times in a row (a new pipeline each), "
+                             "printing each one's times; the last one's way is timed")
+    parser.add_argument("--auto-copy-engines", action="store_true",
+                        help="gpu: the prefetch='auto' way with copy_engines='auto' (a third way in its trial)")
     parser.add_argument("--criteo-cap", type=int, default=40_000_000,
                         help="criteo1tb: rows a table at most (40M: MLPerf's sizes, 108 GB of host RAM)")
     parser.add_argument("--loop-cap", type=int, default=None, help="loop: rows a table at most (cpu 100k; gpu 1M)")
