@@ -89,7 +89,9 @@ def test_stream_ordered_staging_keeps_stream_order_and_never_holds_the_caller(ta
     # where this once outlasted the second of sleep): done before, so the check is of the calls themselves.
     speedtorch.scatter_(table, ids, speedtorch.gather(table, ids))
     torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued before the transfers
+    # About five seconds of GPU time queued before the transfers: the two calls below return long before it ends
+    # unless they wait for the GPU (with one second, a host loaded by pytest -n 6 once outlasted it, 2026-11-29).
+    torch.cuda._sleep(10_000_000_000)
     speedtorch.scatter_(table, ids, src)
     got = speedtorch.gather(table, ids)  # after the scatter in stream order: reads what it wrote
     after = torch.cuda.Event()
