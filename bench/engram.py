@@ -298,7 +298,8 @@ def main() -> int:
     parser.add_argument("--rows-in-flight", type=lambda t: [int(x) for x in t.split(",")], default=[4],
                         help="gather: uva_rows_in_flight values (16-byte loads a lane) at which the fp8 and int8 "
                         "kernels are also timed over UVA alone, e.g. 2,4,8 (default: 4)")
-    parser.add_argument("--trace-dir", help="training: keep each way's raw trace here (bench/trace_timeline.py reads it)")
+    parser.add_argument("--trace-dir",
+                        help="training: keep each way's raw trace here (bench/trace_timeline.py reads it)")
     parser.add_argument("--trace-as-run", action="store_true",
                         help="training: the prefetch stays on its thread while traced (else it runs on the calling "
                              "thread under the profiler): the schedule as it runs untraced")

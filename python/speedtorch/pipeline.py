@@ -325,9 +325,8 @@ class _PrefetchTrial:
         self.ways = list(ways)
         self.times: dict[tuple, list[float]] = {way: [] for way in self.ways}
         self._started: Optional[float] = None
-        # Closed blocks the device has not finished yet, (way, start, end): read later, never waited for (a wait at
-        # each block's end drained the copy engines' pipeline, which then restarted: DLRM blocks with the copy
-        # engines took 20.8 ms a step in the trial against 15.3 in training; bench/RESULTS.md, sixteenth session).
+        # Closed blocks the device has not finished yet, (way, start, end): read later, never waited for, so the host
+        # keeps its lead over the GPU through the trial as in training.
         self._pending: list = []
         # 27 steps for two ways, 39 for three: the trial is over before step STEPS runs
         self.STEPS = self.WARMUP + len(self.ways) * self.ROUNDS * (self.SETTLE + self.BLOCK)
@@ -345,7 +344,8 @@ class _PrefetchTrial:
 
     def at_edge(self, step: int) -> bool:
         """Whether the time is marked before step ``step``: a block's timed steps start or end there."""
-        return self.WARMUP <= step <= self.STEPS and (step - self.WARMUP) % (self.SETTLE + self.BLOCK) in (0, self.SETTLE)
+        within = self.WARMUP <= step <= self.STEPS
+        return within and (step - self.WARMUP) % (self.SETTLE + self.BLOCK) in (0, self.SETTLE)
 
     def record(self, step: int, now: Union[float, torch.cuda.Event]) -> bool:
         """At an edge before step ``step`` (``now``: seconds, or a CUDA event recorded there): starts timing a block's
