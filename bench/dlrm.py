@@ -382,9 +382,19 @@ def section_gpu(args, device) -> dict:
             for trial in range(args.auto_trials):
                 ways[AUTO] = Way(model, base.pipeline.optimizers, batches, device, prefetch="auto",
                                  max_sms=args.max_sms, copy_engines="auto" if args.auto_copy_engines else True)
+                marks = []  # --auto-step-times: an event of the training stream before each step of the trial
                 while ways[AUTO].pipeline.prefetch == "auto":
+                    if args.auto_step_times:
+                        trial_now = ways[AUTO].pipeline._trial
+                        marks.append((trial_now.way(ways[AUTO].pipeline.steps), torch.cuda.Event(enable_timing=True)))
+                        marks[-1][1].record()
                     ways[AUTO].run(1)
                 pipeline = ways[AUTO].pipeline
+                if marks:
+                    torch.cuda.synchronize(device)
+                    print("  the trial's steps, ms on the training stream, (prefetch, copy engines): " + ", ".join(
+                        f"{i}{'P' if way[0] else '-'}{'C' if way[1] else 'U'} {a.elapsed_time(b):.1f}"
+                        for i, ((way, a), (_, b)) in enumerate(zip(marks, marks[1:]))), flush=True)
                 print(f"  prefetch='auto' trial {trial + 1}: kept prefetch={pipeline.prefetch}, copy_engines="
                       f"{pipeline.copy_engines} ({pipeline.prefetch_trial}; ms a step)", flush=True)
     if not args.no_torch:
@@ -587,6 +597,8 @@ def main() -> int:
     parser.add_argument("--auto-trials", type=int, default=1,
                         help="gpu: run the prefetch='auto' way's trial this many times in a row (a new pipeline each), "
                              "printing each one's times; the last one's way is timed")
+    parser.add_argument("--auto-step-times", action="store_true",
+                        help="gpu: print each step of the prefetch='auto' way's trial, ms on the training stream")
     parser.add_argument("--auto-copy-engines", action="store_true",
                         help="gpu: the prefetch='auto' way with copy_engines='auto' (a third way in its trial)")
     parser.add_argument("--criteo-cap", type=int, default=40_000_000,
