@@ -449,7 +449,7 @@ void IdIndex::touch_locked(const int64_t* ids, const int64_t* slots, int64_t n) 
   // (which a sighting relinks) kAhead / 2 sightings on, once the record itself has arrived. A record is 12 bytes:
   // one in eight spans two cache lines, so both of its ends are asked for. (A sighting reads its successor's gap,
   // a load that waits for the record where the unlinking's stores did not: 16 sightings ahead, as before the gaps,
-  // made assign 15-20% slower on the 2-core machine; 32 is within noise of before, docs/dynamic_tables.md.)
+  // made assign of LRU 5-15% slower on the 2-core machine; 32 is within noise of before, docs/dynamic_tables.md.)
   constexpr int64_t kAhead = 32;
   auto ask_for_record = [&](int64_t slot) {
     const char* record = reinterpret_cast<const char*>(&meta_[slot]);
