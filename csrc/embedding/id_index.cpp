@@ -1,16 +1,20 @@
 // IdIndex (id_index.h): raw id -> slot with admission and eviction. The semantics are written at the top of
-// id_index.h; this file keeps the recency structures (one list for LRU, lists per count for LFU) and the candidate
-// pool consistent with them, in the compact per-slot arrays id_index.h lays out.
+// id_index.h; this file keeps the recency structures (one list for LRU, lists per count for LFU, each row's last
+// step as its gap from its predecessor's) and the candidate pool consistent with them, in the compact per-slot
+// arrays id_index.h lays out.
 #include "embedding/id_index.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <numeric>
 #include <shared_mutex>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "cpu/helped_parallel_for.h"
 
@@ -60,8 +64,11 @@ inline void ask_for_probe_keys(const EntryBucket* buckets, std::size_t count, co
   }
 }
 
+// Counts saturate at the largest 32-bit value.
+constexpr uint32_t kMaxCount = std::numeric_limits<uint32_t>::max();
+
 uint32_t saturated(int64_t count) {
-  return static_cast<uint32_t>(std::min<int64_t>(count, static_cast<int64_t>(IdIndex::kNone)));
+  return static_cast<uint32_t>(std::min<int64_t>(count, static_cast<int64_t>(kMaxCount)));
 }
 
 // Makes `keys` fit in `set` and `arrays` (vectors of one entry per key) without growing again while the count stays
@@ -155,7 +162,7 @@ uint32_t IdIndex::bucket_for_count_after(uint32_t below, uint32_t count) {
     made = static_cast<uint32_t>(buckets_.size());
     buckets_.emplace_back();
   }
-  buckets_[made] = Bucket{count, List{}, lower, at};
+  buckets_[made] = Bucket{count, SlotList{}, lower, at};
   if (lower == kNone) {
     lowest_bucket_ = made;
   } else {
@@ -186,58 +193,146 @@ void IdIndex::drop_bucket_if_empty(uint32_t bucket) {
   free_buckets_.push_back(bucket);
 }
 
+// The per-sighting helpers below are inline (defined and used in this file only) so that they are inlined: a member
+// of the library's exported class is otherwise called through the PLT (-fPIC, default visibility), which costs more
+// than their work.
+inline uint32_t IdIndex::count_of(uint32_t slot) const {
+  const uint16_t count = meta_[slot].count;
+  return count != kSpilled ? count : spilled_counts_.find(slot)->second;
+}
+
+inline void IdIndex::set_count(uint32_t slot, uint32_t count) {
+  uint16_t& field = meta_[slot].count;
+  if (count < kSpilled) {
+    if (field == kSpilled) {
+      spilled_counts_.erase(slot);
+    }
+    field = static_cast<uint16_t>(count);
+  } else {
+    field = kSpilled;
+    spilled_counts_[slot] = count;
+  }
+}
+
+inline uint64_t IdIndex::gap_of(uint32_t slot) const {
+  const uint16_t gap = meta_[slot].gap;
+  return gap != kSpilled ? gap : spilled_gaps_.find(slot)->second;
+}
+
+inline void IdIndex::set_gap(uint32_t slot, uint64_t gap) {
+  uint16_t& field = meta_[slot].gap;
+  if (gap < kSpilled) {
+    if (field == kSpilled) {
+      spilled_gaps_.erase(slot);
+    }
+    field = static_cast<uint16_t>(gap);
+  } else {
+    field = kSpilled;
+    spilled_gaps_[slot] = gap;
+  }
+}
+
+inline void IdIndex::append_slot(SlotList& list, uint32_t slot, int64_t seen) {
+  if (list.tail == kNone) {
+    list.first_step = seen;
+    set_gap(slot, 0);
+  } else {
+    set_gap(slot, static_cast<uint64_t>(seen - list.last_step));
+  }
+  list.last_step = seen;
+  push_back(meta_, list, slot);
+}
+
+inline void IdIndex::remove_slot(SlotList& list, uint32_t slot) {
+  // The row after it takes its gap over (the first row's gap goes to the list's first step), so every other row's
+  // step stays what it was; without a row after it, the list's last row is now the one before it.
+  const uint32_t before = meta_[slot].prev, after = meta_[slot].next;
+  const uint64_t gap = gap_of(slot);
+  if (after != kNone) {
+    if (before == kNone) {
+      list.first_step += static_cast<int64_t>(gap_of(after));
+      set_gap(after, 0);
+    } else {
+      set_gap(after, gap_of(after) + gap);
+    }
+  } else if (before != kNone) {
+    list.last_step -= static_cast<int64_t>(gap);
+  }
+  unlink(meta_, list, slot);  // its own gap is set when it is appended again
+}
+
 void IdIndex::link_slot(uint32_t slot) {
   if (policy_ == Policy::kLru) {
-    push_back(meta_, lru_, slot);
+    append_slot(lru_, slot, step_);
     return;
   }
-  const uint32_t bucket = bucket_for_count_after(kNone, meta_[slot].count);
-  push_back(meta_, buckets_[bucket].rows, slot);
+  const uint32_t bucket = bucket_for_count_after(kNone, count_of(slot));
+  append_slot(buckets_[bucket].rows, slot, step_);
 }
 
 void IdIndex::unlink_slot(uint32_t slot) {
   if (policy_ == Policy::kLru) {
-    unlink(meta_, lru_, slot);
+    remove_slot(lru_, slot);
     return;
   }
-  const uint32_t bucket = bucket_of_count_.find(meta_[slot].count)->second;
-  unlink(meta_, buckets_[bucket].rows, slot);
+  const uint32_t bucket = bucket_of_count_.find(count_of(slot))->second;
+  remove_slot(buckets_[bucket].rows, slot);
   drop_bucket_if_empty(bucket);
 }
 
-void IdIndex::touch_slot(uint32_t slot) {
-  SlotMeta& meta = meta_[slot];
-  meta.last_step = static_cast<uint32_t>(step_);
-  if (policy_ == Policy::kLru) {
-    meta.count += meta.count != kNone ? 1 : 0;
-    if (lru_.tail != slot) {
-      unlink(meta_, lru_, slot);
-      push_back(meta_, lru_, slot);
+template <typename Visit>
+void IdIndex::for_each_slot_in_order(Visit&& visit) const {
+  auto walk = [&](const SlotList& list) {
+    int64_t seen = list.first_step;
+    for (uint32_t slot = list.head; slot != kNone; slot = meta_[slot].next) {
+      seen += static_cast<int64_t>(gap_of(slot));
+      visit(slot, seen);
     }
+  };
+  if (policy_ == Policy::kLru) {
+    walk(lru_);
     return;
   }
-  const uint32_t from = bucket_of_count_.find(meta.count)->second;
-  unlink(meta_, buckets_[from].rows, slot);
-  if (meta.count == kNone) {  // saturated: the most recent of its count
-    push_back(meta_, buckets_[from].rows, slot);
+  for (uint32_t b = lowest_bucket_; b != kNone; b = buckets_[b].higher) {
+    walk(buckets_[b].rows);
+  }
+}
+
+inline void IdIndex::touch_slot(uint32_t slot) {
+  const uint32_t count = count_of(slot);
+  if (policy_ == Policy::kLru) {
+    if (count != kMaxCount) {
+      set_count(slot, count + 1);
+    }
+    remove_slot(lru_, slot);
+    append_slot(lru_, slot, step_);
     return;
   }
-  meta.count += 1;
-  const uint32_t to = bucket_for_count_after(from, meta.count);
-  push_back(meta_, buckets_[to].rows, slot);
+  const uint32_t from = bucket_of_count_.find(count)->second;
+  remove_slot(buckets_[from].rows, slot);
+  if (count == kMaxCount) {  // saturated: the most recent of its count
+    append_slot(buckets_[from].rows, slot, step_);
+    return;
+  }
+  set_count(slot, count + 1);
+  const uint32_t to = bucket_for_count_after(from, count + 1);
+  append_slot(buckets_[to].rows, slot, step_);
   drop_bucket_if_empty(from);
 }
 
 uint32_t IdIndex::victim(uint64_t protect_age) const {
   // In the LRU list, and within each LFU bucket, rows are in the order they were last seen, so in the order of
   // their last steps: when the first one is protected, so are all the others.
+  auto oldest_unprotected = [&](const SlotList& list) {
+    const bool old = list.head != kNone && static_cast<uint64_t>(step_ - list.first_step) > protect_age;
+    return old ? list.head : kNone;
+  };
   if (policy_ == Policy::kLru) {
-    const uint32_t oldest = lru_.head;
-    return oldest != kNone && age(oldest) > protect_age ? oldest : kNone;
+    return oldest_unprotected(lru_);
   }
   for (uint32_t b = lowest_bucket_; b != kNone; b = buckets_[b].higher) {
-    const uint32_t oldest = buckets_[b].rows.head;
-    if (age(oldest) > protect_age) {
+    const uint32_t oldest = oldest_unprotected(buckets_[b].rows);
+    if (oldest != kNone) {
       return oldest;
     }
   }
@@ -351,19 +446,27 @@ void IdIndex::find_slots(const int64_t* ids, int64_t* slots, int64_t n) const {
 void IdIndex::touch_locked(const int64_t* ids, const int64_t* slots, int64_t n) {
   (void)ids;
   // Per-slot records are random accesses: ask for the one kAhead sightings on early, and for its list neighbours
-  // (which a sighting relinks) kAhead / 2 sightings on, once the record itself has arrived.
-  constexpr int64_t kAhead = 16;
+  // (which a sighting relinks) kAhead / 2 sightings on, once the record itself has arrived. A record is 12 bytes:
+  // one in eight spans two cache lines, so both of its ends are asked for. (A sighting reads its successor's gap,
+  // a load that waits for the record where the unlinking's stores did not: 16 sightings ahead, as before the gaps,
+  // made assign of LRU 5-15% slower on the 2-core machine; 32 is within noise of before, docs/dynamic_tables.md.)
+  constexpr int64_t kAhead = 32;
+  auto ask_for_record = [&](int64_t slot) {
+    const char* record = reinterpret_cast<const char*>(&meta_[slot]);
+    __builtin_prefetch(record, 1);
+    __builtin_prefetch(record + sizeof(SlotMeta) - 1, 1);
+  };
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n && slots[i + kAhead] != -1) {
-      __builtin_prefetch(&meta_[slots[i + kAhead]], 1);
+      ask_for_record(slots[i + kAhead]);
     }
     if (i + kAhead / 2 < n && slots[i + kAhead / 2] != -1) {
       const SlotMeta& ahead = meta_[slots[i + kAhead / 2]];
       if (ahead.prev != kNone) {
-        __builtin_prefetch(&meta_[ahead.prev], 1);
+        ask_for_record(ahead.prev);
       }
       if (ahead.next != kNone) {
-        __builtin_prefetch(&meta_[ahead.next], 1);
+        ask_for_record(ahead.next);
       }
     }
     if (slots[i] != -1) {
@@ -455,7 +558,7 @@ void IdIndex::admit_locked(const int64_t* ids, int64_t* slots, int64_t n, uint64
     }
     // 4. The new row: count = its sightings, the most recent.
     forget_candidate(key);
-    meta_[slot] = SlotMeta{saturated(sightings), static_cast<uint32_t>(step_), kNone, kNone};
+    set_count(slot, saturated(sightings));
     slot_of_.insert(slot);
     if (slot_of_.bucket_count() != bucket_count) {  // the set grew by itself: its buckets moved
       bucket_count = slot_of_.bucket_count();
@@ -586,7 +689,7 @@ at::Tensor IdIndex::counts() const {
   at::Tensor out = at::empty({size_}, at::TensorOptions().dtype(at::kLong));
   int64_t* values = out.data_ptr<int64_t>();
   for (int64_t slot = 0; slot < size_; ++slot) {
-    values[slot] = meta_[slot].count;
+    values[slot] = count_of(static_cast<uint32_t>(slot));
   }
   return out;
 }
@@ -595,9 +698,7 @@ at::Tensor IdIndex::last_steps() const {
   std::shared_lock<TableLock> guard(lock_);
   at::Tensor out = at::empty({size_}, at::TensorOptions().dtype(at::kLong));
   int64_t* values = out.data_ptr<int64_t>();
-  for (int64_t slot = 0; slot < size_; ++slot) {
-    values[slot] = step_ - age(static_cast<uint32_t>(slot));
-  }
+  for_each_slot_in_order([&](uint32_t slot, int64_t seen) { values[slot] = seen; });
   return out;
 }
 
@@ -606,12 +707,16 @@ int64_t IdIndex::memory_bytes() const {
   auto bytes = [](const auto& vector) {
     return static_cast<int64_t>(vector.capacity() * sizeof(typename std::decay_t<decltype(vector)>::value_type));
   };
-  // A robin_set bucket of a 32-bit entry: the entry, its distance from its ideal bucket and a last-bucket flag.
-  constexpr int64_t kBucketBytes = 8;
+  // A robin_set / robin_map bucket: the value (a 32-bit entry, or a key and its value), its distance from its ideal
+  // bucket and a last-bucket flag (8 bytes for a 32-bit entry).
+  auto buckets = [](const auto& map) {
+    using Map = std::decay_t<decltype(map)>;
+    using Bucket = tsl::detail_robin_hash::bucket_entry<typename Map::value_type, false>;
+    return static_cast<int64_t>(map.bucket_count() * sizeof(Bucket));
+  };
   return bytes(keys_) + bytes(meta_) + bytes(buckets_) + bytes(free_buckets_) + bytes(candidate_keys_) +
-         bytes(candidate_meta_) + bytes(free_candidates_) +
-         kBucketBytes * static_cast<int64_t>(slot_of_.bucket_count() + candidate_of_.bucket_count()) +
-         16 * static_cast<int64_t>(bucket_of_count_.bucket_count());
+         bytes(candidate_meta_) + bytes(free_candidates_) + buckets(slot_of_) + buckets(candidate_of_) +
+         buckets(bucket_of_count_) + buckets(spilled_counts_) + buckets(spilled_gaps_);
 }
 
 std::string IdIndex::repr() const {
@@ -632,21 +737,12 @@ at::Tensor IdIndex::state() const {
   // Stamps: ranks in the order rows were last seen (LRU: the list; LFU: each count's list, the lowest count first),
   // then the candidates'.
   int64_t stamp = 0;
-  auto write_slots = [&](uint32_t head) {
-    for (uint32_t slot = head; slot != kNone; slot = meta_[slot].next) {
-      rows[kHeaderRows + slot][0] = keys_[slot];
-      rows[kHeaderRows + slot][1] = meta_[slot].count;
-      rows[kHeaderRows + slot][2] = step_ - age(slot);
-      rows[kHeaderRows + slot][3] = ++stamp;
-    }
-  };
-  if (policy_ == Policy::kLru) {
-    write_slots(lru_.head);
-  } else {
-    for (uint32_t b = lowest_bucket_; b != kNone; b = buckets_[b].higher) {
-      write_slots(buckets_[b].rows.head);
-    }
-  }
+  for_each_slot_in_order([&](uint32_t slot, int64_t seen) {
+    rows[kHeaderRows + slot][0] = keys_[slot];
+    rows[kHeaderRows + slot][1] = count_of(slot);
+    rows[kHeaderRows + slot][2] = seen;
+    rows[kHeaderRows + slot][3] = ++stamp;
+  });
   int64_t row = kHeaderRows + capacity_;
   for (uint32_t entry = candidate_recency_.head; entry != kNone; entry = candidate_meta_[entry].next, ++row) {
     rows[row][0] = candidate_keys_[entry];
@@ -712,8 +808,10 @@ void IdIndex::check_state(const at::Tensor& state) const {
 void IdIndex::clear() {
   keys_.clear();
   meta_.clear();
+  spilled_counts_.clear();
+  spilled_gaps_.clear();
   slot_of_.clear();
-  lru_ = List{};
+  lru_ = SlotList{};
   buckets_.clear();
   free_buckets_.clear();
   bucket_of_count_.clear();
@@ -740,31 +838,35 @@ void IdIndex::load_state(const at::Tensor& given) {
   meta_.resize(size);
   for (int64_t slot = 0; slot < size; ++slot) {
     keys_[slot] = rows[kHeaderRows + slot][0];
-    meta_[slot] = SlotMeta{saturated(rows[kHeaderRows + slot][1]),
-                           static_cast<uint32_t>(rows[kHeaderRows + slot][2]), kNone, kNone};
+    set_count(static_cast<uint32_t>(slot), saturated(rows[kHeaderRows + slot][1]));
     const bool fresh = slot_of_.insert(static_cast<uint32_t>(slot)).second;
     TORCH_INTERNAL_ASSERT(fresh, "speedtorch.IdIndex.load_state: key ", keys_[slot], " twice (check_state passed it)");
   }
-  // Recency: LRU by stamp; LFU by (count, stamp), appended in that order so each bucket is built oldest first.
+  // Recency: LRU by (last step, stamp); LFU by (count, last step, stamp), appended in that order so each list is
+  // built oldest first. The stamps of a state() follow its last steps within a list, so this is the stamps' order;
+  // a state whose stamps did not is put in the order of its last steps, which the lists' gaps need.
   std::vector<uint32_t> order(size);
   std::iota(order.begin(), order.end(), 0u);
+  auto seen = [&](uint32_t slot) { return rows[kHeaderRows + slot][2]; };
   auto stamp = [&](uint32_t slot) { return rows[kHeaderRows + slot][3]; };
-  auto count = [&](uint32_t slot) { return rows[kHeaderRows + slot][1]; };
   if (policy_ == Policy::kLru) {
-    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return stamp(a) < stamp(b); });
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return std::make_pair(seen(a), stamp(a)) < std::make_pair(seen(b), stamp(b));
+    });
     for (const uint32_t slot : order) {
-      push_back(meta_, lru_, slot);
+      append_slot(lru_, slot, seen(slot));
     }
   } else {
+    auto count = [&](uint32_t slot) { return saturated(rows[kHeaderRows + slot][1]); };
     std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-      return count(a) != count(b) ? count(a) < count(b) : stamp(a) < stamp(b);
+      return std::make_tuple(count(a), seen(a), stamp(a)) < std::make_tuple(count(b), seen(b), stamp(b));
     });
     uint32_t highest = kNone;
     for (const uint32_t slot : order) {
-      if (highest == kNone || buckets_[highest].count != meta_[slot].count) {
-        highest = bucket_for_count_after(highest, meta_[slot].count);  // above every bucket made so far
+      if (highest == kNone || buckets_[highest].count != count(slot)) {
+        highest = bucket_for_count_after(highest, count(slot));  // above every bucket made so far
       }
-      push_back(meta_, buckets_[highest].rows, slot);
+      append_slot(buckets_[highest].rows, slot, seen(slot));
     }
   }
   const int64_t first = kHeaderRows + capacity_;

@@ -15,10 +15,20 @@
 // Memory (docs/dynamic_tables.md measures it): the key is kept once, in a per-slot array; the map is a robin_set of
 // 32-bit slots (8-byte buckets) whose hash and equality read the key through that array, with buckets for the keys
 // held at a load of at most 0.9 (a bucket count of any size: FastRangeBuckets maps the mixed key's high bits
-// onto it, so the map is not rounded up to a power of two). Per slot: the key (8 bytes), then 16 bytes of
-// bookkeeping: a sighting count (32 bits, saturating at 2^32 - 1), the step it was last seen (its low 32 bits:
-// ages are exact up to 2^32 - 1 steps) and its two neighbours in the recency list (LRU: one list, oldest first;
-// LFU: one list per count, its buckets chained by increasing count). About 8.9 + 8 + 16 = 33 bytes a key in all.
+// onto it, so the map is not rounded up to a power of two). Per slot: the key (8 bytes), then a 12-byte record: its
+// two neighbours in its recency list (LRU: one list, oldest first; LFU: one list per count, its buckets chained by
+// increasing count) and two 16-bit fields:
+//  - its sighting count (exact up to 2^32 - 1, where it saturates);
+//  - its gap: the steps from its predecessor's last sighting to its own. A list is in the order its rows were last
+//    seen, so gaps are >= 0; the list holds the steps its first and last rows were seen (its first row's gap is 0),
+//    which is all that eviction (the first row's age) and appending read; a row's own last step (last_steps(),
+//    state()) is the sum along its list. Taking a row out adds its gap to its successor's. Steps are exact int64s.
+// A value of 65,535 or more does not fit: the field holds kSpilled and the value is in a small map (spilled_counts_,
+// spilled_gaps_). A count spills after 65,535 sightings, so T sightings in all spill at most T / 65,535 counts; the
+// gaps of a list add up to its last step minus its first, so a list spills at most (steps so far) / 65,535 gaps:
+// both maps stay small beside the table. In all 8 + 8.9 + 12 = 28.9 bytes a key (32.9 with the 16-byte record of
+// before, a 32-bit count and a 32-bit last step: 3.7 GiB less for a billion keys). A map load of up to 0.95 instead
+// would save 0.5 byte a key more, for finds 15-25% slower (docs/dynamic_tables.md).
 // Slots are 32-bit: capacity <= 2^32 - 1. The arrays and the map's buckets are in transparent huge pages once they
 // reach 32 MiB (HugePageAllocator): their accesses are random, over gigabytes for a billion keys.
 //
@@ -225,7 +235,8 @@ class IdIndex : public torch::CustomClassHolder {
   //   rows 3 .. 3 + capacity: one per slot: (key, count, last step, recency stamp); zeros for unused slots
   //   the rest: the candidate pool: (key, sightings, recency stamp, 0) for its first `candidates` rows, then zeros
   // Recency stamps order the rows as they were last seen (LRU: all rows; LFU: rows of one count); this index writes
-  // their ranks (1, 2, ...; the candidates after the slots) and clock = the last rank.
+  // their ranks (1, 2, ...; the candidates after the slots) and clock = the last rank. load_state() puts each list
+  // in the order of (last step, stamp), which is the stamps' order for a state() (and keeps the gaps >= 0 for any).
   at::Tensor state() const;
   // Replaces this index's contents with a state() of the same capacity, candidate capacity, admit_after and policy.
   void load_state(const at::Tensor& state);
@@ -235,13 +246,16 @@ class IdIndex : public torch::CustomClassHolder {
   static constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
 
  private:
-  // One used slot's bookkeeping, 16 bytes (four to a cache line); its key is in keys_.
+  // One used slot's record, 12 bytes; its key is in keys_. The two 16-bit fields hold kSpilled when their value is in
+  // spilled_counts_ / spilled_gaps_ (the top of this file).
   struct SlotMeta {
-    uint32_t count = 0;      // sightings, saturating at 2^32 - 1
-    uint32_t last_step = 0;  // the low 32 bits of the step it was last seen
-    uint32_t prev = kNone;   // neighbours in its recency list (LRU: the one list; LFU: its count's)
+    uint32_t prev = kNone;  // neighbours in its recency list (LRU: the one list; LFU: its count's)
     uint32_t next = kNone;
+    uint16_t count = 0;  // sightings
+    uint16_t gap = 0;    // steps from its predecessor's last sighting to its own (its list's first row: 0)
   };
+  static_assert(sizeof(SlotMeta) == 12, "a used slot's record is 12 bytes");
+  static constexpr uint16_t kSpilled = std::numeric_limits<uint16_t>::max();
   struct CandidateMeta {
     uint32_t count = 0;
     uint32_t prev = kNone;
@@ -252,6 +266,12 @@ class IdIndex : public torch::CustomClassHolder {
     uint32_t head = kNone;
     uint32_t tail = kNone;
   };
+  // A list of used slots, which also holds the steps its first and last rows were last seen (the rows between by
+  // their gaps); both are meaningless while it is empty.
+  struct SlotList : List {
+    int64_t first_step = 0;
+    int64_t last_step = 0;
+  };
   template <typename Metas>
   static void push_back(Metas& metas, List& list, uint32_t at);
   template <typename Metas>
@@ -260,7 +280,7 @@ class IdIndex : public torch::CustomClassHolder {
   // bucket_of_count_ (a small map: one entry per distinct count).
   struct Bucket {
     uint32_t count = 0;
-    List rows;
+    SlotList rows;
     uint32_t lower = kNone;
     uint32_t higher = kNone;
   };
@@ -286,12 +306,24 @@ class IdIndex : public torch::CustomClassHolder {
                     std::vector<int64_t>& evicted_slots);
   // Room in the map for `keys` keys (reserves ahead, up to capacity, so the map does not grow by itself).
   void reserve_keys(int64_t keys);
-  // Steps since the slot was last seen (exact below 2^32).
-  uint32_t age(uint32_t slot) const { return static_cast<uint32_t>(step_) - meta_[slot].last_step; }
-  // Puts a slot in the recency structure as the most recent row of its count (LRU: the list; LFU: its count's
-  // bucket, created when missing).
+  // A slot's count, and setting it (spilling into spilled_counts_ from 65,535 on).
+  uint32_t count_of(uint32_t slot) const;
+  void set_count(uint32_t slot, uint32_t count);
+  // A slot's gap, and setting it (spilling into spilled_gaps_ from 65,535 on).
+  uint64_t gap_of(uint32_t slot) const;
+  void set_gap(uint32_t slot, uint64_t gap);
+  // Appends a slot seen at step `seen` (>= the list's last step) as the list's most recent row, and takes one out;
+  // both keep the list's steps and its rows' gaps.
+  void append_slot(SlotList& list, uint32_t slot, int64_t seen);
+  void remove_slot(SlotList& list, uint32_t slot);
+  // Puts a slot in the recency structure as the most recent row of its count, seen in the current step (LRU: the
+  // list; LFU: its count's bucket, created when missing).
   void link_slot(uint32_t slot);
   void unlink_slot(uint32_t slot);
+  // Calls visit(slot, the step it was last seen) for every used slot, list by list in recency order (LRU: the list;
+  // LFU: the lowest count's first).
+  template <typename Visit>
+  void for_each_slot_in_order(Visit&& visit) const;
   // A sighting of a row already in the table.
   void touch_slot(uint32_t slot);
   // The lowest-scored row seen more than protect_age steps ago, or kNone when there is none.
@@ -312,9 +344,11 @@ class IdIndex : public torch::CustomClassHolder {
 
   KeyArray keys_;                // per used slot: its key (the only copy)
   HugeVector<SlotMeta> meta_;    // per used slot
+  tsl::robin_map<uint32_t, uint32_t> spilled_counts_;  // slot -> its count, where it does not fit in its record
+  tsl::robin_map<uint32_t, uint64_t> spilled_gaps_;    // slot -> its gap, where it does not fit in its record
   BucketBlock slot_buckets_;     // where slot_of_'s buckets are (its allocator writes it; before slot_of_)
   EntrySet slot_of_;             // the used slots, found by key through keys_
-  List lru_;                     // LRU: every used slot, least recently seen first
+  SlotList lru_;                 // LRU: every used slot, least recently seen first
   std::vector<Bucket> buckets_;  // LFU: bucket storage (free ones reused through free_buckets_)
   std::vector<uint32_t> free_buckets_;
   tsl::robin_map<uint32_t, uint32_t> bucket_of_count_;  // LFU: count -> its bucket

@@ -94,6 +94,7 @@ class Reference {
     return found == slot_.end() ? -1 : found->second;
   }
   int64_t count_of(int64_t key) const { return rows_.at(key).count; }
+  int64_t last_of(int64_t key) const { return rows_.at(key).last; }
   int64_t pool_size() const { return static_cast<int64_t>(pool_.size()); }
 
  private:
@@ -370,7 +371,7 @@ TEST(IdIndex, RefusesCapacitiesBeyond32BitSlots) {
 }
 
 TEST(IdIndex, CountsSaturateAndStepsPast32BitsStayExact) {
-  // Counts are 32-bit (saturating), last steps their low 32 bits read against the 64-bit current step.
+  // Counts are 32-bit (saturating), last steps exact int64s.
   IdIndex index(4, 1, "lfu", 0);
   at::Tensor state = index.state();
   auto rows = state.accessor<int64_t, 2>();
@@ -392,13 +393,44 @@ TEST(IdIndex, CountsSaturateAndStepsPast32BitsStayExact) {
   EXPECT_EQ(to_vector(std::get<2>(index.assign(to_tensor({15})))), (std::vector<int64_t>{12}));
 }
 
+TEST(IdIndex, CountsAndGapsPastTheirRecordsMatchTheReference) {
+  // A count reaches 65,535 (batches of one id 40,000 times) and rows go unseen for 70,000 steps at a time: both
+  // spill out of the 16-bit fields of the slots' records, through evictions and a restore.
+  for (const char* policy : {"lru", "lfu"}) {
+    Stream stream(5, 30);
+    auto index = c10::make_intrusive<IdIndex>(8, 1, policy, 0);
+    Reference reference(8, 1, std::string(policy) == "lfu", 0);
+    for (int batch = 0; batch < 24; ++batch) {
+      for (int step = 0; step < (batch % 4 == 0 ? 70000 : 1); ++step) {
+        index->advance_step();
+        reference.advance_step();
+      }
+      std::vector<int64_t> ids = stream.batch(6);
+      if (batch % 6 == 1) {
+        ids.insert(ids.end(), 40000, stream.keys[0]);
+      }
+      expect_same(index->assign(to_tensor(ids)), reference.assign(ids), batch);
+      if (batch == 12) {
+        index = IdIndex::from_state(index->state());
+      }
+    }
+    const std::vector<int64_t> keys = to_vector(index->keys()), counts = to_vector(index->counts()),
+                               last_steps = to_vector(index->last_steps());
+    for (size_t slot = 0; slot < keys.size(); ++slot) {
+      EXPECT_EQ(counts[slot], reference.count_of(keys[slot])) << policy;
+      EXPECT_EQ(last_steps[slot], reference.last_of(keys[slot])) << policy;
+    }
+    EXPECT_GT(*std::max_element(counts.begin(), counts.end()), 65535) << policy;
+  }
+}
+
 TEST(IdIndex, HoldsFewBytesAKey) {
   IdIndex index(100000, 1, "lru", 0);
   index.reserve(100000);
   index.advance_step();
   index.assign(at::arange(100000, at::kLong) * 7919);
-  // The key (8), 16 bytes of bookkeeping, an 8-byte bucket at a load of at most 0.9.
-  EXPECT_LE(index.memory_bytes(), 100000 * 34);
+  // The key (8), a 12-byte record, an 8-byte bucket at a load of at most 0.9.
+  EXPECT_LE(index.memory_bytes(), 100000 * 29);
   EXPECT_EQ(index.size(), 100000);
 }
 
