@@ -123,6 +123,17 @@ class Way:
             loss = self.pipeline.progress()[0]
         return float(loss.detach())
 
+    def run_trial(self, marks=None) -> None:
+        """Steps until prefetch='auto' has chosen, the loss read at the end only (as a timed turn does: reading it
+        every step, which waits for each step's forward, made the copy engines' steps 20.3 ms where turns ran them at
+        15.3; bench/RESULTS.md, sixteenth session). ``marks``: a list that gets (the step's way, an event of the
+        training stream before it) for every step."""
+        while self.pipeline.prefetch == "auto":
+            if marks is not None:
+                marks.append((self.pipeline._trial.way(self.pipeline.steps), torch.cuda.Event(enable_timing=True)))
+                marks[-1][1].record()
+            self.pipeline.progress()
+
 
 class WithLaunch:
     """A way run with other launch settings for the row kernels beside its model (a point of --sweep-launch): SMs
@@ -383,12 +394,7 @@ def section_gpu(args, device) -> dict:
                 ways[AUTO] = Way(model, base.pipeline.optimizers, batches, device, prefetch="auto",
                                  max_sms=args.max_sms, copy_engines="auto" if args.auto_copy_engines else True)
                 marks = []  # --auto-step-times: an event of the training stream before each step of the trial
-                while ways[AUTO].pipeline.prefetch == "auto":
-                    if args.auto_step_times:
-                        trial_now = ways[AUTO].pipeline._trial
-                        marks.append((trial_now.way(ways[AUTO].pipeline.steps), torch.cuda.Event(enable_timing=True)))
-                        marks[-1][1].record()
-                    ways[AUTO].run(1)
+                ways[AUTO].run_trial(marks if args.auto_step_times else None)
                 pipeline = ways[AUTO].pipeline
                 if marks:
                     torch.cuda.synchronize(device)
