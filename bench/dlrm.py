@@ -103,7 +103,7 @@ def dense_params(model):
 
 
 UVA = "host RAM, pipelined, UVA row kernels (copy_engines=False)"
-AUTO = "host RAM, pipelined, prefetch='auto' (its choice after its trial)"
+AUTO = "host RAM, pipelined, prefetch='auto', copy_engines='auto' (its choice after its trial)"
 COPY_COUNTERS = ("stream_ordered_gather_microseconds", "stream_ordered_scatter_microseconds", "staged_gather_bytes",
                  "staged_scatter_bytes")
 
@@ -387,12 +387,12 @@ def section_gpu(args, device) -> dict:
             for threads in args.copy_threads:
                 ways[f"{label}, {threads} CPU copy threads"] = WithTransferOptions(
                     base.way, copy_engines=True, stream_ordered_threads=threads)
-            # prefetch='auto' on the same model: its trial (with and without prefetch; with --auto-copy-engines also
-            # prefetch over UVA row kernels) runs untimed first; --auto-trials N: N trials in a row, each a new
-            # pipeline, the last one's way timed (does a trial rate the ways alike once the process is warm?).
+            # TrainPipeline's defaults, prefetch='auto' and copy_engines='auto', on the same model: its trial (with
+            # prefetch by the copy engines, with prefetch over UVA row kernels, without) runs untimed first;
+            # --auto-trials N: N trials in a row, each a new pipeline, the last one's way timed.
             for trial in range(args.auto_trials):
                 ways[AUTO] = Way(model, base.pipeline.optimizers, batches, device, prefetch="auto",
-                                 max_sms=args.max_sms, copy_engines="auto" if args.auto_copy_engines else True)
+                                 max_sms=args.max_sms, copy_engines="auto")
                 marks = []  # --auto-step-times: an event of the training stream before each step of the trial
                 ways[AUTO].run_trial(marks if args.auto_step_times else None)
                 pipeline = ways[AUTO].pipeline
@@ -428,8 +428,9 @@ def section_gpu(args, device) -> dict:
             if isinstance(way, WithTransferOptions) and way.copy_engines:
                 print(f"  {label}: {way.copy_rates()}")
     if AUTO in ways:
-        print(f"prefetch='auto' kept prefetch={ways[AUTO].pipeline.prefetch} after its trial "
-              f"({ways[AUTO].pipeline.prefetch_trial}; ms a step with and without)")
+        print(f"prefetch='auto' kept prefetch={ways[AUTO].pipeline.prefetch} and "
+              f"copy_engines={ways[AUTO].pipeline.copy_engines} after its trial "
+              f"({ways[AUTO].pipeline.prefetch_trial}; ms a step of each way)")
     print(f"host RAM, pipelined: {host / gpu:.3f}x the step time of every table on the GPU (target <= 1.05); "
           f"hybrid {timed[f'hybrid ({args.hot_fraction:.0%} cached), pipelined'][0] / gpu:.3f}x; the pipeline "
           f"saves {timed['host RAM, not pipelined'][0] / host:.2f}x")
@@ -605,8 +606,6 @@ def main() -> int:
                              "printing each one's times; the last one's way is timed")
     parser.add_argument("--auto-step-times", action="store_true",
                         help="gpu: print each step of the prefetch='auto' way's trial, ms on the training stream")
-    parser.add_argument("--auto-copy-engines", action="store_true",
-                        help="gpu: the prefetch='auto' way with copy_engines='auto' (a third way in its trial)")
     parser.add_argument("--criteo-cap", type=int, default=40_000_000,
                         help="criteo1tb: rows a table at most (40M: MLPerf's sizes, 108 GB of host RAM)")
     parser.add_argument("--loop-cap", type=int, default=None, help="loop: rows a table at most (cpu 100k; gpu 1M)")

@@ -101,15 +101,16 @@ class TrainPipeline:
             RESULTS.md, fifteenth session). Every way trains the same bits.
         copy_engines: on a GPU, move the host tables' rows read ahead and written back by CPU threads in stream order
             and the copy engines (the transfer option ``stream_ordered_staging``), no SM taken from the model, and
-            step the rows read ahead where they are, writing the table only (True, the default). False: UVA row
-            kernels bounded by ``max_sms``. On an H200, DLRM with host tables ran 1.043-1.059x the all-GPU step
-            (14.4-14.7 ms) with copy engines against 1.21-1.25x with UVA row kernels in the same runs; on one H200
-            machine, whose CPU copies moved 10 GB/s instead of 25-33, 2.03x against 1.21x (bench/RESULTS.md,
-            sixteenth session, rounds of 100 steps). "auto" (with ``prefetch="auto"`` on a GPU): the trial times a
-            third way, prefetch over UVA row kernels, in each round (39 steps in all) and keeps the fastest of the
-            three (``copy_engines`` then says which). Not the default: its short blocks rate the copy engines' steps
-            too slow (DLRM: 20.8-21.5 ms a step in the trial against 15.3 in training), so it keeps UVA row kernels
-            where the copy engines are faster. The CPU copies of a
+            step the rows read ahead where they are, writing the table only (True). False: UVA row kernels bounded by
+            ``max_sms``. "auto" (the default): with ``prefetch="auto"`` on a GPU, the trial times a third way,
+            prefetch over UVA row kernels, in each round (39 steps in all) and keeps the fastest of the three
+            (``copy_engines`` then says which); else True. Which is faster depends on the machine and on the loop:
+            on an H200, DLRM with host tables ran 1.043-1.059x the all-GPU step (14.4-14.7 ms) with copy engines
+            against 1.21-1.25x with UVA row kernels; on one H200 machine, whose CPU copies moved 10 GB/s instead of
+            25-33, 2.03x against 1.21x; and a loop that reads the loss every step (``loss.item()``, which waits for
+            each step's forward) ran the copy engines' steps at 20.3 ms instead of 15.3, UVA's unchanged (17.7)
+            (bench/RESULTS.md, sixteenth session). The trial times the loop as it runs, so it keeps what suits it.
+            The CPU copies of a
             step's write-back and of the next gather (about 9 ms a step, in host functions, which the CUDA driver
             runs one at a time) run beside the model on torch's CPU threads.
     """
@@ -119,7 +120,7 @@ class TrainPipeline:
     def __init__(self, model: torch.nn.Module, optimizer, batches: Iterable, *,
                  device=None, sparse_inputs: Optional[Callable[[Any], list]] = None, step_host_tables: bool = True,
                  max_sms: Union[int, str, None] = "auto", prefetch: Union[bool, str] = "auto",
-                 copy_engines: Union[bool, str] = True):
+                 copy_engines: Union[bool, str] = "auto"):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -385,7 +386,7 @@ class _PrefetchTrial:
         return {names[way]: statistics.median(t) * 1e3 for way, t in self.times.items()}
 
 
-def prefetch_trial_steps(device, copy_engines: Union[bool, str] = True) -> int:
+def prefetch_trial_steps(device, copy_engines: Union[bool, str] = "auto") -> int:
     """Steps of :class:`TrainPipeline`'s ``prefetch="auto"`` trial on ``device`` with ``copy_engines`` (three ways
     with "auto" on a GPU, else two)."""
     three = copy_engines == "auto" and torch.device(device).type == "cuda"
