@@ -156,7 +156,9 @@ std::optional<InferRequest> parse_infer_request(std::string_view body, std::opti
       }
       tensor.values.resize(*count);
       if (width == 8) {
-        std::memcpy(tensor.values.data(), binary.data(), *count * 8);
+        if (*count > 0) {  // no memcpy of nothing: an empty vector's data() may be null (UB even for 0 bytes)
+          std::memcpy(tensor.values.data(), binary.data(), *count * 8);
+        }
       } else {
         for (std::size_t i = 0; i < *count; ++i) {
           int32_t v;
