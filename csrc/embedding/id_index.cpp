@@ -193,44 +193,37 @@ void IdIndex::drop_bucket_if_empty(uint32_t bucket) {
   free_buckets_.push_back(bucket);
 }
 
+// A 16-bit field of a slot's record with its spill map (id_index.h): the value, or kSpilled and the value in the map.
+template <typename Map>
+inline typename Map::mapped_type read_field(uint16_t field, const Map& spilled, uint32_t slot) {
+  return field != IdIndex::kSpilled ? field : spilled.find(slot)->second;
+}
+
+template <typename Map>
+inline void write_field(uint16_t& field, Map& spilled, uint32_t slot, typename Map::mapped_type value) {
+  if (value < IdIndex::kSpilled) {
+    if (field == IdIndex::kSpilled) {
+      spilled.erase(slot);
+    }
+    field = static_cast<uint16_t>(value);
+  } else {
+    field = IdIndex::kSpilled;
+    spilled[slot] = value;
+  }
+}
+
 // The per-sighting helpers below are inline (defined and used in this file only) so that they are inlined: a member
 // of the library's exported class is otherwise called through the PLT (-fPIC, default visibility), which costs more
 // than their work.
-inline uint32_t IdIndex::count_of(uint32_t slot) const {
-  const uint16_t count = meta_[slot].count;
-  return count != kSpilled ? count : spilled_counts_.find(slot)->second;
-}
+inline uint32_t IdIndex::count_of(uint32_t slot) const { return read_field(meta_[slot].count, spilled_counts_, slot); }
 
 inline void IdIndex::set_count(uint32_t slot, uint32_t count) {
-  uint16_t& field = meta_[slot].count;
-  if (count < kSpilled) {
-    if (field == kSpilled) {
-      spilled_counts_.erase(slot);
-    }
-    field = static_cast<uint16_t>(count);
-  } else {
-    field = kSpilled;
-    spilled_counts_[slot] = count;
-  }
+  write_field(meta_[slot].count, spilled_counts_, slot, count);
 }
 
-inline uint64_t IdIndex::gap_of(uint32_t slot) const {
-  const uint16_t gap = meta_[slot].gap;
-  return gap != kSpilled ? gap : spilled_gaps_.find(slot)->second;
-}
+inline uint64_t IdIndex::gap_of(uint32_t slot) const { return read_field(meta_[slot].gap, spilled_gaps_, slot); }
 
-inline void IdIndex::set_gap(uint32_t slot, uint64_t gap) {
-  uint16_t& field = meta_[slot].gap;
-  if (gap < kSpilled) {
-    if (field == kSpilled) {
-      spilled_gaps_.erase(slot);
-    }
-    field = static_cast<uint16_t>(gap);
-  } else {
-    field = kSpilled;
-    spilled_gaps_[slot] = gap;
-  }
-}
+inline void IdIndex::set_gap(uint32_t slot, uint64_t gap) { write_field(meta_[slot].gap, spilled_gaps_, slot, gap); }
 
 inline void IdIndex::append_slot(SlotList& list, uint32_t slot, int64_t seen) {
   if (list.tail == kNone) {

@@ -244,6 +244,8 @@ class IdIndex : public torch::CustomClassHolder {
   static c10::intrusive_ptr<IdIndex> from_state(const at::Tensor& state);
 
   static constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+  // A slot record's 16-bit field whose value is in its spill map (the top of this file).
+  static constexpr uint16_t kSpilled = std::numeric_limits<uint16_t>::max();
 
  private:
   // One used slot's record, 12 bytes; its key is in keys_. The two 16-bit fields hold kSpilled when their value is in
@@ -255,7 +257,6 @@ class IdIndex : public torch::CustomClassHolder {
     uint16_t gap = 0;    // steps from its predecessor's last sighting to its own (its list's first row: 0)
   };
   static_assert(sizeof(SlotMeta) == 12, "a used slot's record is 12 bytes");
-  static constexpr uint16_t kSpilled = std::numeric_limits<uint16_t>::max();
   struct CandidateMeta {
     uint32_t count = 0;
     uint32_t prev = kNone;
