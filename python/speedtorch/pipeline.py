@@ -258,11 +258,8 @@ class TrainPipeline:
     def _sm_bound(self):
         """The transfer options of the row work that runs beside the model (the gathers ahead, the host tables'
         updates): ``max_sms``, and stream-ordered staging with ``copy_engines`` on a GPU."""
-        options = {} if self.max_sms is None else {"max_sms": self.max_sms}
         copy_engines = self.copy_engines if self._trial is None else self._trial.way(self.steps)[1]
-        if copy_engines and self.device.type == "cuda":
-            options["stream_ordered_staging"] = 1
-        return transfer_config_override(**options) if options else contextlib.nullcontext()
+        return row_transfers(self.device, copy_engines, self.max_sms)
 
     def _trial_step(self) -> None:
         """prefetch="auto": at each block's edges, marks the time (on a GPU, an event on this stream: the block's time
@@ -329,8 +326,12 @@ class _PrefetchTrial:
         # Closed blocks the device has not finished yet, (way, start, end): read later, never waited for, so the host
         # keeps its lead over the GPU through the trial as in training.
         self._pending: list = []
-        # 27 steps for two ways, 39 for three: the trial is over before step STEPS runs
-        self.STEPS = self.WARMUP + len(self.ways) * self.ROUNDS * (self.SETTLE + self.BLOCK)
+        self.STEPS = self.steps_for(len(self.ways))  # the trial is over before step STEPS runs
+
+    @classmethod
+    def steps_for(cls, ways: int) -> int:
+        """Steps of a trial of ``ways`` ways: 27 for two, 39 for three."""
+        return cls.WARMUP + ways * cls.ROUNDS * (cls.SETTLE + cls.BLOCK)
 
     def way(self, step: int) -> tuple:
         """``(prefetch, copy_engines)`` of step ``step`` (0-based): whether it starts the next batch's prefetch, and
@@ -386,11 +387,22 @@ class _PrefetchTrial:
         return {names[way]: statistics.median(t) * 1e3 for way, t in self.times.items()}
 
 
+def row_transfers(device, copy_engines: bool, max_sms: Optional[int] = None):
+    """The transfer options of host tables' row work beside a model (prefetches, updates), as a ``with`` block for the
+    calling thread: at most ``max_sms`` SMs (None: the process's setting), and on a GPU with ``copy_engines`` the rows
+    moved by CPU threads and the copy engines in stream order (``stream_ordered_staging``). TrainPipeline and the
+    Engram example's Trainer both set them so."""
+    options = {} if max_sms is None else {"max_sms": max_sms}
+    if copy_engines and torch.device(device).type == "cuda":
+        options["stream_ordered_staging"] = 1
+    return transfer_config_override(**options) if options else contextlib.nullcontext()
+
+
 def prefetch_trial_steps(device, copy_engines: Union[bool, str] = "auto") -> int:
     """Steps of :class:`TrainPipeline`'s ``prefetch="auto"`` trial on ``device`` with ``copy_engines`` (three ways
     with "auto" on a GPU, else two)."""
     three = copy_engines == "auto" and torch.device(device).type == "cuda"
-    return _PrefetchTrial([None] * (3 if three else 2)).STEPS
+    return _PrefetchTrial.steps_for(3 if three else 2)
 
 
 def _seconds(start: Union[float, torch.cuda.Event], end: Union[float, torch.cuda.Event]) -> float:

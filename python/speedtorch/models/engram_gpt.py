@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from .._prefetch_thread import PrefetchThread
-from ..ops import transfer_config_override
 from ..nn import NgramHashEmbedding
+from ..pipeline import row_transfers
 
 __all__ = ["stdlib_corpus", "batches", "EngramConfig", "EngramGPT", "Trainer"]
 
@@ -238,11 +238,9 @@ class Trainer:
                 memory.prefetch(next_batch[0], next_batch[2], max_sms=self.max_sms)
 
     def _row_transfers(self):
-        """The transfer options of the tables' prefetches and updates: stream-ordered staging with ``copy_engines``
-        on a GPU (set around each call, on the thread that makes it)."""
-        if self.copy_engines and self.model.head.weight.device.type == "cuda":
-            return transfer_config_override(stream_ordered_staging=1)
-        return contextlib.nullcontext()
+        """The transfer options of the tables' prefetches and updates (speedtorch.pipeline.row_transfers; set around
+        each call, on the thread that makes it)."""
+        return row_transfers(self.model.head.weight.device, self.copy_engines)
 
     def _prefetch_beside(self, next_batch, gate: Optional[torch.cuda.Stream]) -> None:
         """:meth:`_prefetch` on the prefetch thread, from ``gate`` (see :meth:`_gate_for`)."""
